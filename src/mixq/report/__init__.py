@@ -1,0 +1,1 @@
+"""mixq.report"""
