@@ -1,2 +1,22 @@
-"""mixq: mixed-precision quantization of ONNX models for stock onnxruntime."""
+"""mixq: mixed-precision quantization of ONNX models that runs in stock onnxruntime.
+
+Public API:
+    quantize(model, config, calibration_data, output_path=...) -> QuantizeResult
+    QuantConfig, get_default_config(name), PRESETS
+    PrecisionPlan, TensorPrecision
+    get_format(name), list_formats()
+    ModelQuantizer (the documented front door, see mixq.compat)
+"""
+from .api import QuantizeResult, quantize
+from .config import PRESETS, QuantConfig, get_default_config
+from .errors import ConfigError, DataError, FormatError, MixqError, ModelError, OutputError
+from .formats import get_format, list_formats
+from .plan.plan import PrecisionPlan, TensorPrecision
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "quantize", "QuantizeResult", "QuantConfig", "get_default_config", "PRESETS",
+    "PrecisionPlan", "TensorPrecision", "get_format", "list_formats",
+    "MixqError", "ConfigError", "DataError", "FormatError", "ModelError", "OutputError",
+]

@@ -1,1 +1,196 @@
-"""mixq.compat"""
+"""The documented configuration vocabulary, accepted at the edge and translated once into
+mixq's typed `QuantConfig`.
+
+Code written against the vendor documentation runs with only its import lines changed:
+
+    from mixq.compat import ModelQuantizer, CalibrationMethod, VitisQuantFormat, VitisQuantType
+    from mixq.compat import Config, QuantizationConfig
+
+Unknown options or `extra_options` keys raise ConfigError with a "did you mean"; nothing is
+silently ignored.
+"""
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import QuantConfig, get_default_config
+from ..errors import ConfigError, did_you_mean
+
+
+class QuantType(enum.Enum):
+    """onnxruntime-style quantization types."""
+
+    QInt8 = "int8"
+    QUInt8 = "uint8"
+    QInt16 = "int16"
+    QUInt16 = "uint16"
+    QInt4 = "int4"
+    QUInt4 = "uint4"
+    QFLOAT8E4M3FN = "fp8_e4m3fn"
+
+
+class VitisQuantType(enum.Enum):
+    """The extended types of the documentation (integers, half floats, BFP, MX)."""
+
+    QInt8 = "int8"
+    QUInt8 = "uint8"
+    QInt16 = "int16"
+    QUInt16 = "uint16"
+    QInt32 = "int32"
+    QUInt32 = "uint32"
+    QFloat16 = "fp16"
+    QBFloat16 = "bf16"
+    QBFP = "bfp16"
+    QMX4 = "mx4"
+    QMX6 = "mx6"
+    QMX9 = "mx9"
+    QMXINT8 = "mxint8"
+    QMXFP8E4M3 = "mxfp8_e4m3"
+    QMXFP8E5M2 = "mxfp8_e5m2"
+    QMXFP6E3M2 = "mxfp6_e3m2"
+    QMXFP6E2M3 = "mxfp6_e2m3"
+    QMXFP4 = "mxfp4"
+
+
+class QuantFormat(enum.Enum):
+    QDQ = "qdq"
+    QOperator = "qoperator"
+
+
+class VitisQuantFormat(enum.Enum):
+    QDQ = "qdq"
+    FixNeuron = "fixneuron"
+
+
+class CalibrationMethod(enum.Enum):
+    MinMax = "minmax"
+    Entropy = "entropy"
+    Percentile = "percentile"
+    MinMSE = "minmse"
+
+
+class PowerOfTwoMethod(enum.Enum):
+    NonOverflow = "nonoverflow"
+    MinMSE = "minmse"
+
+
+def _format_name(value: Any, option: str) -> str:
+    if isinstance(value, (QuantType, VitisQuantType)):
+        return value.value
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"{option}={value!r}: expected a QuantType / VitisQuantType member or a "
+                      "format name such as 'int8'.")
+
+
+#: extra_options keys this layer understands (a later mixed-precision layer adds its own).
+_EXTRA_KEYS = ("ActivationSymmetric", "WeightSymmetric", "Percentile", "MixedPrecisionTensor",
+               "AutoMixprecision")
+
+
+@dataclass
+class QuantizationConfig:
+    """The documented global quantization configuration (field names as documented)."""
+
+    calibrate_method: Any = CalibrationMethod.MinMax
+    quant_format: Any = VitisQuantFormat.QDQ
+    activation_type: Any = QuantType.QInt8
+    weight_type: Any = QuantType.QInt8
+    per_channel: bool = False
+    include_auto_mp: bool = False
+    specific_tensor_precision: bool = False
+    enable_npu_cnn: bool = False
+    op_types_to_quantize: list[str] | None = None
+    nodes_to_exclude: list[str] = field(default_factory=list)
+    extra_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.quant_format in (QuantFormat.QOperator,):
+            raise ConfigError("quant_format=QOperator is not supported: mixq emits QDQ models "
+                              "(use QuantFormat.QDQ or VitisQuantFormat.QDQ).")
+        for key in self.extra_options:
+            if key not in _EXTRA_KEYS:
+                raise ConfigError(f"unknown extra_options key {key!r}." + did_you_mean(key, _EXTRA_KEYS)
+                                  + f" Known keys: {', '.join(_EXTRA_KEYS)}.")
+
+    def to_mixq(self) -> QuantConfig:
+        """Translate into mixq's typed config."""
+        extra = dict(self.extra_options)
+        for key in ("MixedPrecisionTensor", "AutoMixprecision"):
+            if key in extra:
+                raise ConfigError(f"extra_options[{key!r}] needs mixq's mixed-precision support, "
+                                  "which this version does not have yet; remove the key or "
+                                  "quantize with one activation/weight format.")
+        changes: dict[str, Any] = {
+            "activation": _format_name(self.activation_type, "activation_type"),
+            "weight": _format_name(self.weight_type, "weight_type"),
+            "per_channel": bool(self.per_channel),
+            "name": "compat",
+        }
+        m = self.calibrate_method
+        if isinstance(m, PowerOfTwoMethod):
+            changes["power_of_two"] = m.value
+            changes["calibration"] = "minmse" if m is PowerOfTwoMethod.MinMSE else "minmax"
+        elif isinstance(m, CalibrationMethod):
+            changes["calibration"] = m.value
+        else:
+            raise ConfigError(f"calibrate_method={m!r}: expected a CalibrationMethod or "
+                              "PowerOfTwoMethod member.")
+        if self.enable_npu_cnn:
+            # NPU CNN targets: power-of-two, symmetric scales shared across Concat
+            changes.setdefault("power_of_two", "minmse")
+            changes["activation_symmetric"] = True
+            changes["share_concat_scales"] = True
+        if "ActivationSymmetric" in extra:
+            changes["activation_symmetric"] = bool(extra["ActivationSymmetric"])
+        if "WeightSymmetric" in extra:
+            changes["weight_symmetric"] = bool(extra["WeightSymmetric"])
+        if "Percentile" in extra:
+            changes["percentile"] = float(extra["Percentile"])
+        if self.op_types_to_quantize:
+            changes["op_types"] = frozenset(self.op_types_to_quantize)
+        if self.nodes_to_exclude:
+            changes["exclude_nodes"] = frozenset(self.nodes_to_exclude)
+        return QuantConfig(**changes)
+
+
+@dataclass
+class Config:
+    """Top-level documented config: `Config(global_quant_config=QuantizationConfig(...))`."""
+
+    global_quant_config: QuantizationConfig
+
+    def to_mixq(self) -> QuantConfig:
+        return self.global_quant_config.to_mixq()
+
+
+class ModelQuantizer:
+    """The documented front door: `ModelQuantizer(config).quantize_model(in, out, reader)`."""
+
+    def __init__(self, config: Config | QuantConfig | str) -> None:
+        if isinstance(config, (Config, QuantizationConfig)):
+            self.config = config.to_mixq()
+        elif isinstance(config, str):
+            self.config = get_default_config(config)
+        elif isinstance(config, QuantConfig):
+            self.config = config
+        else:
+            raise ConfigError(f"ModelQuantizer needs a Config, a QuantConfig or a preset name, "
+                              f"got {type(config).__name__}.")
+        self.result = None
+
+    def quantize_model(self, model_input: str | os.PathLike, model_output: str | os.PathLike,
+                       calibration_data_reader: Any = None) -> Any:
+        """Quantize `model_input` into `model_output`; returns the ModelProto written."""
+        from ..api import quantize
+
+        self.result = quantize(model_input, self.config, calibration_data_reader,
+                               output_path=model_output)
+        return self.result.model
+
+
+__all__ = ["QuantType", "VitisQuantType", "QuantFormat", "VitisQuantFormat", "CalibrationMethod",
+           "PowerOfTwoMethod", "QuantizationConfig", "Config", "ModelQuantizer", "get_default_config"]

@@ -1,0 +1,218 @@
+"""The quantization pipeline: load, prepare, plan, calibrate, choose parameters, rewrite, check,
+save, evaluate."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ._io import load_model, same_path, save_model
+from .config import QuantConfig, get_default_config
+from .errors import ConfigError, ModelError, OutputError
+from .formats import get_format
+from .passes.prepare import PrepareReport, prepare
+from .passes.qdq import RewriteReport, apply_plan
+from .plan.plan import PrecisionPlan
+from .plan.qparams import activation_qparams, constant_qparams
+from .plan.rules import build_plan
+
+
+@dataclass
+class QuantizeResult:
+    """What `quantize` produced and what it did on the way."""
+
+    model: onnx.ModelProto
+    plan: PrecisionPlan
+    config: QuantConfig
+    prepare: PrepareReport
+    rewrite: RewriteReport
+    calibrated: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    output_path: Path | None = None
+    float_bytes: int = 0
+    quant_bytes: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """A short Markdown report."""
+        counts = self.plan.format_counts()
+        lines = [f"## mixq: {self.config.name} (activations {self.config.activation}, "
+                 f"weights {self.config.weight})", "",
+                 "| what | value |", "|---|---|",
+                 f"| opset | {self.prepare.opset_from} -> {self.prepare.opset_to} |",
+                 f"| BatchNorms folded | {self.prepare.batchnorms_folded} |",
+                 f"| activations quantized | {self.rewrite.activations_quantized} |",
+                 f"| weights/constants quantized | {self.rewrite.weights_quantized} |",
+                 f"| int32 biases | {self.rewrite.biases_int32} |",
+                 f"| tensors calibrated | {self.calibrated} |",
+                 f"| nodes left float | {len(self.plan.float_nodes)} |",
+                 f"| size | {self.float_bytes / 1e6:.3f} MB -> {self.quant_bytes / 1e6:.3f} MB |",
+                 f"| time | {sum(self.timings.values()):.2f} s ("
+                 + ", ".join(f"{k} {v:.2f}" for k, v in self.timings.items()) + ") |"]
+        lines += ["", "| role | format | tensors |", "|---|---|---|"]
+        lines += [f"| {r} | {f} | {n} |" for (r, f), n in sorted(counts.items())]
+        if self.plan.float_nodes:
+            why: dict[str, int] = {}
+            for r in self.plan.float_nodes.values():
+                why[r] = why.get(r, 0) + 1
+            lines += ["", "Left float: " + "; ".join(f"{n} x {r}" for r, n in sorted(why.items()))]
+        for name, r in self.rewrite.biases_kept_float.items():
+            lines.append(f"- bias {name}: {r}")
+        for w in [*self.rewrite.notes, *self.warnings, *(f"not calibrated: {k}: {v}" for k, v in self.skipped.items())]:
+            lines.append(f"- {w}")
+        return "\n".join(lines)
+
+
+def _resolve_config(config: QuantConfig | str | None) -> QuantConfig:
+    if config is None:
+        return get_default_config("A8W8")
+    if isinstance(config, str):
+        return get_default_config(config)
+    if isinstance(config, QuantConfig):
+        return config
+    to_typed = getattr(config, "to_mixq", None)  # compat configs translate themselves
+    if callable(to_typed):
+        return to_typed()
+    raise ConfigError(f"config must be a QuantConfig, a preset name or a compat Config, "
+                      f"got {type(config).__name__}")
+
+
+def _input_specs(model: onnx.ModelProto):
+    from onnx import helper
+
+    inits = {t.name for t in model.graph.initializer}
+    specs = []
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        tt = i.type.tensor_type
+        dims = tuple((d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
+                     for d in tt.shape.dim) if tt.HasField("shape") else None
+        specs.append((i.name, helper.tensor_dtype_to_np_dtype(tt.elem_type), dims))
+    return specs
+
+
+def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | str | None = None,
+             calibration_data: Any = None, *, output_path: str | os.PathLike | None = None,
+             plan: PrecisionPlan | None = None, progress: Callable[[int], None] | None = None,
+             check_kernels: bool = True) -> QuantizeResult:
+    """Quantize `model` with `config` (a QuantConfig or a preset name), calibrating activations on
+    `calibration_data` (a data reader, an iterable of feed dicts, a .npz/.npy file or a folder).
+
+    `plan` replays a saved precision plan instead of building one from the config. The result
+    holds the quantized ModelProto; with `output_path` it is also written (atomically).
+    `check_kernels` runs the integer model on a few calibration batches with onnxruntime's
+    default optimizations and with them disabled, and warns when the fused kernels disagree
+    with the QDQ semantics (int8 saturation on x86 CPUs without VNNI).
+    """
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    cfg = _resolve_config(config)
+    src = load_model(model)
+    out_path = Path(output_path) if output_path is not None else None
+    protect = None if isinstance(model, (onnx.ModelProto, bytes)) else model
+    if out_path is not None and protect is not None and same_path(out_path, protect):
+        # checked before any work, and again by save_model
+        raise OutputError(f"output path {str(out_path)!r} is the input model; choose another "
+                          "path (mixq never overwrites its input).")
+    prepared, prep = prepare(src)
+    _ensure_node_names(prepared)
+    timings["prepare"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    the_plan = plan if plan is not None else build_plan(prepared, cfg)
+    _check_plan(the_plan, prepared)
+    timings["plan"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    needed = the_plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
+    stats: dict = {}
+    skipped: dict[str, str] = {}
+    if needed:
+        if calibration_data is None:
+            raise ConfigError(f"format {cfg.activation} needs calibration data for "
+                              f"{len(needed)} activations; pass calibration_data (a data reader, "
+                              "feeds, a .npz/.npy file or a folder).")
+        from .calibration.collect import collect_stats
+
+        res = collect_stats(prepared, needed, calibration_data, progress=progress)
+        stats, skipped = res.stats, dict(res.skipped)
+    timings["calibrate"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    qparams = activation_qparams(the_plan, stats, cfg)
+    qparams.update(constant_qparams(prepared, the_plan, cfg))
+    qmodel, rew = apply_plan(prepared, the_plan, qparams)
+    try:
+        onnx.checker.check_model(qmodel, full_check=qmodel.ByteSize() < 2**31 - 1)
+    except Exception as exc:
+        raise ModelError(f"internal error: the quantized model fails the ONNX checker: {exc}") from exc
+    timings["rewrite"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    warnings = _check_optimized_kernels(prepared, qmodel, cfg, calibration_data) if check_kernels else []
+    timings["kernel check"] = time.perf_counter() - t
+
+    result = QuantizeResult(warnings=warnings, model=qmodel, plan=the_plan, config=cfg, prepare=prep, rewrite=rew,
+                            calibrated=len(stats), skipped=skipped, timings=timings,
+                            float_bytes=src.ByteSize(), quant_bytes=qmodel.ByteSize())
+    if out_path is not None:
+        t = time.perf_counter()
+        result.output_path = save_model(qmodel, out_path, protect=protect)
+        timings["save"] = time.perf_counter() - t
+    return result
+
+
+def _ensure_node_names(model: onnx.ModelProto) -> None:
+    seen: set[str] = set()
+    for i, n in enumerate(model.graph.node):
+        name = n.name or f"{n.op_type}_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        n.name = name
+        seen.add(name)
+
+
+def _check_plan(plan: PrecisionPlan, model: onnx.ModelProto) -> None:
+    names = {i for n in model.graph.node for i in [*n.input, *n.output]} | \
+        {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
+    unknown = [t for t in plan.tensors if t not in names]
+    if unknown:
+        from .errors import did_you_mean
+
+        raise ConfigError(f"the plan names tensor {unknown[0]!r}, which the model does not have."
+                          + did_you_mean(unknown[0], names))
+
+
+#: SQNR (dB) between optimized and unoptimized runs below which the fused kernels are suspect.
+KERNEL_SQNR_WARN_DB = 30.0
+
+
+def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto, cfg: QuantConfig,
+                             data: Any) -> list[str]:
+    if get_format(cfg.activation).kind != "int" or get_format(cfg.weight).kind != "int":
+        return []
+    if not isinstance(data, (list, tuple, str, os.PathLike)):
+        return ["kernel check skipped: the calibration data is a one-shot reader; run "
+                "`mixq eval` to compare optimized and unoptimized onnxruntime runs"]
+    from .calibration.data import as_feeds
+    from .evaluate import sqnr_between_optimization_levels
+
+    feeds = []
+    for f in as_feeds(data, _input_specs(prepared)):
+        feeds.append(f)
+        if len(feeds) == 4:
+            break
+    sqnr = sqnr_between_optimization_levels(qmodel, feeds)
+    if sqnr >= KERNEL_SQNR_WARN_DB:
+        return []
+    return [f"onnxruntime's optimized int8 kernels disagree with the QDQ model on this CPU "
+            f"(SQNR {sqnr:.1f} dB between default and disabled optimizations): the CPU lacks VNNI "
+            f"and its int8 dot products saturate. Remedy: reduce_range=True (--reduce-range) "
+            f"with the U8S8 preset, or run with optimizations disabled."]

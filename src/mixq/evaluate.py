@@ -1,0 +1,130 @@
+"""Compare a quantized model with its float original in onnxruntime.
+
+Metrics per output: SQNR (dB), cosine similarity, max absolute error, and top-1 agreement for
+classifier-like outputs (rank 2, more than one class). Everything streams batch by batch.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+
+def make_session(model: onnx.ModelProto | str, *, optimize: bool = True, threads: int | None = None,
+                 providers: tuple[str, ...] = ("CPUExecutionProvider",)):
+    """An onnxruntime session with default (or disabled) graph optimizations."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if threads:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+    src = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(src, so, providers=list(providers))
+
+
+@dataclass
+class OutputMetrics:
+    """Agreement of one output with the float reference."""
+
+    name: str
+    sqnr_db: float
+    cosine: float
+    max_abs_err: float
+    top1_agreement: float | None = None
+
+
+@dataclass
+class _Acc:
+    sig: float = 0.0
+    noise: float = 0.0
+    dot: float = 0.0
+    na: float = 0.0
+    nb: float = 0.0
+    maxerr: float = 0.0
+    agree: int = 0
+    rows: int = 0
+    classifier: bool = True
+
+    def update(self, ref: np.ndarray, got: np.ndarray) -> None:
+        r, q = ref.astype(np.float64), got.astype(np.float64)
+        finite = np.isfinite(r) & np.isfinite(q)
+        r, q = np.where(finite, r, 0.0), np.where(finite, q, 0.0)
+        self.sig += float(np.sum(r * r))
+        self.noise += float(np.sum((r - q) ** 2))
+        self.dot += float(np.sum(r * q))
+        self.na += float(np.sum(r * r))
+        self.nb += float(np.sum(q * q))
+        if r.size:
+            self.maxerr = max(self.maxerr, float(np.max(np.abs(r - q))))
+        if ref.ndim == 2 and ref.shape[1] > 1:
+            self.agree += int(np.sum(np.argmax(ref, 1) == np.argmax(got, 1)))
+            self.rows += ref.shape[0]
+        else:
+            self.classifier = False
+
+    def result(self, name: str) -> OutputMetrics:
+        sqnr = float("inf") if self.noise == 0 else 10 * np.log10(max(self.sig, 1e-300) / self.noise)
+        cos = self.dot / np.sqrt(self.na * self.nb) if self.na > 0 and self.nb > 0 else float(self.na == self.nb)
+        top1 = self.agree / self.rows if self.classifier and self.rows else None
+        return OutputMetrics(name, float(sqnr), float(cos), self.maxerr, top1)
+
+
+@dataclass
+class Comparison:
+    """Metrics of every output, plus label accuracy when labels were given."""
+
+    outputs: list[OutputMetrics] = field(default_factory=list)
+    accuracy_float: float | None = None
+    accuracy_quant: float | None = None
+    samples: int = 0
+
+    def first(self) -> OutputMetrics:
+        return self.outputs[0]
+
+
+def compare(float_model, quant_model, feeds: Iterable[dict[str, np.ndarray]], *,
+            labels: np.ndarray | None = None, optimize: bool = True, output_index: int | None = None,
+            float_session=None, threads: int | None = None) -> Comparison:
+    """Run both models on `feeds` and compare their outputs."""
+    fs = float_session or make_session(float_model, optimize=True, threads=threads)
+    qs = make_session(quant_model, optimize=optimize, threads=threads)
+    names = [o.name for o in fs.get_outputs()]
+    if output_index is not None:
+        names = [names[output_index]]
+    accs = {n: _Acc() for n in names}
+    correct_f = correct_q = seen = 0
+    for feed in feeds:
+        ref = fs.run(names, feed)
+        got = qs.run(names, feed)
+        for n, r, q in zip(names, ref, got):
+            accs[n].update(r, q)
+        if labels is not None:
+            b = ref[0].shape[0]
+            lab = labels[seen:seen + b]
+            correct_f += int(np.sum(np.argmax(ref[0], 1) == lab))
+            correct_q += int(np.sum(np.argmax(got[0], 1) == lab))
+        seen += next(iter(feed.values())).shape[0] if feed else 0
+    cmp = Comparison([accs[n].result(n) for n in names], samples=seen)
+    if labels is not None and seen:
+        cmp.accuracy_float, cmp.accuracy_quant = correct_f / seen, correct_q / seen
+    return cmp
+
+
+def sqnr_between_optimization_levels(quant_model, feeds: Iterable[dict[str, np.ndarray]]) -> float:
+    """SQNR (dB) of the model run with optimizations disabled vs with default optimizations.
+
+    A low value means onnxruntime's fused kernels compute something different from the QDQ
+    semantics (e.g. int8 saturation on CPUs without VNNI)."""
+    a = make_session(quant_model, optimize=False)
+    b = make_session(quant_model, optimize=True)
+    acc = _Acc()
+    name = a.get_outputs()[0].name
+    for feed in feeds:
+        acc.update(a.run([name], feed)[0], b.run([name], feed)[0])
+    return acc.result(name).sqnr_db

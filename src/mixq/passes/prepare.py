@@ -1,0 +1,264 @@
+"""Model preparation before quantization: Constant nodes to initializers, opset upgrade,
+BatchNorm folding into Conv, constant folding and shape inference.
+
+Each pass returns the number of things it changed so the report can say what happened.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..errors import ModelError
+
+#: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
+TARGET_OPSET = 21
+_FOLD_MAX_ELEMENTS = 1 << 24  # never materialize huge constants while folding
+
+
+@dataclass
+class PrepareReport:
+    """What preparation changed."""
+
+    opset_from: int = 0
+    opset_to: int = 0
+    constants_to_initializers: int = 0
+    batchnorms_folded: int = 0
+    nodes_folded: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 0
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            if i:
+                out.setdefault(i, []).append(n)
+    return out
+
+
+def constants_to_initializers(model: onnx.ModelProto) -> int:
+    """Turn top-level Constant nodes holding tensors into initializers."""
+    g = model.graph
+    keep, moved = [], 0
+    for n in g.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.attribute) == 1:
+            a = n.attribute[0]
+            arr = None
+            if a.name == "value":
+                arr = numpy_helper.to_array(a.t)
+            elif a.name == "value_float":
+                arr = np.array(a.f, np.float32)
+            elif a.name == "value_floats":
+                arr = np.array(list(a.floats), np.float32)
+            elif a.name == "value_int":
+                arr = np.array(a.i, np.int64)
+            elif a.name == "value_ints":
+                arr = np.array(list(a.ints), np.int64)
+            if arr is not None:
+                g.initializer.append(numpy_helper.from_array(arr, n.output[0]))
+                moved += 1
+                continue
+        keep.append(n)
+    if moved:
+        del g.node[:]
+        g.node.extend(keep)
+    return moved
+
+
+def upgrade_opset(model: onnx.ModelProto, target: int = TARGET_OPSET) -> onnx.ModelProto:
+    """Convert the default-domain opset to `target` (no-op when already there or newer)."""
+    cur = model_opset(model)
+    if cur >= target:
+        return model
+    try:
+        from onnx import version_converter
+
+        new = version_converter.convert_version(model, target)
+    except Exception as exc:  # the converter raises bare RuntimeErrors naming the op
+        raise ModelError(
+            f"cannot upgrade the model from opset {cur} to {target}, which quantization needs "
+            f"(per-channel and int16 QDQ): {exc}. Upgrade it with your exporter, or run "
+            f"onnx.version_converter yourself and fix the op it names.") from exc
+    if new.ir_version < 10:
+        new.ir_version = 10
+    return new
+
+
+def _init_map(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in graph.initializer}
+
+
+def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
+    for a in node.attribute:
+        if a.name == name:
+            return a.f if a.type == onnx.AttributeProto.FLOAT else a.i
+    return default
+
+
+def fold_batchnorm(model: onnx.ModelProto) -> int:
+    """Fold BatchNormalization into a preceding Conv whose output only feeds it."""
+    g = model.graph
+    inits = _init_map(g)
+    cons = _consumers(g)
+    producer = {o: n for n in g.node for o in n.output}
+    graph_outputs = {o.name for o in g.output}
+    removed: set[int] = set()
+    folded = 0
+    for bn in g.node:
+        if bn.op_type != "BatchNormalization" or len(bn.output) != 1 or bn.domain not in ("", "ai.onnx"):
+            continue
+        conv = producer.get(bn.input[0])
+        if conv is None or conv.op_type != "Conv" or len(cons.get(bn.input[0], [])) != 1:
+            continue
+        if bn.input[0] in graph_outputs or conv.input[1] not in inits:
+            continue
+        if not all(x in inits for x in bn.input[1:5]):
+            continue
+        if len(cons.get(conv.input[1], [])) != 1:
+            continue  # weight shared with another node: folding would change that node
+        gamma, beta, mean, var = (numpy_helper.to_array(inits[x]).astype(np.float64) for x in bn.input[1:5])
+        eps = float(_attr(bn, "epsilon", 1e-5))
+        w_t = inits[conv.input[1]]
+        w = numpy_helper.to_array(w_t)
+        if w.dtype != np.float32:
+            continue
+        factor = gamma / np.sqrt(var + eps)
+        b = np.zeros(w.shape[0]) if len(conv.input) < 3 or not conv.input[2] else \
+            numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
+        new_w = (w.astype(np.float64) * factor.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
+        new_b = ((b - mean) * factor + beta).astype(np.float32)
+        w_t.CopyFrom(numpy_helper.from_array(new_w, w_t.name))
+        bias_name = f"{conv.input[1]}_bnfold_bias"
+        g.initializer.append(numpy_helper.from_array(new_b, bias_name))
+        while len(conv.input) < 3:
+            conv.input.append("")
+        conv.input[2] = bias_name
+        conv.output[0] = bn.output[0]
+        removed.add(id(bn))
+        folded += 1
+    if folded:
+        keep = [n for n in g.node if id(n) not in removed]
+        del g.node[:]
+        g.node.extend(keep)
+        remove_unused_initializers(model)
+    return folded
+
+
+def remove_unused_initializers(model: onnx.ModelProto) -> int:
+    g = model.graph
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    used |= _subgraph_inputs(g)
+    keep = [t for t in g.initializer if t.name in used]
+    dropped = len(g.initializer) - len(keep)
+    if dropped:
+        del g.initializer[:]
+        g.initializer.extend(keep)
+    return dropped
+
+
+def _subgraph_inputs(g: onnx.GraphProto) -> set[str]:
+    names: set[str] = set()
+    for n in g.node:
+        for a in n.attribute:
+            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            for sg in subs:
+                names |= {i for sn in sg.node for i in sn.input}
+                names |= _subgraph_inputs(sg)
+    return names
+
+
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                     "Multinomial", "Bernoulli", "Dropout"}
+
+
+def fold_constants(model: onnx.ModelProto) -> int:
+    """Evaluate nodes whose inputs are all initializers and replace them by initializers."""
+    from onnx.reference import ReferenceEvaluator
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    graph_outputs = {o.name for o in g.output}
+    folded = 0
+    keep: list[onnx.NodeProto] = []
+    opsets = {imp.domain: imp.version for imp in model.opset_import}
+    for n in g.node:
+        foldable = (n.domain in ("", "ai.onnx") and n.op_type not in _NONDETERMINISTIC
+                    and n.input and all((not i) or i in inits for i in n.input)
+                    and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                for a in n.attribute)
+                    and not any(o in graph_outputs for o in n.output))
+        if foldable:
+            sizes = [int(np.prod(inits[i].dims)) for i in n.input if i]
+            foldable = sum(sizes) <= _FOLD_MAX_ELEMENTS
+        if not foldable:
+            keep.append(n)
+            continue
+        try:
+            sub = helper.make_model(
+                helper.make_graph([n], "fold", [], [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in n.output if o],
+                                  [inits[i] for i in dict.fromkeys(x for x in n.input if x)]),
+                opset_imports=[helper.make_opsetid("", opsets.get("", TARGET_OPSET))])
+            outs = ReferenceEvaluator(sub).run(None, {})
+        except Exception:  # an op the reference evaluator cannot run: just leave it in the graph
+            keep.append(n)
+            continue
+        produced = [o for o in n.output if o]
+        if any(np.asarray(v).size > _FOLD_MAX_ELEMENTS for v in outs):
+            keep.append(n)
+            continue
+        for name, val in zip(produced, outs):
+            t = numpy_helper.from_array(np.asarray(val), name)
+            g.initializer.append(t)
+            inits[name] = t
+        folded += 1
+    if folded:
+        del g.node[:]
+        g.node.extend(keep)
+        remove_unused_initializers(model)
+    return folded
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference that tolerates models above 2 GB (returns the model unchanged if it fails)."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:
+        return model
+
+
+def prepare(model: onnx.ModelProto, *, fold_bn: bool = True) -> tuple[onnx.ModelProto, PrepareReport]:
+    """Run every preparation pass on a copy of `model`."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    rep = PrepareReport(opset_from=model_opset(m))
+    rep.constants_to_initializers = constants_to_initializers(m)
+    m = upgrade_opset(m)
+    rep.opset_to = model_opset(m)
+    if fold_bn:
+        rep.batchnorms_folded = fold_batchnorm(m)
+    rep.nodes_folded = fold_constants(m)
+    # graph inputs that shadow initializers (old exporters) make them overridable: drop that
+    init_names = {t.name for t in m.graph.initializer}
+    shadow = [i for i in m.graph.input if i.name in init_names]
+    if shadow:
+        keep = [i for i in m.graph.input if i.name not in init_names]
+        del m.graph.input[:]
+        m.graph.input.extend(keep)
+        rep.notes.append(f"{len(shadow)} initializers were also listed as graph inputs; treated as constants")
+    m = infer_shapes(m)
+    return m, rep
+
+
+def op_counts(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)

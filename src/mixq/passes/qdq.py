@@ -1,0 +1,167 @@
+"""Materialize a precision plan: insert quantize-dequantize for every planned tensor.
+
+Activations get their format's run-time QDQ (native QuantizeLinear/DequantizeLinear, Cast pairs,
+or a model-local function) right where they are produced; weights are replaced by their stored
+quantized form; biases become int32 + DequantizeLinear when planned so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..formats import Emission, QParams, get_format
+from ..plan.plan import PrecisionPlan
+
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass
+class RewriteReport:
+    """What the rewrite changed."""
+
+    activations_quantized: int = 0
+    weights_quantized: int = 0
+    biases_int32: int = 0
+    biases_kept_float: dict[str, str] = field(default_factory=dict)
+    boundary_conversions: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_." else "_" for c in name)
+
+
+def _bias_qparams(node: onnx.NodeProto, plan: PrecisionPlan, qparams: dict[str, QParams]
+                  ) -> tuple[np.ndarray, str] | tuple[None, str]:
+    x, w = node.input[0], node.input[1]
+    tx = plan.tensors.get(x)
+    qx, qw = qparams.get(tx.group or x) if tx is not None else None, qparams.get(w)
+    if qx is None or qw is None:
+        return None, "input or weight is not integer-quantized"
+    sx, sw = qx.scale, qw.scale
+    if sx.size != 1:
+        return None, "input is not quantized per tensor"
+    return (np.float32(sx.reshape(())) * sw.reshape(-1)).astype(np.float32), ""
+
+
+def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QParams]
+               ) -> tuple[onnx.ModelProto, RewriteReport]:
+    """Return a new model with `plan` materialized using calibrated `qparams`."""
+    rep = RewriteReport()
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    graph_outputs = {o.name for o in g.output}
+    producers = {o: n for n in g.node for o in n.output}
+    emission = Emission()
+    rename: dict[str, str] = {}          # tensor -> name its consumers read after the rewrite
+    replace_init: dict[str, Emission] = {}
+    new_before: dict[int, list[onnx.NodeProto]] = {}  # insert after producer node index
+    node_index = {id(n): i for i, n in enumerate(g.node)}
+    bias_owner = {}
+    for n in g.node:
+        if n.op_type in ("Conv", "ConvTranspose", "Gemm") and len(n.input) > 2 and n.input[2]:
+            bias_owner[n.input[2]] = n
+
+    for name, tp in plan.tensors.items():
+        if tp.format is None:
+            if tp.role == "bias":
+                rep.biases_kept_float[name] = tp.reason
+            continue
+        fmt = get_format(tp.format)
+        prefix = _safe(name)
+        qp = qparams.get(tp.group or name) if tp.role == "activation" else qparams.get(name)
+        if tp.role in ("weight", "constant"):
+            w = numpy_helper.to_array(inits[name])
+            out = f"{name}__mq"
+            axis = tp.block_axis if fmt.kind == "block" else (qp.axis if qp is not None else None)
+            em = fmt.emit_weight(w, out, qparams=qp, axis=axis, prefix=prefix)
+            replace_init[name] = em
+            rename[name] = out
+            rep.weights_quantized += 1
+        elif tp.role == "bias":
+            owner = bias_owner.get(name)
+            scale, why = _bias_qparams(owner, plan, qparams) if owner is not None else (None, "no owner")
+            b = numpy_helper.to_array(inits[name]).astype(np.float64)
+            if scale is not None:
+                scale = np.broadcast_to(scale, b.shape).astype(np.float32)
+                q = np.rint(b / scale.astype(np.float64))
+                if np.any(~np.isfinite(q)) or np.any(np.abs(q) > _INT32_MAX):
+                    why = (f"int32 would overflow (|bias/scale| up to {np.nanmax(np.abs(q)):.3g}); "
+                           "kept float")
+                    scale = None
+            if scale is None:
+                rep.biases_kept_float[name] = why
+                continue
+            qname, sname, out = f"{prefix}__q", f"{prefix}__scale", f"{name}__mq"
+            em = Emission(
+                nodes=[helper.make_node("DequantizeLinear", [qname, sname], [out], name=f"{prefix}__dq", axis=0)],
+                initializers=[numpy_helper.from_array(q.astype(np.int32), qname),
+                              numpy_helper.from_array(scale, sname)],
+                opsets={"": 21})
+            replace_init[name] = em
+            rename[name] = out
+            rep.biases_int32 += 1
+        else:  # activation
+            if fmt.needs_qparams and qp is None:
+                rep.notes.append(f"{name}: no statistics were collected; left float")
+                continue
+            is_output = name in graph_outputs
+            src = f"{name}__f" if is_output else name
+            out = name if is_output else f"{name}__mq"
+            em = fmt.emit(src, out, qparams=qp if fmt.needs_qparams else None,
+                          axis=tp.block_axis if fmt.kind == "block" else (qp.axis if qp else None),
+                          prefix=prefix)
+            prod = producers.get(name)
+            if is_output:
+                if prod is None:  # a graph input that is also an output: leave it
+                    continue
+                prod.output[list(prod.output).index(name)] = src
+            else:
+                rename[name] = out
+            key = node_index[id(prod)] if prod is not None else -1
+            new_before.setdefault(key, []).extend(em.nodes)
+            emission.extend(Emission(initializers=em.initializers, functions=em.functions, opsets=em.opsets))
+            rep.activations_quantized += 1
+
+    # rewire consumers (the inserted nodes read the original names)
+    inserted = {id(n) for ns in new_before.values() for n in ns}
+    for n in g.node:
+        if id(n) in inserted:
+            continue
+        for i, inp in enumerate(n.input):
+            if inp in rename:
+                n.input[i] = rename[inp]
+    # weights and biases: drop float initializers no other node reads, add stored forms
+    still_used = {i for n in g.node for i in n.input} | graph_outputs
+    weight_nodes: list[onnx.NodeProto] = []
+    for name, em in replace_init.items():
+        weight_nodes += em.nodes
+        emission.extend(Emission(initializers=em.initializers, functions=em.functions, opsets=em.opsets))
+    keep_inits = [t for t in g.initializer if t.name not in replace_init or t.name in still_used
+                  or any(t.name in n.input for n in weight_nodes)]
+    del g.initializer[:]
+    g.initializer.extend(keep_inits)
+    g.initializer.extend(emission.initializers)
+
+    ordered: list[onnx.NodeProto] = list(weight_nodes) + list(new_before.get(-1, []))
+    for i, n in enumerate(g.node):
+        ordered.append(n)
+        ordered.extend(new_before.get(i, []))
+    del g.node[:]
+    g.node.extend(ordered)
+    known = {(f.domain, f.name) for f in m.functions}
+    m.functions.extend([f for f in emission.functions if (f.domain, f.name) not in known])
+    have = {imp.domain: imp for imp in m.opset_import}
+    for dom, ver in emission.opsets.items():
+        if dom in ("", "ai.onnx"):
+            continue
+        if dom not in have:
+            m.opset_import.append(helper.make_opsetid(dom, ver))
+    # value_info of renamed graph-output producers is stale: shape inference recomputes it
+    del g.value_info[:]
+    return m, rep

@@ -1,0 +1,112 @@
+"""Op semantics as data: for each op type, which inputs are activations, weights and bias, which
+axes matter, and whether quantization passes through unchanged.
+
+One table instead of one class per op. The quantizer reads it to decide which tensors get a
+format; an op type missing from the table stays float and the report says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+
+@dataclass(frozen=True)
+class OpSemantics:
+    """How one op type takes part in quantization.
+
+    activations: input indices quantized as run-time activations (an initializer there is
+        quantized as a per-tensor constant with the weight format).
+    weight: input index of the weight, quantized with the weight format (per channel allowed).
+    weight_channel_axis / weight_block_axis: functions of the node giving the output-channel axis
+        (per-channel scales) and the reduction axis (blocks of block formats) of the weight.
+    bias: input index of a bias, quantized to int32 with scale = input scale x weight scale.
+    passthrough: the outputs carry their first input's quantization unchanged (data movement and
+        max-like ops), so they reuse its parameters instead of being calibrated.
+    quantize_output: the first output is quantized too.
+    shared_scale: all activation inputs and the output share one scale (Concat on NPUs).
+    """
+
+    activations: tuple[int, ...] = (0,)
+    weight: int | None = None
+    weight_channel_axis: int | None = None
+    weight_block_axis: int | None = None
+    bias: int | None = None
+    passthrough: bool = False
+    quantize_output: bool = True
+    shared_scale: bool = False
+    activation_block_axis: int | None = None  # None: the tensor's own channel axis rule
+
+
+def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    for a in node.attribute:
+        if a.name == name:
+            return int(a.i)
+    return default
+
+
+_CONV = OpSemantics(activations=(0,), weight=1, weight_channel_axis=0, weight_block_axis=1, bias=2,
+                    activation_block_axis=1)
+_CONVT = OpSemantics(activations=(0,), weight=1, weight_channel_axis=1, weight_block_axis=0, bias=2,
+                     activation_block_axis=1)
+_MATMUL = OpSemantics(activations=(0, 1), weight=1, weight_channel_axis=-1, weight_block_axis=-2,
+                      activation_block_axis=-1)
+_UNARY = OpSemantics(activations=(0,))
+_BINARY = OpSemantics(activations=(0, 1))
+_PASS = OpSemantics(activations=(0,), passthrough=True)
+
+#: The op semantics table. Gemm's weight axes depend on transB and are fixed up in `semantics`.
+OP_TABLE: dict[str, OpSemantics] = {
+    "Conv": _CONV,
+    "ConvTranspose": _CONVT,
+    "MatMul": _MATMUL,
+    "Gemm": OpSemantics(activations=(0,), weight=1, weight_channel_axis=1, weight_block_axis=0,
+                        bias=2, activation_block_axis=-1),
+    "Add": _BINARY, "Mul": _BINARY, "Sub": _BINARY, "Div": OpSemantics(activations=(0,)),
+    "Concat": OpSemantics(activations=tuple(range(64)), shared_scale=True),
+    "AveragePool": _UNARY, "GlobalAveragePool": _UNARY,
+    "Relu": _UNARY, "Clip": _UNARY, "LeakyRelu": _UNARY, "Sigmoid": _UNARY, "Tanh": _UNARY,
+    "HardSigmoid": _UNARY, "HardSwish": _UNARY, "Softmax": _UNARY, "Gelu": _UNARY, "Erf": _UNARY,
+    "PRelu": _UNARY, "Elu": _UNARY, "Mish": _UNARY, "Swish": _UNARY,
+    "Resize": _UNARY, "LayerNormalization": _UNARY, "InstanceNormalization": _UNARY,
+    "ReduceMean": _UNARY, "Pow": _UNARY, "Sqrt": _UNARY,
+    "Gather": OpSemantics(activations=(0,), passthrough=True),
+    # data movement and max-like ops keep their input's quantization
+    "Reshape": _PASS, "Transpose": _PASS, "Flatten": _PASS, "Squeeze": _PASS, "Unsqueeze": _PASS,
+    "Slice": _PASS, "Split": _PASS, "MaxPool": _PASS, "GlobalMaxPool": _PASS, "Identity": _PASS,
+    "DepthToSpace": _PASS, "SpaceToDepth": _PASS, "Pad": _PASS, "Expand": _PASS, "Tile": _PASS,
+    "ReduceMax": _PASS, "ReduceMin": _PASS,
+}
+
+#: Ops whose float inputs/outputs are never quantized, with the reason shown to users.
+NEVER_QUANTIZED: dict[str, str] = {
+    "Shape": "produces integers", "Size": "produces integers", "NonZero": "produces integers",
+    "ArgMax": "produces integers", "ArgMin": "produces integers", "TopK": "index output",
+    "If": "control flow (subgraphs are left float)", "Loop": "control flow (subgraphs are left float)",
+    "Scan": "control flow (subgraphs are left float)", "Cast": "type conversion",
+    "BatchNormalization": "left float: folded into the preceding Conv where possible",
+    "LSTM": "recurrent op: no QDQ form in stock onnxruntime", "GRU": "recurrent op",
+    "RNN": "recurrent op", "QuantizeLinear": "already quantized", "DequantizeLinear": "already quantized",
+}
+
+
+def semantics(node: onnx.NodeProto) -> OpSemantics | None:
+    """The semantics of `node`, or None when mixq leaves that op type float."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    sem = OP_TABLE.get(node.op_type)
+    if sem is None:
+        return None
+    if node.op_type == "Gemm":
+        trans_b = _attr(node, "transB", 0)
+        # B is (K, N) or, with transB, (N, K): the output channel is N, the reduction axis K
+        sem = OpSemantics(activations=(0,), weight=1, weight_channel_axis=0 if trans_b else 1,
+                          weight_block_axis=1 if trans_b else 0, bias=2, activation_block_axis=-1)
+    return sem
+
+
+def unsupported_reason(node: onnx.NodeProto) -> str:
+    """Why `node` is left float (for the report)."""
+    if node.domain not in ("", "ai.onnx"):
+        return f"custom-domain op '{node.domain}.{node.op_type}' is not in mixq's op table"
+    return NEVER_QUANTIZED.get(node.op_type, f"op type '{node.op_type}' is not in mixq's op table")

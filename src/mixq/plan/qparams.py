@@ -1,0 +1,88 @@
+"""Choose quantization parameters for a plan: activations from calibration statistics, weights
+and constants from their values. Pure: numpy only."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..calibration.observers import compute_range, compute_weight_range, pof2_exponent
+from ..calibration.stats import TensorStats
+from ..config import QuantConfig
+from ..formats import QParams, get_format
+from .plan import PrecisionPlan
+
+
+def _pof2_qparams(fmt, k: np.ndarray | int, symmetric_zp: int) -> QParams:
+    scale = np.ldexp(np.float32(1.0), np.asarray(k, dtype=np.int64)).astype(np.float32)
+    zp = np.full(np.shape(scale), symmetric_zp, dtype=np.int64)
+    return QParams(scale, zp)
+
+
+def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], config: QuantConfig
+                       ) -> dict[str, QParams]:
+    """Parameters per activation group (keyed by the group's name, or the tensor's)."""
+    merged: dict[str, TensorStats] = {}
+    fmts: dict[str, str] = {}
+    for name, tp in plan.tensors.items():
+        if tp.role != "activation" or tp.format is None:
+            continue
+        key = tp.group or name
+        fmts.setdefault(key, tp.format)
+        if name in stats:
+            if key in merged:
+                merged[key] = merged[key].copy().merge(stats[name])
+            else:
+                merged[key] = stats[name]
+    out: dict[str, QParams] = {}
+    for key, st in merged.items():
+        fmt = get_format(fmts[key])
+        if not fmt.needs_qparams:
+            continue
+        if config.power_of_two and fmt.kind == "int":
+            # symmetric: zero point in the middle of the codes, +-absmax must fit;
+            # asymmetric unsigned: zero point 0, [0, max] must fit
+            sym = config.activation_symmetric or fmt.signed
+            k = pof2_exponent(st, config.power_of_two, bits=fmt.bits, signed=sym)
+            out[key] = _pof2_qparams(fmt, k, fmt.symmetric_zero_point if sym else 0)
+            continue
+        lo, hi = compute_range(st, config.calibration, fmt, symmetric=config.activation_symmetric,
+                               percentile=config.percentile)
+        out[key] = fmt.qparams_from_range(lo, hi, symmetric=config.activation_symmetric)
+    return out
+
+
+def constant_qparams(model: onnx.ModelProto, plan: PrecisionPlan, config: QuantConfig
+                     ) -> dict[str, QParams]:
+    """Parameters of weights and constant inputs, from their values (per channel when planned)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out: dict[str, QParams] = {}
+    for name, tp in plan.tensors.items():
+        if tp.role not in ("weight", "constant") or tp.format is None:
+            continue
+        fmt = get_format(tp.format)
+        if not fmt.needs_qparams:
+            continue
+        w = numpy_helper.to_array(inits[name])
+        axis = tp.channel_axis if tp.role == "weight" and w.ndim > 0 else None
+        method = "minmse" if config.calibration == "minmse" and fmt.kind == "int" else "minmax"
+        lo, hi = compute_weight_range(w, axis=axis, method=method, symmetric=config.weight_symmetric,
+                                      fmt=fmt)
+        if config.reduce_range and fmt.kind == "int":
+            # one bit less: widen the range so that the codes used stay within half the scale
+            widen = fmt.symmetric_limit / np.floor(fmt.symmetric_limit / 2)
+            lo, hi = np.asarray(lo) * widen, np.asarray(hi) * widen
+        if config.power_of_two and fmt.kind == "int":
+            absmax = np.maximum(np.abs(lo), np.abs(hi))
+            k = np.log2(_pof2_scale(absmax, fmt)).astype(np.int64)
+            qp = _pof2_qparams(fmt, k, 0)
+            out[name] = QParams(qp.scale, qp.zero_point, axis=axis if np.ndim(k) else None)
+        else:
+            out[name] = fmt.qparams_from_range(lo, hi, symmetric=config.weight_symmetric, axis=axis)
+    return out
+
+
+def _pof2_scale(absmax, fmt):
+    from ..formats.integer import pof2_scale
+
+    return pof2_scale(absmax, fmt)

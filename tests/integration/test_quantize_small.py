@@ -1,0 +1,122 @@
+"""The static quantizer end to end on a small CNN written with onnx.helper."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import mixq
+from mixq.config import get_default_config
+from mixq.errors import ConfigError, DataError, ModelError
+from mixq.evaluate import compare
+from tests.conftest import feeds, small_cnn
+
+
+def _q(model, preset="A8W8", batch=8, n=64, **kw):
+    return mixq.quantize(model, preset, feeds(n, batch), **kw)
+
+
+@pytest.mark.parametrize("preset,min_sqnr", [("A8W8", 25), ("XINT8", 20), ("A16W8", 40),
+                                             ("U8S8", 25), ("S16S16", 45)])
+def test_integer_presets_run_and_are_faithful(cnn, preset, min_sqnr):
+    res = _q(cnn, preset)
+    onnx.checker.check_model(res.model, full_check=True)
+    ops = [n.op_type for n in res.model.graph.node]
+    assert "BatchNormalization" not in ops, "BatchNorm should be folded into the Conv"
+    assert ops.count("QuantizeLinear") >= 6
+    assert res.rewrite.biases_int32 == 3
+    # QDQ semantics (optimizations disabled): the numbers the quantizer is responsible for
+    c = compare(cnn, res.model, feeds(64, 16, seed=7), optimize=False)
+    assert c.first().sqnr_db > min_sqnr, c.first()
+
+
+def test_reduce_range_makes_optimized_kernels_agree(cnn):
+    cfg = get_default_config("U8S8").with_options(reduce_range=True)
+    res = mixq.quantize(cnn, cfg, feeds(64, 8))
+    assert res.warnings == []
+    opt = compare(cnn, res.model, feeds(64, 16, seed=7), optimize=True).first().sqnr_db
+    ref = compare(cnn, res.model, feeds(64, 16, seed=7), optimize=False).first().sqnr_db
+    assert opt > 35 and abs(opt - ref) < 1.0
+
+
+def test_kernel_check_warns_when_optimized_run_disagrees(cnn):
+    from mixq.evaluate import sqnr_between_optimization_levels
+
+    res = _q(cnn, "A8W8")
+    sqnr = sqnr_between_optimization_levels(res.model, feeds(16, 8, seed=3))
+    # the warning appears exactly when this machine's fused kernels disagree
+    assert bool(res.warnings) == (sqnr < mixq.api.KERNEL_SQNR_WARN_DB)
+    if res.warnings:
+        assert "reduce_range" in res.warnings[0]
+
+
+def test_batch_size_does_not_change_the_output_bytes(cnn):
+    a = _q(cnn, "A8W8", batch=1).model.SerializeToString()
+    b = _q(cnn, "A8W8", batch=32).model.SerializeToString()
+    assert a == b
+
+
+def test_weights_are_stored_as_int8(cnn):
+    res = _q(cnn, "A8W8")
+    types = {t.name: t.data_type for t in res.model.graph.initializer}
+    assert onnx.TensorProto.INT8 in types.values()
+    assert not any(t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 4
+                   for t in res.model.graph.initializer), "float conv weights should be gone"
+    int8_elems = sum(int(np.prod(t.dims)) for t in res.model.graph.initializer
+                     if t.data_type == onnx.TensorProto.INT8 and len(t.dims) >= 2)
+    assert int8_elems == 8 * 3 * 9 + 8 * 8 * 9 + 10 * 8  # every weight element stored in one byte
+
+
+def test_xint8_scales_are_powers_of_two(cnn):
+    res = _q(cnn, "XINT8")
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in res.model.graph.initializer}
+    for n in res.model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.input[0] not in ():
+            s = inits.get(n.input[1])
+            if s is None or s.dtype != np.float32:
+                continue
+            m, _ = np.frexp(s)
+            if not n.input[0].endswith("__q"):  # int32 bias scales are products of two pof2
+                assert np.all(m == 0.5), (n.name, s)
+
+
+def test_plan_replay_gives_identical_bytes(cnn, tmp_path):
+    res = _q(cnn, "A8W8")
+    plan = mixq.PrecisionPlan.from_json(res.plan.to_json())
+    assert plan == res.plan
+    again = _q(cnn, "A8W8", plan=plan)
+    assert again.model.SerializeToString() == res.model.SerializeToString()
+
+
+def test_unknown_preset_is_a_clear_error(cnn):
+    with pytest.raises(ConfigError, match="A8W8"):
+        get_default_config("A8W9")
+
+
+def test_empty_calibration_data_is_an_error(cnn):
+    with pytest.raises(DataError):
+        mixq.quantize(cnn, "A8W8", [])
+
+
+def test_wrong_feed_name_is_an_error(cnn):
+    with pytest.raises(DataError, match="x"):
+        mixq.quantize(cnn, "A8W8", [{"y": np.zeros((1, 3, 16, 16), np.float32)}])
+
+
+def test_not_onnx_is_an_error(tmp_path):
+    p = tmp_path / "bad.onnx"
+    p.write_bytes(b"this is not onnx")
+    with pytest.raises(ModelError):
+        mixq.quantize(str(p), "A8W8", feeds(4, 4))
+
+
+def test_output_is_written_and_input_untouched(cnn, tmp_path):
+    src = tmp_path / "in.onnx"
+    onnx.save(cnn, src)
+    before = src.read_bytes()
+    out = tmp_path / "out.onnx"
+    res = mixq.quantize(str(src), "A8W8", feeds(16, 8), output_path=out)
+    assert out.exists() and res.output_path == out
+    assert src.read_bytes() == before
+    with pytest.raises(mixq.MixqError):
+        mixq.quantize(str(src), "A8W8", feeds(16, 8), output_path=src)
