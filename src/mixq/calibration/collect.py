@@ -1,0 +1,295 @@
+"""Collect :class:`TensorStats` of model tensors with one streaming onnxruntime pass.
+
+The model is copied with every requested intermediate tensor added as a graph output and run
+with graph optimizations disabled (so intermediate names survive), one feed at a time; each
+output array updates its statistics and is dropped at once, so memory is bounded by one batch
+(plus the model). Initializers are read directly (never run); requested graph inputs are taken
+from the feeds. Tensors inside subgraphs (If/Loop/Scan bodies), unknown names and non-numeric
+tensors are reported in :attr:`CollectResult.skipped` with the reason.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from mixq.errors import DataError, ModelError, did_you_mean
+
+from .data import FeedSource, input_specs_from_model
+from .stats import TensorStats
+
+__all__ = ["CollectResult", "collect_stats"]
+
+#: Models whose serialized size exceeds this are handed to onnxruntime as a file with external
+#: data (protobuf cannot serialize more than 2 GiB). Module-level so tests can lower it.
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+#: Newest ONNX IR version onnxruntime 1.31 loads.
+_ORT_MAX_IR = 13
+
+_NUMERIC = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+            onnx.TensorProto.DOUBLE}
+
+
+class CollectResult(dict):
+    """``{tensor name: TensorStats}`` of the collected tensors, plus what could not be collected.
+
+    Attributes: ``stats`` (self, as a plain dict view), ``skipped`` ``{name: reason}``,
+    ``num_batches`` (feeds run).
+    """
+
+    def __init__(self, stats: dict[str, TensorStats] | None = None,
+                 skipped: dict[str, str] | None = None, num_batches: int = 0) -> None:
+        super().__init__(stats or {})
+        self.skipped: dict[str, str] = dict(skipped or {})
+        self.num_batches = num_batches
+
+    @property
+    def stats(self) -> dict[str, TensorStats]:
+        return dict(self)
+
+    def __repr__(self) -> str:
+        return (f"CollectResult({len(self)} tensors, {len(self.skipped)} skipped, "
+                f"{self.num_batches} batches)")
+
+
+def _load(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    path = Path(model)
+    if not path.is_file():
+        raise ModelError(f"model file {path} does not exist")
+    try:
+        return onnx.load(str(path))
+    except Exception as e:  # noqa: BLE001 - onnx raises several kinds
+        raise ModelError(f"cannot read ONNX model {path}: {e}") from e
+
+
+def _subgraph_names(graph: onnx.GraphProto) -> set[str]:
+    """Names produced inside subgraphs of `graph` (any depth)."""
+    out: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])
+            for g in subs:
+                for n in g.node:
+                    out.update(o for o in n.output if o)
+                out.update(i.name for i in g.input)
+                out.update(_subgraph_names(g))
+    return out
+
+
+def _value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Shape-inferred value infos by name (best effort: {} where inference fails)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - inference is an optimization only
+        return {}
+    g = inferred.graph
+    return {vi.name: vi for vi in list(g.value_info) + list(g.output) + list(g.input)}
+
+
+def _augmented_session(m: onnx.ModelProto, fetch: list[str], graph_outputs: set[str],
+                       vis: dict[str, onnx.ValueInfoProto], big: bool, tmp: Path,
+                       providers: Sequence[Any] | None, intra_op_threads: int | None):
+    """An onnxruntime session of `m` with every name in `fetch` exposed as a graph output."""
+    if big:
+        aug = m  # no protobuf copy of > 2 GiB; changed in place and restored below
+    else:
+        aug = onnx.ModelProto()
+        aug.CopyFrom(m)
+    n_before = len(aug.graph.output)
+    for name in fetch:
+        if name in graph_outputs:
+            continue
+        vi = vis.get(name)
+        new = onnx.ValueInfoProto()
+        if vi is not None and vi.type.tensor_type.elem_type:
+            new.CopyFrom(vi)
+        else:
+            new.name = name  # onnxruntime infers the type of a bare output
+        aug.graph.output.append(new)
+    ir = aug.ir_version
+    if ir > _ORT_MAX_IR:  # onnx's helper writes IR versions newer than onnxruntime reads
+        aug.ir_version = _ORT_MAX_IR
+    if big:
+        had_location = [t.HasField("data_location") for t in _all_initializers(aug.graph)]
+    try:
+        if big:
+            path = tmp / "augmented.onnx"
+            onnx.save(aug, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                      location="augmented.bin")
+            return _session(str(path), providers, intra_op_threads)
+        return _session(aug.SerializeToString(), providers, intra_op_threads)
+    finally:
+        if big:  # restore the caller's model: outputs, IR version and the weights onnx.save
+            # moved out to the external file
+            del aug.graph.output[n_before:]
+            aug.ir_version = ir
+            onnx.load_external_data_for_model(aug, str(tmp))
+            for t, had in zip(_all_initializers(aug.graph), had_location):
+                if not had:
+                    t.ClearField("data_location")
+
+
+def _all_initializers(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
+    """Initializers of `graph` and of all its subgraphs."""
+    out = list(graph.initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            for g in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
+                out += _all_initializers(g)
+    return out
+
+
+def _session(model_bytes_or_path: bytes | str, providers: Sequence[Any] | None,
+             intra_op_threads: int | None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    # the statistics are computed between runs on this thread: idle ORT workers must not spin
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if intra_op_threads is not None:
+        so.intra_op_num_threads = int(intra_op_threads)
+    prov = list(providers) if providers else ["CPUExecutionProvider"]
+    try:
+        return ort.InferenceSession(model_bytes_or_path, sess_options=so, providers=prov)
+    except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+        raise ModelError(f"onnxruntime cannot load the model for calibration: {e}") from e
+
+
+def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iterable[str],
+                  data: Any, *, providers: Sequence[Any] | None = None,
+                  progress: Callable[[int], Any] | None = None,
+                  intra_op_threads: int | None = None, batch_size: int = 1,
+                  axes: dict[str, int] | None = None) -> CollectResult:
+    """Statistics of `tensor_names` over all of `data`, in one streaming onnxruntime pass.
+
+    Parameters
+    ----------
+    model: ModelProto or path (external data is loaded from beside the file).
+    tensor_names: graph inputs, intermediate tensors, graph outputs or initializers.
+    data: anything :func:`mixq.calibration.data.as_feeds` accepts.
+    providers: onnxruntime execution providers (default CPU).
+    progress: called with the 0-based index of every batch once it has been processed.
+    intra_op_threads: onnxruntime intra-op threads (default: onnxruntime's choice).
+    batch_size: rows per run when array data is split along a dynamic batch axis (does not
+        change the statistics).
+    axes: optional ``{name: axis}`` to also collect per-channel min/max of those tensors.
+
+    Returns a :class:`CollectResult` (a dict ``{name: TensorStats}`` with ``.skipped``).
+    Raises DataError for bad data, ModelError when the model cannot be read or run.
+    """
+    m = _load(model)
+    names = list(dict.fromkeys(tensor_names))
+    axes = dict(axes or {})
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    graph_inputs = {vi.name for vi in g.input if vi.name not in inits}
+    graph_outputs = {vo.name for vo in g.output}
+    produced = {o for n in g.node for o in n.output if o}
+    sub = _subgraph_names(g)
+    result = CollectResult()
+
+    to_fetch: list[str] = []
+    from_feed: list[str] = []
+    for name in names:
+        if name in inits:
+            t = inits[name]
+            if t.data_type not in _NUMERIC:
+                result.skipped[name] = (f"initializer of type "
+                                        f"{onnx.TensorProto.DataType.Name(t.data_type)} is not a "
+                                        "float tensor")
+                continue
+            result[name] = TensorStats.from_array(numpy_helper.to_array(t), axis=axes.get(name))
+        elif name in graph_inputs:
+            from_feed.append(name)
+        elif name in produced:
+            to_fetch.append(name)
+        elif name in sub:
+            result.skipped[name] = ("tensor is inside a subgraph (If/Loop/Scan body); "
+                                    "collecting subgraph tensors is not supported")
+        else:
+            known = list(produced | graph_inputs | set(inits))
+            result.skipped[name] = f"no tensor of this name in the model graph.{did_you_mean(name, known)}"
+
+    if not to_fetch and not from_feed:
+        return result
+
+    big = m.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    with tempfile.TemporaryDirectory(prefix="mixq_calib_") as tmp:
+        # shape inference tells the types up front (non-float tensors are skipped before the
+        # run); for a >2 GiB model the run-time dtype check does that instead
+        vis = _value_infos(m) if (to_fetch and not big) else {}
+        fetch = []
+        for name in to_fetch:
+            vi = vis.get(name)
+            if vi is not None and not vi.type.HasField("tensor_type"):
+                result.skipped[name] = "not a tensor (sequence/map/optional)"
+                continue
+            et = vi.type.tensor_type.elem_type if vi is not None else 0
+            if et and et not in _NUMERIC:
+                result.skipped[name] = (f"tensor of type {onnx.TensorProto.DataType.Name(et)} "
+                                        "is not a float tensor")
+            else:
+                fetch.append(name)
+        if not fetch and not from_feed:
+            return result
+        sess = _augmented_session(m, fetch, graph_outputs, vis, big, Path(tmp), providers,
+                                  intra_op_threads) if fetch else None
+
+        out_names = [o.name for o in sess.get_outputs()] if sess is not None else []
+        missing = [n for n in fetch if n not in out_names]
+        for n in missing:
+            result.skipped[n] = "onnxruntime does not expose this tensor as an output"
+        fetch = [n for n in fetch if n not in missing]
+        stats = {n: TensorStats(axis=axes.get(n)) for n in fetch + from_feed}
+        specs = input_specs_from_model(m)
+        feed_names = {s.name for s in specs}
+        non_float: dict[str, str] = {}
+        i_batch = -1
+        for i_batch, feed in enumerate(FeedSource(data, specs, batch_size=batch_size)):
+            for n in from_feed:
+                _update(stats, non_float, n, feed[n])
+            if fetch:
+                try:
+                    outs = sess.run(fetch, {k: v for k, v in feed.items() if k in feed_names})
+                except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+                    raise DataError(f"onnxruntime failed on calibration batch {i_batch} (input "
+                                    "shapes " + ", ".join(f"{k}: {tuple(v.shape)}"
+                                                          for k, v in feed.items())
+                                    + f"): {e}") from e
+                for n, arr in zip(fetch, outs):
+                    _update(stats, non_float, n, arr)
+                del outs
+            del feed
+            if progress is not None:
+                progress(i_batch)
+        result.num_batches = i_batch + 1
+    for n in list(stats):
+        if n in non_float:
+            result.skipped[n] = non_float[n]
+        else:
+            result[n] = stats[n]
+    # keep the requested order
+    ordered = CollectResult({n: result[n] for n in names if n in result}, result.skipped,
+                            result.num_batches)
+    return ordered
+
+
+def _update(stats: dict[str, TensorStats], non_float: dict[str, str], name: str, arr: Any) -> None:
+    if name in non_float:
+        return
+    a = np.asarray(arr)
+    if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
+        non_float[name] = f"tensor of dtype {a.dtype} is not a float tensor"
+        return
+    stats[name].update(a)

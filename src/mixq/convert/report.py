@@ -1,0 +1,204 @@
+"""ConversionReport and the fidelity measurement (original vs converted model, same inputs)."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from ..errors import DataError
+from ._rewrite import KeptFloat
+
+__all__ = ["ConversionReport", "OutputFidelity", "KeptFloat", "make_feeds", "fidelity", "sqnr_db", "cosine"]
+
+
+@dataclass
+class OutputFidelity:
+    """Agreement of one model output with the original model's: SQNR (dB, inf when equal),
+    cosine similarity and the largest absolute difference."""
+
+    name: str
+    sqnr_db: float
+    cosine: float
+    max_abs_err: float
+
+
+@dataclass
+class ConversionReport:
+    """What a conversion did and how close the result is to the original model."""
+
+    format: str
+    source: str
+    target: str
+    provider: str
+    nodes_total: int = 0
+    nodes_converted: int = 0
+    tensors_converted: int = 0
+    initializers_converted: int = 0
+    casts_inserted: int = 0
+    qdq_nodes_inserted: int = 0
+    kept_float: list[KeptFloat] = field(default_factory=list)
+    size_before: int = 0
+    size_after: int = 0
+    fidelity: list[OutputFidelity] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    eval_time_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def min_sqnr_db(self) -> float:
+        """The worst output SQNR (inf when not evaluated or all outputs are exact)."""
+        return min((f.sqnr_db for f in self.fidelity), default=math.inf)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-serializable except for inf/nan floats)."""
+        return asdict(self)
+
+    def kept_float_summary(self) -> list[tuple[str, str, int]]:
+        """(op_type, reason, count) of the nodes kept in the source type, most frequent first."""
+        c = Counter((k.op_type, k.reason) for k in self.kept_float)
+        return [(op, why, n) for (op, why), n in c.most_common()]
+
+    def to_markdown(self) -> str:
+        """A Markdown summary: counts, sizes, fidelity per output, nodes kept in float."""
+        mb = 1 << 20
+        ratio = (self.size_after / self.size_before) if self.size_before else float("nan")
+        lines = [
+            f"## mixq convert: {self.source} -> {self.target} ({self.format})",
+            "",
+            "| item | value |",
+            "|---|---|",
+            f"| provider | {self.provider} |",
+            f"| nodes (converted / total) | {self.nodes_converted} / {self.nodes_total} |",
+            f"| tensors converted | {self.tensors_converted} |",
+            f"| weights converted | {self.initializers_converted} |",
+            f"| Casts inserted | {self.casts_inserted} |",
+        ]
+        if self.qdq_nodes_inserted:
+            lines.append(f"| QDQ function nodes inserted | {self.qdq_nodes_inserted} |")
+        lines += [
+            f"| nodes kept in {self.source} | {len(self.kept_float)} |",
+            f"| size before -> after | {self.size_before / mb:.2f} MiB -> {self.size_after / mb:.2f} MiB ({ratio:.2f}x) |",
+            f"| conversion time | {self.wall_time_s:.3f} s |",
+        ]
+        if self.eval_time_s:
+            lines.append(f"| fidelity evaluation time | {self.eval_time_s:.3f} s |")
+        if self.fidelity:
+            lines += ["", "### Fidelity vs the original model", "",
+                      "| output | SQNR (dB) | cosine | max abs err |", "|---|---:|---:|---:|"]
+            for f in self.fidelity:
+                lines.append(f"| {f.name} | {f.sqnr_db:.2f} | {f.cosine:.6f} | {f.max_abs_err:.3g} |")
+        if self.kept_float:
+            lines += ["", f"### Nodes kept in {self.source}", "", "| op type | count | reason | e.g. |",
+                      "|---|---:|---|---|"]
+            for op, why, n in self.kept_float_summary():
+                eg = next(k.node for k in self.kept_float if k.op_type == op and k.reason == why)
+                lines.append(f"| {op} | {n} | {why} | {eg} |")
+        if self.notes:
+            lines += ["", "### Notes", ""] + [f"- {n}" for n in self.notes]
+        return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- fidelity
+
+_NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
+       TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.INT8: np.int8,
+       TensorProto.UINT8: np.uint8, TensorProto.BOOL: np.bool_, TensorProto.INT16: np.int16,
+       TensorProto.UINT16: np.uint16, TensorProto.UINT32: np.uint32, TensorProto.UINT64: np.uint64}
+
+
+def make_feeds(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None,
+               seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for `model`: standard normal floats, zero integers, False booleans.
+
+    Dynamic dimensions are 1 unless `shapes` gives the input's full shape. Raises DataError for
+    an input of unknown rank without a shape, or a shape override naming no input."""
+    shapes = dict(shapes or {})
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    unknown = set(shapes) - {i.name for i in inputs}
+    if unknown:
+        from ..errors import did_you_mean
+        bad = sorted(unknown)[0]
+        raise DataError(f"--shape names {bad!r}, which is not a model input (inputs: "
+                        f"{', '.join(i.name for i in inputs)}).{did_you_mean(bad, [i.name for i in inputs])}")
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for vi in inputs:
+        tt = vi.type.tensor_type
+        dtype = _NP.get(tt.elem_type)
+        if dtype is None:
+            raise DataError(f"input {vi.name!r} has element type "
+                            f"{TensorProto.DataType.Name(tt.elem_type)}, which random feeds do not cover; "
+                            "pass feeds= explicitly.")
+        if vi.name in shapes:
+            shape = [int(d) for d in shapes[vi.name]]
+        elif tt.HasField("shape"):
+            shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tt.shape.dim]
+        else:
+            raise DataError(f"input {vi.name!r} has no shape; give one with --shape {vi.name}=1,3,224,224 "
+                            "(or shapes={...}).")
+        if np.issubdtype(dtype, np.floating):
+            feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[vi.name] = np.zeros(shape, dtype=dtype)
+    return feeds
+
+
+def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
+    """Signal-to-quantization-noise ratio 10*log10(sum ref^2 / sum (ref-out)^2), in dB."""
+    ref = np.asarray(ref, np.float64).ravel()
+    out = np.asarray(out, np.float64).ravel()
+    finite = np.isfinite(ref) & np.isfinite(out)
+    ref, out = ref[finite], out[finite]
+    noise = float(np.sum((ref - out) ** 2))
+    signal = float(np.sum(ref ** 2))
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def cosine(ref: np.ndarray, out: np.ndarray) -> float:
+    """Cosine similarity of the flattened arrays (1.0 for two all-zero arrays)."""
+    a = np.asarray(ref, np.float64).ravel()
+    b = np.asarray(out, np.float64).ravel()
+    finite = np.isfinite(a) & np.isfinite(b)
+    a, b = a[finite], b[finite]
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def fidelity(original: onnx.ModelProto, converted: onnx.ModelProto, provider: str,
+             feeds: Mapping[str, np.ndarray] | None = None,
+             shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0) -> list[OutputFidelity]:
+    """Run both models on the same inputs (`feeds`, or random ones) and compare every output."""
+    from ._session import make_session
+
+    feeds = dict(feeds) if feeds is not None else make_feeds(original, shapes, seed)
+    ref_sess = make_session(original, provider)
+    names = [o.name for o in ref_sess.get_outputs()]
+    try:
+        ref = ref_sess.run(None, feeds)
+    except Exception as exc:
+        raise DataError(f"the original model does not run on the evaluation inputs ({exc}); "
+                        "give input shapes with --shape NAME=d0,d1,... or pass feeds.") from exc
+    out = make_session(converted, provider).run(names, feeds)
+    res = []
+    for n, r, o in zip(names, ref, out):
+        r64 = np.asarray(r, np.float64)
+        o64 = np.asarray(o, np.float64)
+        both = np.isfinite(r64) & np.isfinite(o64)
+        err = float(np.max(np.abs(r64[both] - o64[both]))) if both.any() else 0.0
+        res.append(OutputFidelity(n, sqnr_db(r, o), cosine(r, o), err))
+    return res

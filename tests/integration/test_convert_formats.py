@@ -1,0 +1,219 @@
+"""Every conversion format on every test model (float32 and float16 twins): checker, runs in
+onnxruntime CPU, fidelity, defining structure. `check_conversion` takes any model path or proto."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mixq.convert import BF16_FORMATS, PROBE_CACHE, to_bf16, to_fp16
+from mixq.convert.testing import (TEST_MODELS, bf16_representable, check_conversion, if_model,
+                                  to_fp16_model)
+from mixq.errors import ConfigError, FormatError, ModelError
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+# measured minimum over these models: ~45 dB (fp16 with_cast), bound with margin
+MIN_SQNR = 35.0
+
+
+def _model(name: str, fp16: bool) -> onnx.ModelProto:
+    m = TEST_MODELS[name]()
+    return to_fp16_model(m) if fp16 else m
+
+
+@pytest.mark.parametrize("fmt", BF16_FORMATS)
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("name", sorted(TEST_MODELS))
+def test_bf16_formats(name, fp16, fmt):
+    out, rep = check_conversion(_model(name, fp16), fmt, min_sqnr_db=MIN_SQNR)
+    assert rep.source == ("fp16" if fp16 else "fp32") and rep.target == "bfloat16"
+    assert "SQNR" in rep.to_markdown()
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "fp16:with_cast", "simulate_fp16"])
+@pytest.mark.parametrize("name", sorted(TEST_MODELS))
+def test_fp16_formats(name, fmt):
+    check_conversion(TEST_MODELS[name](), fmt, min_sqnr_db=50.0)
+
+
+def test_model_path_input(tmp_path):
+    p = tmp_path / "m.onnx"
+    onnx.save(TEST_MODELS["classifier"](), str(p))
+    check_conversion(p, "bf16")
+
+
+def test_bf16_graph_boundaries_and_kept_float_reasons():
+    m = TEST_MODELS["transformer"]()
+    out, rep = to_bf16(m, "bf16")
+    assert out.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert out.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    kept = {k.node: k.reason for k in rep.kept_float}
+    for node in out.graph.node:
+        assert node.name  # every node named (reports refer to them)
+    for k in rep.kept_float:
+        assert k.reason and k.op_type
+    # every kept node is really float: its data inputs are float32 tensors
+    assert rep.nodes_converted + len(rep.kept_float) <= rep.nodes_total
+    # the probe cache holds per (provider, op, opset, types) answers
+    assert any(key[0] == "CPUExecutionProvider" and key[2] == "MatMul" for key in PROBE_CACHE)
+    md = rep.to_markdown()
+    assert "kept in fp32" in md
+    for reason in set(kept.values()):
+        assert reason in md
+
+
+def test_bf16_keeps_int64_paths_and_resize_scales():
+    m = TEST_MODELS["shape_paths"]()
+    for fmt in BF16_FORMATS:
+        out, _ = to_bf16(m, fmt, evaluate=False)
+        inits = {t.name: t for t in out.graph.initializer}
+        scales = numpy_helper.to_array(inits["scales"])
+        assert scales.dtype == np.float32 and scales.tolist() == [1, 1, 2, 2]
+        for name in ("idx0", "minus1"):
+            assert inits[name].data_type == TensorProto.INT64
+        resize = next(n for n in out.graph.node if n.op_type == "Resize")
+        assert resize.input[2] == "scales"
+        shape = next(n for n in out.graph.node if n.op_type == "Shape")
+        producers = {o: n for n in out.graph.node for o in n.output}
+        # nothing is inserted on the int64 path
+        for n in out.graph.node:
+            if n.op_type in ("Gather", "Concat", "Reshape") and n.name in ("gather_batch", "concat_shape"):
+                for i in n.input:
+                    assert i not in producers or producers[i].op_type != "Cast"
+        assert shape is not None
+
+
+def test_subgraph_node_left_float_and_reported():
+    m = if_model()
+    out, rep = to_bf16(m, "bf16", feeds={"x": np.ones((2, 8), np.float32), "cond": np.array(True)})
+    reasons = {k.op_type: k.reason for k in rep.kept_float}
+    assert "If" in reasons and "subgraph" in reasons["If"]
+    assert any("subgraph" in n for n in rep.notes)
+    onnx.checker.check_model(out, full_check=True)
+    for cond in (True, False):
+        _, rep2 = to_bf16(m, "with_cast", feeds={"x": np.ones((2, 8), np.float32), "cond": np.array(cond)})
+        assert rep2.min_sqnr_db > MIN_SQNR
+
+
+def _special_model(dtype=np.float32) -> tuple[onnx.ModelProto, np.ndarray]:
+    w = np.array([1.0, 1.00390625, 1.01171875, 3.14159265, -2.5e-39, 1e-45, 9.2e-41, np.inf, -np.inf,
+                  np.nan, 3.4e38, -1e-30, 65504.0, 0.0, -0.0, 1e-6], dtype=dtype)
+    t = TensorProto.FLOAT if dtype == np.float32 else TensorProto.FLOAT16
+    g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"], name="mul")], "s",
+                          [helper.make_tensor_value_info("x", t, [w.size])],
+                          [helper.make_tensor_value_info("y", t, [w.size])],
+                          initializer=[numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m, w
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_stored_and_simulated_weights_bit_exact_with_specials(dtype):
+    m, w = _special_model(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref_bits = w.astype(ml_dtypes.bfloat16).view(np.uint16)
+        ref_vals = w.astype(ml_dtypes.bfloat16).astype(dtype)
+    out, rep = to_bf16(m, "bf16", evaluate=False)
+    t = next(t for t in out.graph.initializer if t.name == "w")
+    assert t.data_type == TensorProto.BFLOAT16
+    assert np.array_equal(np.frombuffer(t.raw_data, "<u2"), ref_bits)
+    out, _ = to_bf16(m, "simulate_bf16", evaluate=False)
+    sim = numpy_helper.to_array(out.graph.initializer[0])
+    assert sim.dtype == dtype
+    assert np.array_equal(np.isnan(sim), np.isnan(ref_vals))
+    ok = ~np.isnan(sim)
+    assert np.array_equal(sim[ok], ref_vals[ok]) and np.array_equal(np.signbit(sim[ok]), np.signbit(ref_vals[ok]))
+    if dtype == np.float32:
+        assert bf16_representable(sim)
+    # customqdq stores the same bf16 bits behind a BFloat16Dequantize
+    out, _ = to_bf16(m, "customqdq", evaluate=False)
+    t = next(t for t in out.graph.initializer if t.data_type == TensorProto.BFLOAT16)
+    assert np.array_equal(np.frombuffer(t.raw_data, "<u2"), ref_bits)
+
+
+@pytest.mark.parametrize("fmt", ["with_cast", "customqdq", "bf16"])
+def test_runtime_rounding_matches_ml_dtypes(fmt):
+    """The inserted Casts / functions round activations exactly like ml_dtypes (incl. NaN/inf)."""
+    import onnxruntime as ort
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"], name="id")], "i",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    out, _ = to_bf16(m, fmt, evaluate=False)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 2 ** 32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    y = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ref = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(y), nan)
+    assert np.array_equal(y[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+
+
+def test_input_model_not_modified_and_report_fields():
+    m = TEST_MODELS["classifier"]()
+    before = m.SerializeToString()
+    for fmt in BF16_FORMATS:
+        _, rep = to_bf16(m, fmt)
+        assert m.SerializeToString() == before
+        assert rep.size_before == len(before)
+        assert rep.wall_time_s > 0 and rep.eval_time_s > 0
+        d = rep.to_dict()
+        assert d["format"] == fmt and d["fidelity"][0]["name"] == "logits"
+    _, rep = to_bf16(m, "bf16")
+    assert rep.size_after < rep.size_before  # weights stored in 2 bytes
+
+
+def test_given_feeds_and_shapes():
+    m = TEST_MODELS["classifier"]()
+    feeds = {"input": np.random.default_rng(3).standard_normal((4, 3, 16, 16)).astype(np.float32)}
+    _, rep = to_bf16(m, "with_cast", feeds=feeds)
+    assert rep.fidelity[0].sqnr_db > MIN_SQNR
+    _, rep = to_bf16(m, "with_cast", shapes={"input": [2, 3, 16, 16]})
+    assert rep.fidelity[0].sqnr_db > MIN_SQNR
+
+
+def test_source_detection_and_override():
+    m16 = to_fp16_model(TEST_MODELS["classifier"]())
+    _, rep = to_bf16(m16, "with_cast", evaluate=False)
+    assert rep.source == "fp16"
+    with pytest.raises(ModelError, match="fp16"):
+        to_bf16(m16, "with_cast", source="fp32")
+    with pytest.raises(ModelError, match="fp32"):
+        to_bf16(TEST_MODELS["classifier"](), "with_cast", source="fp16")
+    with pytest.raises(ModelError):
+        to_fp16(m16)
+    with pytest.raises(ConfigError, match="Did you mean"):
+        to_bf16(m16, "with_cast", source="fp61")
+
+
+def test_bad_arguments():
+    m = TEST_MODELS["classifier"]()
+    with pytest.raises(FormatError, match="Did you mean: simulate_bf16"):
+        to_bf16(m, "simulate")
+    with pytest.raises(FormatError, match="Did you mean: customqdq"):
+        to_bf16(m, "custom_qdq")
+    with pytest.raises(ConfigError, match="CPUExecutionProvider"):
+        to_bf16(m, "bf16", provider="CPUExecutionprovider")
+    with pytest.raises(ModelError, match="does not exist"):
+        to_bf16("/nonexistent/model.onnx", "bf16")
+
+
+def test_old_opset_is_upgraded_for_bf16_casts():
+    rng = np.random.default_rng(0)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["h"], name="fc"),
+                           helper.make_node("Relu", ["h"], ["y"], name="relu")], "old",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                          initializer=[numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w"),
+                                       numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")])
+    old = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)])
+    old.ir_version = 6
+    out, rep = to_bf16(old, "with_cast")
+    assert any("opset upgraded" in n for n in rep.notes)
+    assert rep.min_sqnr_db > MIN_SQNR
