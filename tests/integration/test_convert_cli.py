@@ -117,9 +117,9 @@ def test_mixq_convert_subparser(fp32_path, tmp_path, capsys):
     sub = parser.add_subparsers(dest="command")
     add_convert_subparser(sub)
     out = tmp_path / "s.onnx"
-    args = parser.parse_args(["convert", "bf16", "--input", str(fp32_path), "--output", str(out),
+    args = parser.parse_args(["convert", "bf16", str(fp32_path), str(out),
                               "--format", "simulate_bf16", "--no-eval"])
     assert args.func(args) == 0
     assert out.exists() and "simulate_bf16" in capsys.readouterr().out
-    args = parser.parse_args(["convert", "fp16", "-i", str(fp32_path), "-o", str(tmp_path / "h.onnx")])
+    args = parser.parse_args(["convert", "fp16", str(fp32_path), str(tmp_path / "h.onnx")])
     assert args.format == "fp16" and args.func(args) == 0

@@ -105,7 +105,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         elif n.domain == "com.mixq":
             qtypes[n.op_type] += 1
     print(f"model: {args.model}")
-    print(f"opset: {', '.join(f'{i.domain or 'ai.onnx'}:{i.version}' for i in m.opset_import)}")
+    opsets = ", ".join(f"{i.domain or 'ai.onnx'}:{i.version}" for i in m.opset_import)
+    print(f"opset: {opsets}")
     print(f"size: {m.ByteSize() / 1e6:.3f} MB, nodes: {len(m.graph.node)}, initializers: {len(m.graph.initializer)}")
     print("inputs: " + ", ".join(i.name for i in m.graph.input))
     print("outputs: " + ", ".join(o.name for o in m.graph.output))
@@ -186,12 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--presets", help="comma-separated presets")
     d.set_defaults(func=cmd_demo)
 
-    try:
-        from ..convert.cli import add_convert_subparser
-    except ModuleNotFoundError:
-        pass
-    else:
-        add_convert_subparser(sub)
+    from ..convert.cli import add_convert_subparser
+
+    add_convert_subparser(sub)
     return p
 
 

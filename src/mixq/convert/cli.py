@@ -29,10 +29,17 @@ _FORMATS_HELP = {
 
 
 def add_arguments(p: argparse.ArgumentParser, target: str, *, source_default: str = "auto",
-                  source_choice: bool = True, format_default: str | None = None) -> None:
-    """Add the converter options to parser `p` (`target`: 'bf16' or 'fp16')."""
-    p.add_argument("--input", "-i", required=True, help="input .onnx model")
-    p.add_argument("--output", "-o", required=True, help="output .onnx model (never the input)")
+                  source_choice: bool = True, format_default: str | None = None,
+                  positional: bool = False) -> None:
+    """Add the converter options to parser `p` (`target`: 'bf16' or 'fp16'). `positional`: the
+    input and output are positional (`mixq convert bf16 IN OUT`) instead of --input/--output
+    (the documented module entry points)."""
+    if positional:
+        p.add_argument("input", help="input .onnx model")
+        p.add_argument("output", help="output .onnx model (never the input)")
+    else:
+        p.add_argument("--input", "-i", required=True, help="input .onnx model")
+        p.add_argument("--output", "-o", required=True, help="output .onnx model (never the input)")
     p.add_argument("--format", "-f", default=format_default or ("with_cast" if target == "bf16" else "fp16"),
                    help=_FORMATS_HELP[target])
     if source_choice:
@@ -129,9 +136,9 @@ def add_convert_subparser(subparsers: argparse._SubParsersAction) -> argparse.Ar
     sub = conv.add_subparsers(dest="convert_target", metavar="{bf16,fp16}")
     sub.required = True
     b = sub.add_parser("bf16", help="to bfloat16: with_cast | bf16 | simulate_bf16 | customqdq")
-    add_arguments(b, "bf16")
+    add_arguments(b, "bf16", positional=True)
     b.set_defaults(func=run_convert)
     f = sub.add_parser("fp16", help="float32 to float16: fp16 | with_cast | simulate_fp16")
-    add_arguments(f, "fp16", source_default="fp32", source_choice=False)
+    add_arguments(f, "fp16", source_default="fp32", source_choice=False, positional=True)
     f.set_defaults(func=run_convert)
     return conv
