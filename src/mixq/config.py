@@ -6,7 +6,8 @@ translated into these objects once, in `mixq.compat`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+import fnmatch
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from .errors import ConfigError, did_you_mean
@@ -15,6 +16,36 @@ from .formats import get_format
 CALIB_METHODS = ("minmax", "percentile", "entropy", "minmse")
 POF2_METHODS = ("nonoverflow", "minmse")
 BIAS_MODES = ("auto", "int32", "float")
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    """Layer-wise precision: nodes matched by op type or by name (exact or fnmatch pattern) get
+    these activation/weight formats (None: keep the global one)."""
+
+    op_types: frozenset[str] = frozenset()
+    nodes: tuple[str, ...] = ()
+    activation: str | None = None
+    weight: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.op_types, str) or isinstance(self.nodes, str):
+            raise ConfigError("LayerRule op_types and nodes must be collections of names, not a string.")
+        object.__setattr__(self, "op_types", frozenset(self.op_types))
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        if not self.op_types and not self.nodes:
+            raise ConfigError("a LayerRule needs op_types or nodes to match.")
+        if self.activation is None and self.weight is None:
+            raise ConfigError("a LayerRule needs an activation or a weight format.")
+        for opt in ("activation", "weight"):
+            v = getattr(self, opt)
+            if v is not None:
+                object.__setattr__(self, opt, get_format(v).name)
+
+    def matches(self, op_type: str, node_name: str) -> bool:
+        if op_type in self.op_types:
+            return True
+        return any(node_name == p or fnmatch.fnmatchcase(node_name, p) for p in self.nodes)
 
 
 def _choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -41,6 +72,12 @@ class QuantConfig:
         fused int8 kernels cannot saturate on x86 CPUs without VNNI.
     share_concat_scales: Concat inputs and output share one scale (what NPU compilers want).
     quantize_outputs: quantize the outputs of quantized ops (graph outputs included).
+    layer_rules: layer-wise precision, later rules win (see LayerRule).
+    tensor_formats: tensor-wise precision: (tensor name, format) pairs; the tensor is in that
+        format everywhere (weights and activations alike).
+    dual_quant_nodes: at a precision boundary, the consumers in another format read both
+        quantization nodes in series (producer's then consumer's format), so that backend
+        compilers see both; otherwise they read one conversion node from the float tensor.
     """
 
     activation: str = "int8"
@@ -58,6 +95,9 @@ class QuantConfig:
     reduce_range: bool = False
     share_concat_scales: bool = False
     quantize_outputs: bool = True
+    layer_rules: tuple[LayerRule, ...] = ()
+    tensor_formats: tuple[tuple[str, str], ...] = ()
+    dual_quant_nodes: bool = False
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -77,6 +117,65 @@ class QuantConfig:
                 if isinstance(v, str):
                     raise ConfigError(f"{opt} must be a collection of names, not the string {v!r}.")
                 object.__setattr__(self, opt, frozenset(v))
+        self._post_mixed()
+
+    def _post_mixed(self) -> None:
+        rules = tuple(self.layer_rules)
+        if not all(isinstance(r, LayerRule) for r in rules):
+            raise ConfigError("layer_rules must be LayerRule objects.")
+        object.__setattr__(self, "layer_rules", rules)
+        tf = self.tensor_formats
+        items = tf.items() if isinstance(tf, dict) else tf
+        pairs: dict[str, str] = {}
+        for tensor, fmt in items:
+            name = get_format(fmt).name
+            if tensor in pairs and pairs[tensor] != name:
+                raise ConfigError(f"tensor {tensor!r} is given two formats, {pairs[tensor]} and {name}.")
+            pairs[str(tensor)] = name
+        object.__setattr__(self, "tensor_formats", tuple(sorted(pairs.items())))
+
+    def formats_for(self, op_type: str, node_name: str) -> tuple[str, str, str]:
+        """(activation format, weight format, reason) of one node under the layer rules."""
+        act, w, why = self.activation, self.weight, f"preset {self.name}" if self.name != "custom" else "config"
+        for i, r in enumerate(self.layer_rules):
+            if r.matches(op_type, node_name):
+                act = r.activation or act
+                w = r.weight or w
+                why = f"layer rule {i} ({', '.join(sorted(r.op_types)) or ', '.join(r.nodes)})"
+        return act, w, why
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (`from_dict` inverts it)."""
+        d = asdict(self)
+        for k in ("op_types", "exclude_op_types", "exclude_nodes"):
+            if d[k] is not None:
+                d[k] = sorted(d[k])
+        d["layer_rules"] = [{**asdict(r), "op_types": sorted(r.op_types), "nodes": list(r.nodes)}
+                            for r in self.layer_rules]
+        d["tensor_formats"] = [list(p) for p in self.tensor_formats]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "QuantConfig":
+        """Build from a dict (e.g. a JSON config file); unknown keys raise ConfigError. A key
+        'preset' starts from that preset."""
+        d = dict(d)
+        base = get_default_config(d.pop("preset")) if "preset" in d else cls()
+        if "layer_rules" in d:
+            rules = []
+            for r in d["layer_rules"]:
+                if not isinstance(r, dict):
+                    raise ConfigError("each layer rule must be an object with op_types/nodes/activation/weight.")
+                unknown = set(r) - {"op_types", "nodes", "activation", "weight"}
+                if unknown:
+                    k = sorted(unknown)[0]
+                    raise ConfigError(f"unknown layer rule key {k!r}."
+                                      + did_you_mean(k, ["op_types", "nodes", "activation", "weight"]))
+                rules.append(LayerRule(**r))
+            d["layer_rules"] = tuple(rules)
+        if "tensor_formats" in d and isinstance(d["tensor_formats"], list):
+            d["tensor_formats"] = tuple(tuple(p) for p in d["tensor_formats"])
+        return base.with_options(**d)
 
     def with_options(self, **changes: Any) -> "QuantConfig":
         """A copy with some options changed; unknown option names raise ConfigError."""

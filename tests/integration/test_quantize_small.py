@@ -120,3 +120,19 @@ def test_output_is_written_and_input_untouched(cnn, tmp_path):
     assert src.read_bytes() == before
     with pytest.raises(mixq.MixqError):
         mixq.quantize(str(src), "A8W8", feeds(16, 8), output_path=src)
+
+
+# measured SQNR on this model minus a margin: each format's own precision shows in the bound
+@pytest.mark.parametrize("preset,min_sqnr,node", [
+    ("BF16", 45, "Cast"), ("FP16", 60, "Cast"), ("BFP16", 37, "BFP16_axis1"),
+    ("MXINT8", 37, "MXINT8_axis1"), ("MXFP8_E4M3", 19, "MXFP8_E4M3_axis1"),
+    ("MXFP8_E5M2", 18, "MXFP8_E5M2_axis1"), ("MXFP6_E3M2", 18, "MXFP6_E3M2_axis1"),
+    ("MXFP6_E2M3", 22, "MXFP6_E2M3_axis1"), ("MXFP4", 8, "MXFP4_axis1"), ("MX4", 7, "MX4_axis1"),
+    ("MX6", 19, "MX6_axis1"), ("MX9", 38, "MX9_axis1")])
+def test_float_and_block_presets_run_in_stock_onnxruntime(cnn, preset, min_sqnr, node):
+    res = _q(cnn, preset)
+    onnx.checker.check_model(res.model, full_check=True)
+    assert node in [n.op_type for n in res.model.graph.node]
+    c = compare(cnn, res.model, feeds(64, 16, seed=7))  # default optimizations: no custom ops
+    assert c.first().sqnr_db > min_sqnr, c.first()
+    assert res.calibrated == 0  # block and cast formats take their scales from live data

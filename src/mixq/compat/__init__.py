@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import QuantConfig, get_default_config
+from ..config import LayerRule, QuantConfig, get_default_config
 from ..errors import ConfigError, did_you_mean
 
 
@@ -43,6 +45,7 @@ class VitisQuantType(enum.Enum):
     QUInt32 = "uint32"
     QFloat16 = "fp16"
     QBFloat16 = "bf16"
+    QBloat16 = "bf16"  # the spelling of one documented snippet (an alias of QBFloat16)
     QBFP = "bfp16"
     QMX4 = "mx4"
     QMX6 = "mx6"
@@ -91,6 +94,44 @@ _EXTRA_KEYS = ("ActivationSymmetric", "WeightSymmetric", "Percentile", "MixedPre
                "AutoMixprecision")
 
 
+#: AutoMixprecision keys: layer-wise rule keys, and the keys of an automatic search.
+_AMP_RULE_KEYS = ("TargetOpType", "TargetQuantType", "DualQuantNodes")
+_AMP_SEARCH_KEYS = ("ActTargetQuantType", "WeightTargetQuantType", "OutputIndex", "L2Target",
+                    "Top1AccTarget", "EvaluateFunction")
+
+
+def _tensor_formats(value: Any) -> dict[str, str]:
+    """MixedPrecisionTensor {type: [tensor names]} -> {tensor name: format name}."""
+    if not isinstance(value, dict):
+        raise ConfigError("extra_options['MixedPrecisionTensor'] must be a dict "
+                          "{VitisQuantType.X: ['tensor', ...]}.")
+    out: dict[str, str] = {}
+    for qtype, names in value.items():
+        fmt = _format_name(qtype, "MixedPrecisionTensor key")
+        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+            raise ConfigError(f"MixedPrecisionTensor[{qtype}] must be a list of tensor names.")
+        for n in names:
+            if n in out and out[n] != fmt:
+                raise ConfigError(f"MixedPrecisionTensor gives tensor {n!r} two types, {out[n]} and {fmt}.")
+            out[n] = fmt
+    return out
+
+
+def _auto_mp_options(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError("extra_options['AutoMixprecision'] must be a dict of options.")
+    known = _AMP_RULE_KEYS + _AMP_SEARCH_KEYS
+    for k in value:
+        if k not in known:
+            raise ConfigError(f"unknown AutoMixprecision key {k!r}." + did_you_mean(k, known)
+                              + f" Known keys: {', '.join(known)}.")
+    out = dict(value)
+    search = {k for k in value if k in _AMP_SEARCH_KEYS}
+    if search:
+        out["search"] = search
+    return out
+
+
 @dataclass
 class QuantizationConfig:
     """The documented global quantization configuration (field names as documented)."""
@@ -119,11 +160,6 @@ class QuantizationConfig:
     def to_mixq(self) -> QuantConfig:
         """Translate into mixq's typed config."""
         extra = dict(self.extra_options)
-        for key in ("MixedPrecisionTensor", "AutoMixprecision"):
-            if key in extra:
-                raise ConfigError(f"extra_options[{key!r}] needs mixq's mixed-precision support, "
-                                  "which this version does not have yet; remove the key or "
-                                  "quantize with one activation/weight format.")
         changes: dict[str, Any] = {
             "activation": _format_name(self.activation_type, "activation_type"),
             "weight": _format_name(self.weight_type, "weight_type"),
@@ -150,6 +186,24 @@ class QuantizationConfig:
             changes["weight_symmetric"] = bool(extra["WeightSymmetric"])
         if "Percentile" in extra:
             changes["percentile"] = float(extra["Percentile"])
+        if "MixedPrecisionTensor" in extra:
+            changes["tensor_formats"] = _tensor_formats(extra["MixedPrecisionTensor"])
+        if "AutoMixprecision" in extra:
+            amp = _auto_mp_options(extra["AutoMixprecision"])
+            if amp.get("search"):
+                raise ConfigError(
+                    "extra_options['AutoMixprecision'] with "
+                    + ", ".join(sorted(amp["search"]))
+                    + " asks for an automatic mixed-precision search; use "
+                    "mixq.compat.ModelQuantizer, which runs it (quantize() takes fixed configs).")
+            if "TargetOpType" in amp or "TargetQuantType" in amp:
+                if "TargetOpType" not in amp or "TargetQuantType" not in amp:
+                    raise ConfigError("AutoMixprecision needs both TargetOpType and TargetQuantType "
+                                      "for layer-wise precision.")
+                fmt = _format_name(amp["TargetQuantType"], "TargetQuantType")
+                changes["layer_rules"] = (LayerRule(op_types=frozenset(amp["TargetOpType"]),
+                                                    activation=fmt, weight=fmt),)
+            changes["dual_quant_nodes"] = bool(amp.get("DualQuantNodes", False))
         if self.op_types_to_quantize:
             changes["op_types"] = frozenset(self.op_types_to_quantize)
         if self.nodes_to_exclude:
@@ -192,5 +246,8 @@ class ModelQuantizer:
         return self.result.model
 
 
-__all__ = ["QuantType", "VitisQuantType", "QuantFormat", "VitisQuantFormat", "CalibrationMethod",
+#: `quark.onnx.X` attribute access of the documented snippets: `from mixq.compat import quark`.
+quark = types.SimpleNamespace(onnx=sys.modules[__name__])
+
+__all__ = ["quark", "QuantType", "VitisQuantType", "QuantFormat", "VitisQuantFormat", "CalibrationMethod",
            "PowerOfTwoMethod", "QuantizationConfig", "Config", "ModelQuantizer", "get_default_config"]

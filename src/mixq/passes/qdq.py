@@ -14,6 +14,7 @@ from onnx import helper, numpy_helper
 
 from ..formats import Emission, QParams, get_format
 from ..plan.plan import PrecisionPlan
+from ..plan.qparams import consumer_key
 
 _INT32_MAX = 2**31 - 1
 
@@ -38,7 +39,13 @@ def _bias_qparams(node: onnx.NodeProto, plan: PrecisionPlan, qparams: dict[str, 
                   ) -> tuple[np.ndarray, str] | tuple[None, str]:
     x, w = node.input[0], node.input[1]
     tx = plan.tensors.get(x)
-    qx, qw = qparams.get(tx.group or x) if tx is not None else None, qparams.get(w)
+    if tx is None:
+        qx = None
+    elif node.name in tx.consumer_formats:  # the node reads x in a boundary format
+        qx = qparams.get(consumer_key(x, tx.consumer_formats[node.name]))
+    else:
+        qx = qparams.get(tx.group or x)
+    qw = qparams.get(w)
     if qx is None or qw is None:
         return None, "input or weight is not integer-quantized"
     sx, sw = qx.scale, qw.scale
@@ -47,9 +54,13 @@ def _bias_qparams(node: onnx.NodeProto, plan: PrecisionPlan, qparams: dict[str, 
     return (np.float32(sx.reshape(())) * sw.reshape(-1)).astype(np.float32), ""
 
 
-def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QParams]
-               ) -> tuple[onnx.ModelProto, RewriteReport]:
-    """Return a new model with `plan` materialized using calibrated `qparams`."""
+def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QParams], *,
+               dual: bool = False) -> tuple[onnx.ModelProto, RewriteReport]:
+    """Return a new model with `plan` materialized using calibrated `qparams`.
+
+    `dual`: at precision boundaries the consumer-format node reads the producer-format value
+    (both quantization nodes in series) instead of the float tensor.
+    """
     rep = RewriteReport()
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -59,6 +70,7 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
     producers = {o: n for n in g.node for o in n.output}
     emission = Emission()
     rename: dict[str, str] = {}          # tensor -> name its consumers read after the rewrite
+    node_rename: dict[tuple[str, str], str] = {}  # (consumer node, tensor) -> boundary conversion
     replace_init: dict[str, Emission] = {}
     new_before: dict[int, list[onnx.NodeProto]] = {}  # insert after producer node index
     node_index = {id(n): i for i, n in enumerate(g.node)}
@@ -111,22 +123,42 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
                 rep.notes.append(f"{name}: no statistics were collected; left float")
                 continue
             is_output = name in graph_outputs
-            src = f"{name}__f" if is_output else name
-            out = name if is_output else f"{name}__mq"
-            em = fmt.emit(src, out, qparams=qp if fmt.needs_qparams else None,
+            prod = producers.get(name)
+            if is_output and prod is None:  # a graph input that is also an output: leave it
+                continue
+            float_name = f"{name}__f" if is_output else name
+            quant_name = name if is_output else f"{name}__mq"
+            em = fmt.emit(float_name, quant_name, qparams=qp if fmt.needs_qparams else None,
                           axis=tp.block_axis if fmt.kind == "block" else (qp.axis if qp else None),
                           prefix=prefix)
-            prod = producers.get(name)
             if is_output:
-                if prod is None:  # a graph input that is also an output: leave it
-                    continue
-                prod.output[list(prod.output).index(name)] = src
+                prod.output[list(prod.output).index(name)] = float_name
             else:
-                rename[name] = out
+                rename[name] = quant_name
             key = node_index[id(prod)] if prod is not None else -1
             new_before.setdefault(key, []).extend(em.nodes)
             emission.extend(Emission(initializers=em.initializers, functions=em.functions, opsets=em.opsets))
             rep.activations_quantized += 1
+            # precision boundaries: consumers in another format read a conversion node, fed by
+            # the float tensor, or with dual quant nodes by the producer-format value
+            for cfmt_name in sorted(set(tp.consumer_formats.values())):
+                cfmt = get_format(cfmt_name)
+                cqp = qparams.get(consumer_key(name, cfmt_name))
+                if cfmt.needs_qparams and cqp is None:
+                    rep.notes.append(f"{name} ({cfmt_name} consumers): no statistics; left float")
+                    continue
+                cout = f"{name}__mq_{_safe(cfmt_name)}"
+                cem = cfmt.emit(quant_name if dual else float_name, cout,
+                                qparams=cqp if cfmt.needs_qparams else None,
+                                axis=tp.block_axis if cfmt.kind == "block" else (cqp.axis if cqp else None),
+                                prefix=f"{prefix}__{_safe(cfmt_name)}")
+                new_before[key].extend(cem.nodes)
+                emission.extend(Emission(initializers=cem.initializers, functions=cem.functions,
+                                         opsets=cem.opsets))
+                for node_name, f in tp.consumer_formats.items():
+                    if f == cfmt_name:
+                        node_rename[(node_name, name)] = cout
+                rep.boundary_conversions += 1
 
     # rewire consumers (the inserted nodes read the original names)
     inserted = {id(n) for ns in new_before.values() for n in ns}
@@ -134,7 +166,9 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
         if id(n) in inserted:
             continue
         for i, inp in enumerate(n.input):
-            if inp in rename:
+            if (n.name, inp) in node_rename:
+                n.input[i] = node_rename[(n.name, inp)]
+            elif inp in rename:
                 n.input[i] = rename[inp]
     # weights and biases: drop float initializers no other node reads, add stored forms
     still_used = {i for n in g.node for i in n.input} | graph_outputs

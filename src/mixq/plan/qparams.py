@@ -19,9 +19,15 @@ def _pof2_qparams(fmt, k: np.ndarray | int, symmetric_zp: int) -> QParams:
     return QParams(scale, zp)
 
 
+def consumer_key(tensor: str, fmt: str) -> str:
+    """Key of the parameters a tensor gets in a consumer format (precision boundaries)."""
+    return f"{tensor}@{fmt}"
+
+
 def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], config: QuantConfig
                        ) -> dict[str, QParams]:
-    """Parameters per activation group (keyed by the group's name, or the tensor's)."""
+    """Parameters per activation group (keyed by the group's name, or the tensor's) in its
+    producer format, and per (tensor, consumer format) at precision boundaries."""
     merged: dict[str, TensorStats] = {}
     fmts: dict[str, str] = {}
     for name, tp in plan.tensors.items():
@@ -29,27 +35,36 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
             continue
         key = tp.group or name
         fmts.setdefault(key, tp.format)
-        if name in stats:
-            if key in merged:
-                merged[key] = merged[key].copy().merge(stats[name])
-            else:
-                merged[key] = stats[name]
+        if name in stats and tp.calibrate:
+            merged[key] = merged[key].copy().merge(stats[name]) if key in merged else stats[name]
     out: dict[str, QParams] = {}
     for key, st in merged.items():
-        fmt = get_format(fmts[key])
-        if not fmt.needs_qparams:
-            continue
-        if config.power_of_two and fmt.kind == "int":
-            # symmetric: zero point in the middle of the codes, +-absmax must fit;
-            # asymmetric unsigned: zero point 0, [0, max] must fit
-            sym = config.activation_symmetric or fmt.signed
-            k = pof2_exponent(st, config.power_of_two, bits=fmt.bits, signed=sym)
-            out[key] = _pof2_qparams(fmt, k, fmt.symmetric_zero_point if sym else 0)
-            continue
-        lo, hi = compute_range(st, config.calibration, fmt, symmetric=config.activation_symmetric,
-                               percentile=config.percentile)
-        out[key] = fmt.qparams_from_range(lo, hi, symmetric=config.activation_symmetric)
+        qp = _choose(get_format(fmts[key]), st, config)
+        if qp is not None:
+            out[key] = qp
+    for name, tp in plan.tensors.items():
+        for fmt_name in set(tp.consumer_formats.values()):
+            st = stats.get(name) or merged.get(tp.group or name)
+            if st is None:
+                continue
+            qp = _choose(get_format(fmt_name), st, config)
+            if qp is not None:
+                out[consumer_key(name, fmt_name)] = qp
     return out
+
+
+def _choose(fmt, st: TensorStats, config: QuantConfig) -> QParams | None:
+    if not fmt.needs_qparams:
+        return None
+    if config.power_of_two and fmt.kind == "int":
+        # symmetric: zero point in the middle of the codes, +-absmax must fit;
+        # asymmetric unsigned: zero point 0, [0, max] must fit
+        sym = config.activation_symmetric or fmt.signed
+        k = pof2_exponent(st, config.power_of_two, bits=fmt.bits, signed=sym)
+        return _pof2_qparams(fmt, k, fmt.symmetric_zero_point if sym else 0)
+    lo, hi = compute_range(st, config.calibration, fmt, symmetric=config.activation_symmetric,
+                           percentile=config.percentile)
+    return fmt.qparams_from_range(lo, hi, symmetric=config.activation_symmetric)
 
 
 def constant_qparams(model: onnx.ModelProto, plan: PrecisionPlan, config: QuantConfig

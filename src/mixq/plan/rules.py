@@ -53,101 +53,163 @@ def _norm_axis(axis: int | None, rank: int | None) -> int | None:
     return axis + rank if axis < 0 else axis
 
 
+def _node_formats(node: onnx.NodeProto, config: QuantConfig) -> tuple[str, str, str]:
+    return config.formats_for(node.op_type, node.name)
+
+
+def _why_float(node: onnx.NodeProto, config: QuantConfig) -> str | None:
+    if semantics(node) is None:
+        return unsupported_reason(node)
+    if config.op_types is not None and node.op_type not in config.op_types:
+        return f"op type {node.op_type} is not in op_types"
+    if node.op_type in config.exclude_op_types:
+        return f"op type {node.op_type} excluded by exclude_op_types"
+    if node.name in config.exclude_nodes:
+        return "node excluded by exclude_nodes"
+    return None
+
+
 def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
-    """Decide a format for every tensor of a prepared model (shapes inferred, names unique)."""
+    """Decide the formats of every tensor of a prepared model (shapes inferred, names unique).
+
+    Each quantized node asks for its activation format on its activation inputs (and on its
+    output, where it quantizes outputs) and its weight format on its weights. A tensor takes
+    the format its producer asks for (or, with no quantized producer, its first consumer's);
+    consumers that ask for another format are recorded as consumer formats: precision
+    boundaries the rewrite materializes. Tensor overrides win over everything.
+    """
     g = model.graph
     floats = float_tensors(model)
     ranks = tensor_ranks(model)
     inits = {t.name for t in g.initializer}
-    act_fmt, w_fmt = get_format(config.activation), get_format(config.weight)
-    int_pair = act_fmt.kind == "int" and w_fmt.kind == "int"
-    tensors: dict[str, TensorPrecision] = {}
+    overrides = dict(config.tensor_formats)
+    known = floats | {t.name for t in g.initializer}
+    for t in overrides:
+        if t not in known:
+            from ..errors import ConfigError, did_you_mean
+
+            raise ConfigError(f"tensor_formats / MixedPrecisionTensor names tensor {t!r}, which the "
+                              f"model does not have (as a float tensor)." + did_you_mean(t, sorted(known)))
     float_nodes: dict[str, str] = {}
     groups = _Groups()
-    calibrated: set[str] = set()
-    preset = f"preset {config.name}" if config.name != "custom" else "config"
-
-    def add(name: str, **kw) -> None:
-        if name not in tensors:
-            tensors[name] = TensorPrecision(tensor=name, **kw)
+    # per tensor: producer request (format, reason), consumer requests [(node, format, reason)]
+    produced: dict[str, tuple[str, str, int | None]] = {}
+    consumed: dict[str, list[tuple[str, str, str, int | None]]] = {}
+    weights: dict[str, TensorPrecision] = {}
+    passthrough_of: dict[str, str] = {}
 
     for node in g.node:
-        sem = semantics(node)
-        why_not = None
-        if sem is None:
-            why_not = unsupported_reason(node)
-        elif config.op_types is not None and node.op_type not in config.op_types:
-            why_not = f"op type {node.op_type} is not in op_types"
-        elif node.op_type in config.exclude_op_types:
-            why_not = f"op type {node.op_type} excluded by exclude_op_types"
-        elif node.name in config.exclude_nodes:
-            why_not = "node excluded by exclude_nodes"
+        why_not = _why_float(node, config)
         if why_not is not None:
-            if node.op_type not in ("Constant",):
+            if node.op_type != "Constant":
                 float_nodes[node.name] = why_not
             continue
-        assert sem is not None
+        sem = semantics(node)
+        assert sem is not None  # _why_float returned None
+        act, wfmt, why = _node_formats(node, config)
+        int_pair = get_format(act).kind == "int" and get_format(wfmt).kind == "int"
         act_inputs = [node.input[i] for i in sem.activations if i < len(node.input) and node.input[i]]
-        for i, name in ((i, node.input[i]) for i in sem.activations if i < len(node.input)):
+        for i in sem.activations:
+            if i >= len(node.input):
+                continue
+            name = node.input[i]
             if not name or name not in floats:
                 continue
-            if sem.weight == i and name in inits:
-                continue  # handled below as a weight
             if name in inits:
-                add(name, role="constant", format=w_fmt.name,
-                    reason=f"constant input of {node.op_type}: weight format of {preset}",
-                    block_axis=-1)
+                if sem.weight == i:
+                    continue  # a weight, below
+                weights.setdefault(name, TensorPrecision(
+                    tensor=name, role="constant", format=overrides.get(name, wfmt),
+                    reason="tensor override" if name in overrides else
+                    f"constant input of {node.op_type}: weight format ({why})", block_axis=-1))
                 continue
             block_axis = sem.activation_block_axis
             if block_axis is None:
                 block_axis = 1 if ranks.get(name, 0) in (3, 4, 5) else -1
-            add(name, role="activation", format=act_fmt.name,
-                reason=f"activation of {node.op_type}: {preset}",
-                block_axis=_norm_axis(block_axis, ranks.get(name)))
-            calibrated.add(name)
+            consumed.setdefault(name, []).append(
+                (node.name, act, f"activation of {node.op_type} ({why})", _norm_axis(block_axis, ranks.get(name))))
         if sem.weight is not None and sem.weight < len(node.input):
             w = node.input[sem.weight]
             if w in inits and w in floats:
                 rank = ranks.get(w)
-                add(w, role="weight", format=w_fmt.name, reason=f"weight of {node.op_type}: {preset}",
+                weights.setdefault(w, TensorPrecision(
+                    tensor=w, role="weight", format=overrides.get(w, wfmt),
+                    reason="tensor override" if w in overrides else f"weight of {node.op_type} ({why})",
                     channel_axis=_norm_axis(sem.weight_channel_axis, rank) if config.per_channel else None,
-                    block_axis=_norm_axis(sem.weight_block_axis, rank))
+                    block_axis=_norm_axis(sem.weight_block_axis, rank)))
         if sem.bias is not None and sem.bias < len(node.input) and node.input[sem.bias] in inits:
             b = node.input[sem.bias]
-            use_int = config.bias == "int32" or (config.bias == "auto" and int_pair)
-            if use_int and not int_pair:
-                use_int = False
-            add(b, role="bias", format="int32" if use_int else None,
+            use_int = int_pair and config.bias in ("auto", "int32")
+            weights.setdefault(b, TensorPrecision(
+                tensor=b, role="bias", format="int32" if use_int else None,
                 reason=("int32 bias, scale = input scale x weight scale" if use_int else
-                        "bias kept float: the activation/weight formats are not both integer"
-                        if config.bias == "auto" else "bias kept float by config"))
-        outs = [o for o in node.output[:1] if o and o in floats] if (config.quantize_outputs or sem.passthrough) else []
-        for o in outs:
+                        "bias kept float by config" if config.bias == "float" else
+                        "bias kept float: the activation/weight formats are not both integer")))
+        if not (config.quantize_outputs or sem.passthrough):
+            continue
+        for o in node.output[:1]:
+            if not o or o not in floats:
+                continue
             if sem.passthrough:
-                src = act_inputs[0] if act_inputs else None
-                if src is None or src not in tensors or tensors[src].format is None \
-                        or tensors[src].role != "activation":
-                    continue
-                # integer formats re-quantize idempotently with the input's parameters; block and
-                # cast formats need no node there (the values are already on their grid)
-                if get_format(tensors[src].format).kind != "int":
-                    continue
-                add(o, role="activation", format=tensors[src].format,
-                    reason=f"output of pass-through {node.op_type}: input's parameters",
-                    block_axis=tensors[src].block_axis, calibrate=False)
-                groups.union(groups.find(src), o)
-            else:
-                rank = ranks.get(o)
-                block_axis = 1 if rank in (3, 4, 5) else -1
-                add(o, role="activation", format=act_fmt.name,
-                    reason=f"output of {node.op_type}: {preset}", block_axis=_norm_axis(block_axis, rank))
-                calibrated.add(o)
+                if act_inputs:
+                    passthrough_of[o] = act_inputs[0]
+                continue
+            rank = ranks.get(o)
+            produced[o] = (act, f"output of {node.op_type} ({why})",
+                           _norm_axis(1 if rank in (3, 4, 5) else -1, rank))
         if sem.shared_scale and config.share_concat_scales:
-            members = [t for t in [*act_inputs, *outs] if t in tensors and tensors[t].role == "activation"]
+            members = [t for t in [*act_inputs, *node.output[:1]] if t in floats and t not in inits]
             for t in members[1:]:
                 groups.union(members[0], t)
 
+    tensors: dict[str, TensorPrecision] = {}
+    names = list(dict.fromkeys([i.name for i in g.input] + [o for n in g.node for o in n.output]))
+    for name in names:
+        reqs = consumed.get(name, [])
+        if name in passthrough_of:
+            src = tensors.get(passthrough_of[name])
+            # integer formats re-quantize idempotently with the input's parameters; block and cast
+            # formats need no node there (the values are already on their grid)
+            if src is None or src.format is None or get_format(src.format).kind != "int" \
+                    or name in overrides:
+                if src is not None and src.format is not None:
+                    # values moved by a pass-through op are already on the block/cast grid
+                    reqs = [r for r in reqs if r[1] != src.format]
+                if not reqs and name not in overrides:
+                    continue
+                fmt, why, axis, cal = None, "", None, True
+            else:
+                fmt, why, axis, cal = src.format, "output of a pass-through op: input's parameters", src.block_axis, False
+                groups.union(groups.find(passthrough_of[name]), name)
+        elif name in produced:
+            fmt, why, axis = produced[name]
+            cal = True
+        elif reqs:
+            _, fmt, why, axis = reqs[0]
+            cal = True
+        else:
+            continue
+        if name in overrides:
+            fmt, why, cal = overrides[name], "tensor override", True
+            cformats = {}
+        else:
+            cformats = {n: f for n, f, _, _ in reqs if f != fmt}
+        if fmt is None:
+            if not cformats:
+                continue
+            # no quantized producer: the first consumer format becomes the producer's
+            first = next(iter(cformats.values()))
+            fmt, why = first, reqs[0][2]
+            cformats = {n: f for n, f in cformats.items() if f != fmt}
+        if axis is None:
+            axis = next((a for _, _, _, a in reqs if a is not None), None)
+        needs_stats = any(get_format(f).needs_qparams for f in cformats.values())
+        tensors[name] = TensorPrecision(tensor=name, role="activation", format=fmt, reason=why,
+                                        block_axis=axis, calibrate=cal or needs_stats,
+                                        consumer_formats=cformats)
+    tensors.update(weights)
     # every name the union-find knows belongs to a group of two or more tensors
     final = {name: TensorPrecision(**{**tp.__dict__, "group": groups.find(name)})
-             if name in groups.parent else tp for name, tp in tensors.items()}
+             if name in groups.parent and tp.role == "activation" else tp
+             for name, tp in tensors.items()}
     return PrecisionPlan(tensors=final, float_nodes=float_nodes, config_name=config.name)
