@@ -8,7 +8,7 @@ Public API:
     ModelQuantizer (the documented front door, see mixq.compat)
 """
 from .api import QuantizeResult, quantize
-from .config import PRESETS, QuantConfig, get_default_config
+from .config import PRESETS, LayerRule, QuantConfig, get_default_config
 from .errors import ConfigError, DataError, FormatError, MixqError, ModelError, OutputError
 from .formats import get_format, list_formats
 from .plan.plan import PrecisionPlan, TensorPrecision
@@ -16,7 +16,7 @@ from .plan.plan import PrecisionPlan, TensorPrecision
 __version__ = "0.1.0"
 
 __all__ = [
-    "quantize", "QuantizeResult", "QuantConfig", "get_default_config", "PRESETS",
+    "quantize", "QuantizeResult", "QuantConfig", "LayerRule", "get_default_config", "PRESETS",
     "PrecisionPlan", "TensorPrecision", "get_format", "list_formats",
     "MixqError", "ConfigError", "DataError", "FormatError", "ModelError", "OutputError",
 ]

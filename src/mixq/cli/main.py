@@ -25,7 +25,10 @@ def _progress(prefix: str):
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="A8W8", help="preset name (XINT8, A8W8, A16W8, U8S8, BF16, MXFP4, ...)")
+    p.add_argument("--preset", help="preset name (XINT8, A8W8, A16W8, U8S8, BF16, MXFP4, ...); "
+                   "default A8W8")
+    p.add_argument("--config", help="JSON file of QuantConfig fields (may name a 'preset', "
+                   "'layer_rules', 'tensor_formats'); flags override it")
     p.add_argument("--activation", help="activation format, overrides the preset (e.g. int16, bf16, mxfp8_e4m3)")
     p.add_argument("--weight", help="weight format, overrides the preset")
     p.add_argument("--calib-method", choices=["minmax", "percentile", "entropy", "minmse"])
@@ -37,9 +40,23 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _config_from_args(args: argparse.Namespace):
-    from ..config import get_default_config
+    import json
 
-    cfg = get_default_config(args.preset)
+    from ..config import QuantConfig, get_default_config
+    from ..errors import ConfigError
+
+    if args.config:
+        try:
+            d = json.loads(Path(args.config).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read the config file {args.config!r}: {exc}") from exc
+        if not isinstance(d, dict):
+            raise ConfigError(f"the config file {args.config!r} must hold a JSON object.")
+        if args.preset:
+            d["preset"] = args.preset
+        cfg = QuantConfig.from_dict(d)
+    else:
+        cfg = get_default_config(args.preset or "A8W8")
     changes = {}
     if args.activation:
         changes["activation"] = args.activation

@@ -97,6 +97,7 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
     consumed: dict[str, list[tuple[str, str, str, int | None]]] = {}
     weights: dict[str, TensorPrecision] = {}
     passthrough_of: dict[str, str] = {}
+    float_scalars: set[str] = set()
 
     for node in g.node:
         why_not = _why_float(node, config)
@@ -118,8 +119,12 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
             if name in inits:
                 if sem.weight == i:
                     continue  # a weight, below
+                cfmt = overrides.get(name, wfmt)
+                if get_format(cfmt).kind == "block" and ranks.get(name, 0) == 0:
+                    float_scalars.add(name)  # a scalar has no axis for blocks to run along
+                    continue
                 weights.setdefault(name, TensorPrecision(
-                    tensor=name, role="constant", format=overrides.get(name, wfmt),
+                    tensor=name, role="constant", format=cfmt,
                     reason="tensor override" if name in overrides else
                     f"constant input of {node.op_type}: weight format ({why})", block_axis=-1))
                 continue
@@ -208,6 +213,10 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
                                         block_axis=axis, calibrate=cal or needs_stats,
                                         consumer_formats=cformats)
     tensors.update(weights)
+    for name in float_scalars:
+        tensors.setdefault(name, TensorPrecision(
+            tensor=name, role="constant", format=None,
+            reason="scalar constant kept float: a block format needs an axis to run along"))
     # every name the union-find knows belongs to a group of two or more tensors
     final = {name: TensorPrecision(**{**tp.__dict__, "group": groups.find(name)})
              if name in groups.parent and tp.role == "activation" else tp
