@@ -1,0 +1,115 @@
+"""The report of an automatic mixed-precision search: Markdown (self-contained, with the plots
+beside it), JSON, and PNG plots of per-layer sensitivity and of the accuracy/size front."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .._io import _atomic_write
+
+if TYPE_CHECKING:
+    from ..search.auto import AutoResult
+
+
+def _fmt(v: float | None) -> str:
+    return "not measured (time budget)" if v is None else f"{v:.6g}"
+
+
+def to_markdown(r: "AutoResult", images: list[str] | None = None) -> str:
+    mb = 1e6
+    lines = [
+        "# mixq auto mixed precision", "",
+        f"- target: {r.objective}" + (" (met)" if r.target_met else " (NOT met: best plan found returned)"),
+        f"- {r.metric_name} on held-out data: {r.metric:.6g}"
+        + (f" (float {r.float_metric:.6g})" if r.float_metric is not None else ""),
+        f"- weight size: {r.size_bytes / mb:.3f} MB (all wide {r.wide_size_bytes / mb:.3f} MB, "
+        f"all narrow {r.narrow_size_bytes / mb:.3f} MB)",
+        "- uniform baselines: all wide " + _fmt(r.wide_metric) + ", all narrow " + _fmt(r.narrow_metric),
+        f"- layers narrowed: {len(r.assignment)} of {len(r.sensitivity.layers)} (path point "
+        f"{r.chosen_k} of {len(r.path_labels)})",
+        f"- full-model evaluations: {r.full_evaluations}; wall time {r.wall_seconds:.2f} s ("
+        + ", ".join(f"{k} {v:.2f} s" for k, v in r.timings.items()) + ")",
+    ]
+    if r.timed_out:
+        lines.append("- the time budget ran out: this is the best plan found before it did")
+    if r.held_out_note:
+        lines.append(f"- held-out data: {r.held_out_note}")
+    lines += ["", "## Per-layer sensitivity (relative L2 of the layer output) and chosen precision", "",
+              "| layer | " + " | ".join(r.sensitivity.candidates) + " | chosen |",
+              "|---|" + "---|" * (len(r.sensitivity.candidates) + 1)]
+    for layer in r.sensitivity.layers:
+        row = r.sensitivity.err.get(layer, {})
+        cells = " | ".join(f"{row[c]:.3g}" if c in row else "-" for c in r.sensitivity.candidates)
+        lines.append(f"| {layer} | {cells} | {r.assignment.get(layer, r.sensitivity.candidates[0])} |")
+    lines += ["", "## Evaluated plans", "", f"| path point | {r.metric_name} | meets | weight MB | seconds |",
+              "|---|---|---|---|---|"]
+    on_front = {e.k for e in r.front}
+    for e in r.evaluations:
+        mark = " (front)" if e.k in on_front else ""
+        chosen = " **chosen**" if e.k == r.chosen_k else ""
+        lines.append(f"| {e.k}{mark}{chosen} | {e.metric:.6g} | {'yes' if e.ok else 'no'} | "
+                     f"{e.size_bytes / mb:.3f} | {e.seconds:.2f} |")
+    for img in images or []:
+        lines += ["", f"![{img}]({img})"]
+    return "\n".join(lines) + "\n"
+
+
+def _plots(r: "AutoResult", out: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plots are an optional extra: pip install mixq[report]
+        return []
+    names = []
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(r.sensitivity.layers)), 4))
+    for c in r.sensitivity.candidates:
+        ys = [r.sensitivity.err.get(layer, {}).get(c, float("nan")) for layer in r.sensitivity.layers]
+        ax.plot(range(len(ys)), ys, marker="o", label=c)
+    ax.set_yscale("log")
+    ax.set_xlabel("layer (topological order)")
+    ax.set_ylabel("relative L2 of the layer output")
+    ax.set_title("per-layer sensitivity")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "sensitivity.png", dpi=110)
+    plt.close(fig)
+    names.append("sensitivity.png")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [e.size_bytes / 1e6 for e in r.evaluations]
+    ax.scatter(xs, [e.metric for e in r.evaluations], c="0.6", label="evaluated")
+    fr = sorted(r.front, key=lambda e: e.size_bytes)
+    ax.plot([e.size_bytes / 1e6 for e in fr], [e.metric for e in fr], "b-o", label="front")
+    ax.scatter([r.size_bytes / 1e6], [r.metric], s=120, facecolors="none", edgecolors="r", label="chosen")
+    ax.set_xlabel("weight MB")
+    ax.set_ylabel(r.metric_name)
+    ax.set_title("accuracy vs size")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "front.png", dpi=110)
+    plt.close(fig)
+    names.append("front.png")
+    return names
+
+
+def write_report(r: "AutoResult", out: Path) -> list[Path]:
+    """Write report.md, report.json and the plots into `out`; returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    images = _plots(r, out)
+    md = out / "report.md"
+    _atomic_write(md, to_markdown(r, images).encode())
+    js = out / "report.json"
+    data = {
+        "objective": r.objective, "metric_name": r.metric_name, "metric": r.metric,
+        "float_metric": r.float_metric, "target_met": r.target_met, "size_bytes": r.size_bytes,
+        "wide_size_bytes": r.wide_size_bytes, "narrow_size_bytes": r.narrow_size_bytes,
+        "wide_metric": r.wide_metric, "narrow_metric": r.narrow_metric,
+        "assignment": r.assignment, "chosen_k": r.chosen_k, "path": r.path_labels,
+        "evaluations": [e.__dict__ for e in r.evaluations], "front": [e.k for e in r.front],
+        "full_evaluations": r.full_evaluations, "wall_seconds": r.wall_seconds,
+        "timed_out": r.timed_out, "sensitivity": r.sensitivity.to_dict(), "timings": r.timings,
+    }
+    _atomic_write(js, json.dumps(data, indent=1).encode())
+    return [md, js, *(out / i for i in images)]

@@ -1,0 +1,165 @@
+"""Cheap per-layer sensitivity: the error a layer's output takes when that layer alone is quantized
+to a candidate format, measured on cached float inputs of the layer.
+
+One onnxruntime pass over a few held-out samples caches every candidate layer's float inputs and
+output; then each (layer, format) pair is one single-node model run on those inputs. That costs a
+fraction of one full-model evaluation per pair, and needs no full-model run at all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..config import QuantConfig
+from ..plan.ops import semantics
+from ..plan.qparams import activation_qparams, constant_qparams
+from ..plan.rules import build_plan
+from ..passes.qdq import apply_plan
+from .workbench import Workbench
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A precision a layer can take: activation and weight formats."""
+
+    activation: str
+    weight: str
+
+    @property
+    def label(self) -> str:
+        return self.activation if self.activation == self.weight else f"{self.activation}/{self.weight}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Candidate":
+        """'int8' (both) or 'int16/int8' (activation/weight)."""
+        from ..formats import get_format
+
+        parts = [p.strip() for p in str(text).split("/")]
+        if len(parts) == 1:
+            parts = parts * 2
+        if len(parts) != 2 or not all(parts):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"candidate {text!r}: write FORMAT or ACTIVATION/WEIGHT, e.g. int8 or int16/int8.")
+        return cls(get_format(parts[0]).name, get_format(parts[1]).name)
+
+
+@dataclass
+class SensitivityTable:
+    """err[layer][candidate label]: relative L2 of the layer output with that layer quantized."""
+
+    layers: list[str]
+    candidates: list[str]
+    err: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"layers": self.layers, "candidates": self.candidates, "err": self.err}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SensitivityTable":
+        return cls(list(d["layers"]), list(d["candidates"]), {k: dict(v) for k, v in d["err"].items()})
+
+
+def candidate_layers(wb: Workbench, config: QuantConfig, op_types: frozenset[str]) -> list[str]:
+    """Nodes of `op_types` that the wide config quantizes, in topological order."""
+    plan = wb.plan(config)
+    out = []
+    for n in wb.model.graph.node:
+        if n.op_type in op_types and n.name not in plan.float_nodes and semantics(n) is not None:
+            if any(i in plan.tensors for i in n.input):
+                out.append(n.name)
+    return out
+
+
+def _capture(wb: Workbench, nodes: list[onnx.NodeProto], max_rows: int) -> dict[str, np.ndarray]:
+    """Float values of the candidate layers' activation inputs and outputs on a few samples."""
+    from ..evaluate import make_session
+
+    inits = {t.name for t in wb.model.graph.initializer}
+    names = []
+    for n in nodes:
+        names += [i for i in n.input if i and i not in inits]
+        names.append(n.output[0])
+    names = list(dict.fromkeys(names))
+    m = onnx.ModelProto()
+    m.CopyFrom(wb.model)
+    have = {o.name for o in m.graph.output}
+    graph_inputs = {i.name for i in m.graph.input}
+    for nm in names:
+        if nm not in have and nm not in graph_inputs:
+            m.graph.output.append(helper.make_empty_tensor_value_info(nm))
+    sess = make_session(m, optimize=False)
+    out_names = [o.name for o in sess.get_outputs()]
+    want = [n for n in names if n in out_names]
+    cache: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    rows = 0
+    for feed in wb.eval_feeds:
+        vals = sess.run(want, feed)
+        for n, v in zip(want, vals):
+            cache[n].append(v)
+        for n in names:
+            if n in feed:
+                cache[n].append(feed[n])
+        rows += next(iter(feed.values())).shape[0]
+        if rows >= max_rows:
+            break
+    return {n: np.concatenate(v) for n, v in cache.items() if v}
+
+
+def _single_node_model(wb: Workbench, node: onnx.NodeProto) -> onnx.ModelProto:
+    g = wb.model.graph
+    inits = {t.name: t for t in g.initializer}
+    vi = {v.name: v for v in [*g.value_info, *g.input, *g.output]}
+    inputs = [vi.get(i) or helper.make_tensor_value_info(i, onnx.TensorProto.FLOAT, None)
+              for i in node.input if i and i not in inits]
+    out = vi.get(node.output[0]) or helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)
+    graph = helper.make_graph([node], f"layer_{node.name}", inputs, [out],
+                              [inits[i] for i in node.input if i in inits])
+    m = helper.make_model(graph, opset_imports=list(wb.model.opset_import))
+    m.ir_version = wb.model.ir_version
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def _layer_error(wb: Workbench, tiny: onnx.ModelProto, config: QuantConfig,
+                 cached: dict[str, np.ndarray], ref: np.ndarray) -> float:
+    from ..evaluate import make_session
+
+    plan = build_plan(tiny, config)
+    qp = activation_qparams(plan, wb.stats, config)
+    qp.update(constant_qparams(tiny, plan, config))
+    qmodel, _ = apply_plan(tiny, plan, qp, dual=config.dual_quant_nodes)
+    sess = make_session(qmodel)
+    feed = {i.name: cached[i.name] for i in sess.get_inputs()}
+    got = sess.run(None, feed)[0].astype(np.float64)
+    den = float(np.sum(ref.astype(np.float64) ** 2))
+    num = float(np.sum((got - ref) ** 2))
+    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+
+
+def measure_sensitivity(wb: Workbench, base: QuantConfig, layers: list[str],
+                        candidates: list[Candidate], *, max_rows: int = 16,
+                        progress=None) -> SensitivityTable:
+    """err(layer, candidate) for every candidate layer and format (the base config included)."""
+    nodes = {n.name: n for n in wb.model.graph.node}
+    chosen = [nodes[n] for n in layers]
+    cached = _capture(wb, chosen, max_rows)
+    labels = [c.label for c in candidates]
+    table = SensitivityTable(layers=list(layers), candidates=labels)
+    for i, node in enumerate(chosen):
+        if node.output[0] not in cached or any(x not in cached for x in node.input
+                                               if x and x not in {t.name for t in wb.model.graph.initializer}):
+            continue
+        tiny = _single_node_model(wb, node)
+        ref = cached[node.output[0]]
+        row = {}
+        for c in candidates:
+            cfg = base.with_options(activation=c.activation, weight=c.weight, layer_rules=(),
+                                    tensor_formats=())
+            row[c.label] = _layer_error(wb, tiny, cfg, cached, ref)
+        table.err[node.name] = row
+        if progress is not None:
+            progress(i)
+    return table

@@ -1,0 +1,114 @@
+"""The workbench of a search: the model prepared once, statistics collected once, float outputs on
+the held-out data computed once; any config can then be materialized in a fraction of a second.
+
+Calibration statistics do not depend on the format (they are exact histograms), so one
+onnxruntime pass serves every candidate plan; weights are always re-quantized from the float
+weights of the prepared model, never from already quantized values.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..calibration.stats import TensorStats
+from ..config import QuantConfig
+from ..formats import get_format
+from ..passes.qdq import apply_plan
+from ..plan.plan import PrecisionPlan
+from ..plan.qparams import activation_qparams, constant_qparams
+from ..plan.rules import build_plan
+
+Feeds = list[dict[str, np.ndarray]]
+
+
+def feeds_digest(feeds: Feeds) -> str:
+    """Content hash of a list of feed dicts (names, dtypes, shapes and bytes)."""
+    h = hashlib.sha256()
+    for f in feeds:
+        for k in sorted(f):
+            a = np.ascontiguousarray(f[k])
+            h.update(k.encode())
+            h.update(str(a.dtype).encode())
+            h.update(str(a.shape).encode())
+            h.update(a.tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Workbench:
+    """A prepared float model with everything a search needs to try plans quickly."""
+
+    model: onnx.ModelProto
+    stats: dict[str, TensorStats]
+    eval_feeds: Feeds
+    output_index: int = 0
+    float_outputs: list[np.ndarray] = field(default_factory=list)
+    model_digest: str = ""
+    _weight_elems: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from ..evaluate import make_session
+
+        if not self.float_outputs:
+            sess = make_session(self.model)
+            name = sess.get_outputs()[self.output_index].name
+            self.float_outputs = [sess.run([name], f)[0] for f in self.eval_feeds]
+        self.model_digest = hashlib.sha256(self.model.SerializeToString()).hexdigest()
+        self._weight_elems = {t.name: int(np.prod(t.dims)) for t in self.model.graph.initializer}
+
+    # -- plans -------------------------------------------------------------------------------
+    def plan(self, config: QuantConfig) -> PrecisionPlan:
+        return build_plan(self.model, config)
+
+    def materialize(self, config: QuantConfig, plan: PrecisionPlan | None = None
+                    ) -> tuple[onnx.ModelProto, PrecisionPlan]:
+        """The quantized model of `config` (or of a given plan made from it)."""
+        plan = plan or self.plan(config)
+        qparams = activation_qparams(plan, self.stats, config)
+        qparams.update(constant_qparams(self.model, plan, config))
+        model, _ = apply_plan(self.model, plan, qparams, dual=config.dual_quant_nodes)
+        return model, plan
+
+    def size_bytes(self, plan: PrecisionPlan) -> float:
+        """Deployed weight bytes of a plan: each constant at its format's average bits per
+        element (shared scales included); float constants at 32 bits."""
+        total = 0.0
+        planned = plan.tensors
+        for name, n in self._weight_elems.items():
+            tp = planned.get(name)
+            bits = 32.0 if tp is None or tp.format is None else get_format(tp.format).avg_bits
+            total += n * bits / 8.0
+        return total
+
+    def avg_weight_bits(self, plan: PrecisionPlan) -> float:
+        n = sum(self._weight_elems.values()) or 1
+        return 8.0 * self.size_bytes(plan) / n
+
+    # -- metrics -------------------------------------------------------------------------------
+    def outputs(self, model: onnx.ModelProto) -> list[np.ndarray]:
+        from ..evaluate import make_session
+
+        sess = make_session(model)
+        name = sess.get_outputs()[self.output_index].name
+        return [sess.run([name], f)[0] for f in self.eval_feeds]
+
+    def relative_l2(self, outputs: list[np.ndarray]) -> float:
+        """sqrt(sum (q - f)^2 / sum f^2) over the held-out data, for output `output_index`."""
+        num = sum(float(np.sum((q.astype(np.float64) - f) ** 2)) for q, f in zip(outputs, self.float_outputs))
+        den = sum(float(np.sum(f.astype(np.float64) ** 2)) for f in self.float_outputs)
+        return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+
+    def top1_agreement(self, outputs: list[np.ndarray]) -> float:
+        agree = total = 0
+        for q, f in zip(outputs, self.float_outputs):
+            agree += int(np.sum(np.argmax(q.reshape(q.shape[0], -1), 1) == np.argmax(f.reshape(f.shape[0], -1), 1)))
+            total += q.shape[0]
+        return agree / max(total, 1)
+
+    def weight_array(self, name: str) -> np.ndarray:
+        t = next(t for t in self.model.graph.initializer if t.name == name)
+        return numpy_helper.to_array(t)

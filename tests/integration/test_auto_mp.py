@@ -1,0 +1,189 @@
+"""Automatic mixed precision on a real pretrained model (the PP-OCR text-direction classifier, with
+upright/rotated labels): the documented snippets, targets on held-out data, the front, the
+baselines, time budget and cache."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import pytest
+
+from mixq.errors import ConfigError
+from mixq.evaluate import make_session
+from mixq.search import AutoConfig, Candidate, auto_quantize, base_from_candidate
+from tests import realmodels
+
+# the documented snippets' import lines, changed
+from mixq.compat import ModelQuantizer, QuantType, VitisQuantFormat, VitisQuantType  # noqa: E402
+from mixq.compat import Config, QuantizationConfig, CalibrationMethod, quark  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not realmodels.have_ppocr_models(),
+                                reason="pip install --no-deps rapidocr-onnxruntime==1.4.4")
+
+
+class Reader:
+    def __init__(self, x, batch=8):
+        self.it = iter([{"x": x[i:i + batch]} for i in range(0, len(x), batch)])
+
+    def get_next(self):
+        return next(self.it, None)
+
+
+@pytest.fixture(scope="module")
+def case():
+    path = str(realmodels.ppocr_cls_model_path())
+    calib = realmodels.cls_inputs("calib", 24)
+    ev, labels = realmodels.cls_inputs("eval", 48, with_labels=True)
+    return path, calib, ev, labels
+
+
+def _acc(model_path, x, labels):
+    s = make_session(model_path)
+    return float(np.mean(np.argmax(s.run(None, {"x": x})[0], 1) == labels))
+
+
+def test_l2_snippet_meets_its_target_on_held_out_data(case, tmp_path):
+    input_model_path, calib, _, _ = case
+    output_model_path = str(tmp_path / "l2.onnx")
+    data_reader = Reader(calib)
+    quant_config = QuantizationConfig(
+        calibrate_method=CalibrationMethod.MinMax,
+        quant_format=VitisQuantFormat.QDQ,
+        activation_type=VitisQuantType.QInt16,
+        weight_type=QuantType.QInt8,
+        extra_options={
+            'AutoMixprecision': {
+                "TargetOpType": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
+                'ActTargetQuantType': QuantType.QInt8,
+                'WeightTargetQuantType': QuantType.QInt8,
+                'OutputIndex': 0,
+                'L2Target': 0.1,
+            },
+        },
+    )
+    config = Config(global_quant_config=quant_config)
+    quantizer = ModelQuantizer(config)
+    quantizer.quantize_model(input_model_path, output_model_path, data_reader)
+    res = quantizer.result
+    onnx.checker.check_model(onnx.load(output_model_path), full_check=True)
+    assert res.target_met and res.metric <= 0.1
+    assert res.held_out_note  # decided on data held out from the calibration reader
+    assert res.assignment and set(res.assignment.values()) == {"int8"}
+    # the switched layers really read int8 in the output graph
+    plan = res.plan
+    conv = next(n for n in onnx.load(input_model_path).graph.node if n.op_type == "Conv")
+    assert any(t.format == "int8" for t in plan.tensors.values() if t.role == "activation")
+    assert any(t.format == "int16" for t in plan.tensors.values() if t.role == "activation") or \
+        len(res.assignment) == len(res.sensitivity.layers)
+    del conv
+
+
+def test_top1_snippet_with_evaluate_function_meets_its_target(case, tmp_path):
+    input_model_path, calib, ev, labels = case
+
+    def top1_acc(model_path: str) -> float:
+        return _acc(model_path, ev, labels)
+
+    quant_config = QuantizationConfig(
+        calibrate_method=quark.onnx.CalibrationMethod.Percentile,
+        quant_format=quark.onnx.VitisQuantFormat.QDQ,
+        activation_type=quark.onnx.VitisQuantType.QInt16,
+        weight_type=QuantType.QInt8,
+        include_auto_mp=True,
+        extra_options={
+            'AutoMixprecision': {
+                'ActTargetQuantType': QuantType.QInt8,
+                'WeightTargetQuantType': QuantType.QInt8,
+                'OutputIndex': 0,
+                'Top1AccTarget': 0.1,
+                'EvaluateFunction': top1_acc,
+            },
+        },
+    )
+    config = Config(global_quant_config=quant_config)
+    out = str(tmp_path / "top1.onnx")
+    ModelQuantizer(config).quantize_model(input_model_path, out, Reader(calib))
+    float_acc = top1_acc(input_model_path)
+    assert float_acc - top1_acc(out) <= 0.1
+
+
+def test_search_beats_both_uniform_baselines_at_a_top1_target(case, tmp_path):
+    path, calib, ev, labels = case
+    auto = AutoConfig(base=base_from_candidate(Candidate("int8", "int8")),
+                      candidates=(Candidate("int8", "int4"),), top1_drop=0.02, strategy="pareto")
+    res = auto_quantize(path, auto, Reader(calib), [{"x": ev}], labels=labels,
+                        output_path=tmp_path / "auto.onnx", report_dir=tmp_path / "report")
+    assert res.target_met and res.float_metric - res.metric <= 0.02
+    assert res.size_bytes < res.wide_size_bytes          # smaller than all-wide at the target
+    assert res.metric > res.narrow_metric                # more accurate than all-narrow
+    sizes = [e.size_bytes for e in res.front]
+    metrics = [e.metric for e in res.front]
+    assert sizes == sorted(sizes) and metrics == sorted(metrics)  # the front is monotone
+    # the returned model is the one measured: re-measure it from the written file
+    assert abs(_acc(str(tmp_path / "auto.onnx"), ev, labels) - res.metric) < 1e-9
+    names = {p.name for p in res.report_paths}
+    assert {"report.md", "report.json", "sensitivity.png", "front.png"} <= names
+    assert "| layer |" in (tmp_path / "report" / "report.md").read_text()
+
+
+def _small():
+    from tests.conftest import feeds, small_cnn
+
+    return small_cnn(), feeds(32, 8), feeds(32, 16, seed=9)
+
+
+def test_time_budget_still_writes_a_valid_model_and_report(tmp_path):
+    model, calib, ev = _small()
+    auto = AutoConfig(base=base_from_candidate(Candidate("int16", "int8")),
+                      candidates=(Candidate("int8", "int4"),), l2_target=1e-9, strategy="greedy",
+                      time_budget_s=1e-3)
+    res = auto_quantize(model, auto, calib, ev, output_path=tmp_path / "t.onnx",
+                        report_dir=tmp_path / "r")
+    assert res.timed_out
+    onnx.checker.check_model(onnx.load(tmp_path / "t.onnx"), full_check=True)
+    assert (tmp_path / "r" / "report.md").exists()
+
+
+def test_rerun_with_cache_is_fast_and_identical(tmp_path):
+    model, calib, ev = _small()
+    auto = AutoConfig(base=base_from_candidate(Candidate("int16", "int8")),
+                      candidates=(Candidate("int8", "int4"),), l2_target=0.05, strategy="greedy",
+                      cache_dir=str(tmp_path / "cache"))
+    t = time.perf_counter()
+    a = auto_quantize(model, auto, calib, ev)
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    b = auto_quantize(model, auto, calib, ev)
+    second = time.perf_counter() - t
+    assert a.model.SerializeToString() == b.model.SerializeToString()
+    assert b.timings["sensitivity"] < 0.2 * max(a.timings["sensitivity"], 1e-3) + 0.05
+    assert second < first
+
+
+def test_auto_cli(tmp_path, capsys):
+    from mixq.cli.main import main
+
+    model, calib, ev = _small()
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.concatenate([f["x"] for f in calib]))
+    np.savez(tmp_path / "eval.npz", x=np.concatenate([f["x"] for f in ev]))
+    rc = main(["auto", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"),
+               "--calib", str(tmp_path / "calib.npz"), "--eval", str(tmp_path / "eval.npz"),
+               "--l2-target", "0.05", "--candidates", "int16/int8,int8/int4", "--no-cache",
+               "--report-dir", str(tmp_path / "rep")])
+    assert rc == 0
+    assert "full-model evaluations" in capsys.readouterr().out
+
+
+def test_missing_target_and_unknown_strategy_are_errors():
+    base = base_from_candidate(Candidate("int16", "int8"))
+    with pytest.raises(ConfigError, match="target"):
+        AutoConfig(base=base, candidates=(Candidate("int8", "int8"),))
+    with pytest.raises(ConfigError, match="bisection"):
+        AutoConfig(base=base, candidates=(Candidate("int8", "int8"),), l2_target=0.1, strategy="bisect")
+    with pytest.raises(ConfigError, match="EvaluateFunction"):
+        QuantizationConfig(extra_options={"AutoMixprecision": {"ActTargetQuantType": QuantType.QInt8,
+                                                               "Top1AccTarget": 0.1}})
+        ModelQuantizer(Config(global_quant_config=QuantizationConfig(extra_options={
+            "AutoMixprecision": {"ActTargetQuantType": QuantType.QInt8, "Top1AccTarget": 0.1}})))
