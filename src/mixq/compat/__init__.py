@@ -157,8 +157,9 @@ class QuantizationConfig:
                 raise ConfigError(f"unknown extra_options key {key!r}." + did_you_mean(key, _EXTRA_KEYS)
                                   + f" Known keys: {', '.join(_EXTRA_KEYS)}.")
 
-    def to_mixq(self) -> QuantConfig:
-        """Translate into mixq's typed config."""
+    def to_mixq(self, *, allow_search: bool = False) -> QuantConfig:
+        """Translate into mixq's typed config. AutoMixprecision search keys (targets) need the
+        search, which `ModelQuantizer` runs; elsewhere they raise instead of being ignored."""
         extra = dict(self.extra_options)
         changes: dict[str, Any] = {
             "activation": _format_name(self.activation_type, "activation_type"),
@@ -190,15 +191,15 @@ class QuantizationConfig:
             changes["tensor_formats"] = _tensor_formats(extra["MixedPrecisionTensor"])
         if "AutoMixprecision" in extra:
             amp = _auto_mp_options(extra["AutoMixprecision"])
-            if amp.get("search"):
+            if amp.get("search") and not allow_search:
                 raise ConfigError(
-                    "extra_options['AutoMixprecision'] with "
-                    + ", ".join(sorted(amp["search"]))
-                    + " asks for an automatic mixed-precision search; use "
-                    "mixq.compat.ModelQuantizer, which runs it (quantize() takes fixed configs).")
-            if "TargetOpType" in amp or "TargetQuantType" in amp:
-                if "TargetOpType" not in amp or "TargetQuantType" not in amp:
-                    raise ConfigError("AutoMixprecision needs both TargetOpType and TargetQuantType "
+                    "extra_options['AutoMixprecision'] with " + ", ".join(sorted(amp["search"]))
+                    + " asks for an automatic mixed-precision search: run it with "
+                    "mixq.compat.ModelQuantizer(config).quantize_model(...) or mixq.search."
+                    "auto_quantize (mixq.quantize takes fixed configs).")
+            if "TargetQuantType" in amp and not amp.get("search"):
+                if "TargetOpType" not in amp:
+                    raise ConfigError("AutoMixprecision needs TargetOpType with TargetQuantType "
                                       "for layer-wise precision.")
                 fmt = _format_name(amp["TargetQuantType"], "TargetQuantType")
                 changes["layer_rules"] = (LayerRule(op_types=frozenset(amp["TargetOpType"]),
@@ -211,14 +212,48 @@ class QuantizationConfig:
         return QuantConfig(**changes)
 
 
+def _auto_config(qc: "QuantizationConfig"):
+    """The AutoMixprecision search keys as a mixq AutoConfig (None when there are none)."""
+    amp = qc.extra_options.get("AutoMixprecision")
+    if amp is None:
+        return None, None
+    opts = _auto_mp_options(amp)
+    if not opts.get("search"):
+        return None, None
+    from ..search import AutoConfig, Candidate
+    from ..search.auto import DEFAULT_OP_TYPES
+
+    base = qc.to_mixq(allow_search=True)
+    fallback = opts.get("TargetQuantType")
+    act = opts.get("ActTargetQuantType", fallback)
+    wgt = opts.get("WeightTargetQuantType", fallback)
+    if act is None and wgt is None:
+        raise ConfigError("AutoMixprecision needs ActTargetQuantType and/or WeightTargetQuantType "
+                          "(the narrow precision of insensitive layers).")
+    cand = Candidate(_format_name(act, "ActTargetQuantType") if act is not None else base.activation,
+                     _format_name(wgt, "WeightTargetQuantType") if wgt is not None else base.weight)
+    has_l2, has_top1 = "L2Target" in opts, "Top1AccTarget" in opts
+    if has_l2 == has_top1:
+        raise ConfigError("AutoMixprecision needs exactly one target: L2Target, or Top1AccTarget "
+                          "with EvaluateFunction.")
+    if has_top1 and "EvaluateFunction" not in opts:
+        raise ConfigError("Top1AccTarget needs EvaluateFunction: f(model_path) -> top-1 accuracy.")
+    auto = AutoConfig(base=base, candidates=(cand,),
+                      op_types=frozenset(opts.get("TargetOpType", DEFAULT_OP_TYPES)),
+                      l2_target=float(opts["L2Target"]) if has_l2 else None,
+                      top1_drop=float(opts["Top1AccTarget"]) if has_top1 else None,
+                      output_index=int(opts.get("OutputIndex", 0)))
+    return auto, opts.get("EvaluateFunction")
+
+
 @dataclass
 class Config:
     """Top-level documented config: `Config(global_quant_config=QuantizationConfig(...))`."""
 
     global_quant_config: QuantizationConfig
 
-    def to_mixq(self) -> QuantConfig:
-        return self.global_quant_config.to_mixq()
+    def to_mixq(self, *, allow_search: bool = False) -> QuantConfig:
+        return self.global_quant_config.to_mixq(allow_search=allow_search)
 
 
 class ModelQuantizer:
@@ -226,7 +261,7 @@ class ModelQuantizer:
 
     def __init__(self, config: Config | QuantConfig | str) -> None:
         if isinstance(config, (Config, QuantizationConfig)):
-            self.config = config.to_mixq()
+            self.config = config.to_mixq(allow_search=True)
         elif isinstance(config, str):
             self.config = get_default_config(config)
         elif isinstance(config, QuantConfig):
@@ -235,10 +270,20 @@ class ModelQuantizer:
             raise ConfigError(f"ModelQuantizer needs a Config, a QuantConfig or a preset name, "
                               f"got {type(config).__name__}.")
         self.result = None
+        qc = config.global_quant_config if isinstance(config, Config) else \
+            config if isinstance(config, QuantizationConfig) else None
+        self.auto, self.evaluate_function = _auto_config(qc) if qc is not None else (None, None)
 
     def quantize_model(self, model_input: str | os.PathLike, model_output: str | os.PathLike,
                        calibration_data_reader: Any = None) -> Any:
         """Quantize `model_input` into `model_output`; returns the ModelProto written."""
+        if self.auto is not None:  # AutoMixprecision with a target: the search
+            from ..search import auto_quantize
+
+            self.result = auto_quantize(model_input, self.auto, calibration_data_reader,
+                                        evaluate_function=self.evaluate_function,
+                                        output_path=model_output)
+            return self.result.model
         from ..api import quantize
 
         self.result = quantize(model_input, self.config, calibration_data_reader,
