@@ -291,8 +291,15 @@ class ModelQuantizer:
         return self.result.model
 
 
+# the finetuning vocabulary (QConfig, QLayerConfig, AdaQuantConfig, BFloat16Spec, ...); torch is
+# imported only when finetuning runs
+from ..finetune.compat import SPECS as _SPECS  # noqa: E402
+from ..finetune.compat import AdaQuantConfig, AdaRoundConfig, QConfig, QLayerConfig  # noqa: E402,F401
+
+globals().update(_SPECS)
+
 #: `quark.onnx.X` attribute access of the documented snippets: `from mixq.compat import quark`.
 quark = types.SimpleNamespace(onnx=sys.modules[__name__])
 
-__all__ = ["quark", "QuantType", "VitisQuantType", "QuantFormat", "VitisQuantFormat", "CalibrationMethod",
+__all__ = ["quark", "QConfig", "QLayerConfig", "AdaQuantConfig", "AdaRoundConfig", *_SPECS, "QuantType", "VitisQuantType", "QuantFormat", "VitisQuantFormat", "CalibrationMethod",
            "PowerOfTwoMethod", "QuantizationConfig", "Config", "ModelQuantizer", "get_default_config"]

@@ -90,3 +90,16 @@ class PrecisionPlan:
         for n, why in self.float_nodes.items():
             rows.append(f"| (node {n}) | - | float | {why} |")
         return "\n".join(rows)
+
+
+def deployed_weight_bytes(initializer_elems: dict[str, int], plan: PrecisionPlan) -> float:
+    """Weight bytes a backend stores for `plan`: each constant at its format's average bits per
+    element (shared scales included), unplanned or float constants at 32 bits."""
+    from ..formats import get_format
+
+    total = 0.0
+    for name, n in initializer_elems.items():
+        tp = plan.tensors.get(name)
+        bits = 32.0 if tp is None or tp.format is None else get_format(tp.format).avg_bits
+        total += n * bits / 8.0
+    return total

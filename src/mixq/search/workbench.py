@@ -16,9 +16,8 @@ from onnx import numpy_helper
 
 from ..calibration.stats import TensorStats
 from ..config import QuantConfig
-from ..formats import get_format
 from ..passes.qdq import apply_plan
-from ..plan.plan import PrecisionPlan
+from ..plan.plan import PrecisionPlan, deployed_weight_bytes
 from ..plan.qparams import activation_qparams, constant_qparams
 from ..plan.rules import build_plan
 
@@ -74,15 +73,8 @@ class Workbench:
         return model, plan
 
     def size_bytes(self, plan: PrecisionPlan) -> float:
-        """Deployed weight bytes of a plan: each constant at its format's average bits per
-        element (shared scales included); float constants at 32 bits."""
-        total = 0.0
-        planned = plan.tensors
-        for name, n in self._weight_elems.items():
-            tp = planned.get(name)
-            bits = 32.0 if tp is None or tp.format is None else get_format(tp.format).avg_bits
-            total += n * bits / 8.0
-        return total
+        """Deployed weight bytes of a plan (see `deployed_weight_bytes`)."""
+        return deployed_weight_bytes(self._weight_elems, plan)
 
     def avg_weight_bits(self, plan: PrecisionPlan) -> float:
         n = sum(self._weight_elems.values()) or 1
