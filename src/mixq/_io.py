@@ -94,8 +94,22 @@ def _check_looks_like_model(model: onnx.ModelProto, where: str) -> None:
 
 
 def model_size(model: onnx.ModelProto) -> int:
-    """Bytes the model takes serialized (tensor data included)."""
-    return int(model.ByteSize())
+    """Bytes the model takes serialized (tensor data included).
+
+    Works above the 2 GiB protobuf limit too (where ``ByteSize()`` raises): the size is then
+    the sum of the tensors' sizes plus the rest of the graph (an estimate within a few bytes
+    per tensor, which is all the external-data decisions need)."""
+    try:
+        return int(model.ByteSize())
+    except Exception:  # noqa: BLE001 - upb raises EncodeError, older protobuf ValueError
+        pass
+    total = 0
+    for t in _tensors(model):
+        total += t.ByteSize() + 16
+    total += sum(n.ByteSize() for n in model.graph.node if not any(
+        a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for a in n.attribute))
+    return int(total)
 
 
 def same_path(a: PathLike, b: PathLike) -> bool:
@@ -168,31 +182,77 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, external: bool | None 
         else:
             _atomic_write(out, model.SerializeToString())
     except OSError as exc:
-        raise OutputError(f"cannot write the model to {str(path)!r}: {exc}") from exc
+        raise OutputError(f"cannot write the model to {str(path)!r}: {exc}. {_write_hint(exc)}"
+                          ) from exc
     except ValueError as exc:  # protobuf refuses to serialize > 2 GiB
         raise OutputError(f"cannot serialize the model for {str(path)!r} ({exc}); "
                           "save it with external=True.") from exc
     return out
 
 
-def _atomic_write(out: pathlib.Path, data: bytes | Iterable[bytes]) -> None:
-    """Write `data` to a temporary file in out's directory, fsync it and move it onto `out`."""
+def _write_hint(exc: OSError) -> str:
+    """How to fix a failed write, by errno."""
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "The disk is full: free some space or choose an output directory on another disk."
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "The directory is not writable: fix its permissions or choose another output path."
+    return "Check that the output directory exists, is writable and has free space."
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """os.write until every byte is written (os.write may write less than asked)."""
+    view = memoryview(data).cast("B")
+    step = 1 << 26
+    while len(view):
+        n = os.write(fd, view[:step])
+        view = view[n:]
+
+
+def _write_temp(out: pathlib.Path, data: bytes | Iterable[bytes]) -> str:
+    """Write `data` to a new temporary file in out's directory, fsynced; return its path. The
+    temporary file is removed again if anything fails."""
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=str(out.parent))
     try:
-        with os.fdopen(fd, "wb") as f:
-            if isinstance(data, (bytes, bytearray)):
-                f.write(data)
+        try:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                _write_all(fd, data)
             else:
                 for chunk in data:
-                    f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
+                    _write_all(fd, chunk)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.chmod(tmp, 0o666 & ~_umask())
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return tmp
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _atomic_write(out: pathlib.Path, data: bytes | Iterable[bytes]) -> None:
+    """Write `data` to a temporary file in out's directory, fsync it and move it onto `out`;
+    on any failure (a full disk...) `out` is untouched and the temporary file is removed."""
+    out = pathlib.Path(out)
+    tmp = _write_temp(out, data)
+    try:
         os.replace(tmp, out)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
         raise
 
 
@@ -220,8 +280,22 @@ def _save_external(model: onnx.ModelProto, out: pathlib.Path) -> None:
                 entry = t.external_data.add()
                 entry.key, entry.value = k, v
             offset += len(raw)
-        _atomic_write(out.with_name(data_name), chunks)
-        _atomic_write(out, model.SerializeToString())
+        # both files are written to temporary names first: a failure (full disk) leaves
+        # neither a model without its data nor data without its model
+        tmp_data = _write_temp(out.with_name(data_name), chunks)
+        del chunks[:]
+        try:
+            tmp_model = _write_temp(out, model.SerializeToString())
+        except BaseException:
+            _unlink_quietly(tmp_data)
+            raise
+        try:
+            os.replace(tmp_data, out.with_name(data_name))
+            os.replace(tmp_model, out)
+        except BaseException:
+            _unlink_quietly(tmp_data)
+            _unlink_quietly(tmp_model)
+            raise
     finally:
         for t, raw, had_location in moved:  # restore the caller's model exactly
             del t.external_data[:]

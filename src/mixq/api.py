@@ -11,11 +11,12 @@ from typing import Any
 
 import onnx
 
-from ._io import load_model, same_path, save_model
+from ._io import load_model, model_size, same_path, save_model
+from .check import custom_op_problems
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
-from .passes.prepare import PrepareReport, prepare
+from .passes.prepare import PrepareReport, check_graph, prepare
 from .passes.qdq import RewriteReport, apply_plan
 from .plan.plan import PrecisionPlan
 from .plan.qparams import activation_qparams, constant_qparams
@@ -38,6 +39,7 @@ class QuantizeResult:
     float_bytes: int = 0
     quant_bytes: int = 0
     warnings: list[str] = field(default_factory=list)
+    finetune: Any = None  # mixq.finetune.FinetuneReport when a finetune config was given
 
     def summary(self) -> str:
         """A short Markdown report."""
@@ -101,7 +103,7 @@ def _input_specs(model: onnx.ModelProto):
 def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | str | None = None,
              calibration_data: Any = None, *, output_path: str | os.PathLike | None = None,
              plan: PrecisionPlan | None = None, progress: Callable[[int], None] | None = None,
-             check_kernels: bool = True) -> QuantizeResult:
+             check_kernels: bool = True, finetune: Any = None) -> QuantizeResult:
     """Quantize `model` with `config` (a QuantConfig or a preset name), calibrating activations on
     `calibration_data` (a data reader, an iterable of feed dicts, a .npz/.npy file or a folder).
 
@@ -110,30 +112,42 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     `check_kernels` runs the integer model on a few calibration batches with onnxruntime's
     default optimizations and with them disabled, and warns when the fused kernels disagree
     with the QDQ semantics (int8 saturation on x86 CPUs without VNNI).
+    `finetune` (a mixq.finetune AdaRoundConfig / AdaQuantConfig, or a compat QConfig's
+    algo_config) adjusts the weights layer by layer before the rewrite (needs torch).
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     cfg = _resolve_config(config)
     src = load_model(model)
+    # a model mixq loaded itself (from a path or bytes) is prepared and rewritten in place:
+    # no copies of the weights (what keeps > 2 GB models within memory)
+    owned = not isinstance(model, onnx.ModelProto)
+    float_bytes = model_size(src)
     out_path = Path(output_path) if output_path is not None else None
     protect = None if isinstance(model, (onnx.ModelProto, bytes)) else model
     if out_path is not None and protect is not None and same_path(out_path, protect):
         # checked before any work, and again by save_model
         raise OutputError(f"output path {str(out_path)!r} is the input model; choose another "
                           "path (mixq never overwrites its input).")
-    prepared, prep = prepare(src)
+    prepared, prep = prepare(src, copy=not owned)
     _ensure_node_names(prepared)
     timings["prepare"] = time.perf_counter() - t0
 
     t = time.perf_counter()
     the_plan = plan if plan is not None else build_plan(prepared, cfg)
     _check_plan(the_plan, prepared)
+    the_plan = _skip_empty_block_tensors(the_plan, prepared)
     timings["plan"] = time.perf_counter() - t
 
     t = time.perf_counter()
     needed = the_plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
     stats: dict = {}
     skipped: dict[str, str] = {}
+    unknown_ops = {d: why for d, why in custom_op_problems(prepared).items() if "custom op library" in why}
+    if needed and unknown_ops:
+        raise ModelError(f"calibration runs the model in onnxruntime, but {next(iter(unknown_ops.values()))}. "
+                         "Replace the op with standard ONNX ops (or a model-local function), or "
+                         "use a preset that needs no calibration (BF16, FP16, block formats).")
     if needed:
         if calibration_data is None:
             raise ConfigError(f"format {cfg.activation} needs calibration data for "
@@ -148,20 +162,31 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     t = time.perf_counter()
     qparams = activation_qparams(the_plan, stats, cfg)
     qparams.update(constant_qparams(prepared, the_plan, cfg))
-    qmodel, rew = apply_plan(prepared, the_plan, qparams, dual=cfg.dual_quant_nodes)
+    ft_config = finetune if finetune is not None else getattr(config, "finetune_config", None)
+    ft_report = None
+    if ft_config is not None:  # AdaRound / AdaQuant: adjusted weights, same qparams (mixq.finetune)
+        from .finetune import run_finetune
+
+        prepared, ft_report = run_finetune(prepared, the_plan, qparams, calibration_data, ft_config,
+                                           lambda m: apply_plan(m, the_plan, qparams, dual=cfg.dual_quant_nodes)[0])
+        timings["finetune"] = ft_report.total_seconds
+    qmodel, rew = apply_plan(prepared, the_plan, qparams, dual=cfg.dual_quant_nodes, copy=False)
+    quant_bytes = model_size(qmodel)
     try:
-        onnx.checker.check_model(qmodel, full_check=qmodel.ByteSize() < 2**31 - 1)
+        check_graph(qmodel, full_check=quant_bytes < 2**31 - 1)  # the graph alone above 2 GiB
     except Exception as exc:
         raise ModelError(f"internal error: the quantized model fails the ONNX checker: {exc}") from exc
-    timings["rewrite"] = time.perf_counter() - t
+    timings["rewrite"] = time.perf_counter() - t - timings.get("finetune", 0.0)
 
     t = time.perf_counter()
     warnings = _check_optimized_kernels(prepared, qmodel, cfg, calibration_data) if check_kernels else []
     timings["kernel check"] = time.perf_counter() - t
+    warnings += [f"{why}; the quantized model runs only where that library is registered"
+                 for why in unknown_ops.values()]
 
-    result = QuantizeResult(warnings=warnings, model=qmodel, plan=the_plan, config=cfg, prepare=prep, rewrite=rew,
+    result = QuantizeResult(warnings=warnings, finetune=ft_report, model=qmodel, plan=the_plan, config=cfg, prepare=prep, rewrite=rew,
                             calibrated=len(stats), skipped=skipped, timings=timings,
-                            float_bytes=src.ByteSize(), quant_bytes=qmodel.ByteSize())
+                            float_bytes=float_bytes, quant_bytes=quant_bytes)
     if out_path is not None:
         t = time.perf_counter()
         result.output_path = save_model(qmodel, out_path, protect=protect)
@@ -188,6 +213,25 @@ def _check_plan(plan: PrecisionPlan, model: onnx.ModelProto) -> None:
 
         raise ConfigError(f"the plan names tensor {unknown[0]!r}, which the model does not have."
                           + did_you_mean(unknown[0], names))
+
+
+def _skip_empty_block_tensors(plan: PrecisionPlan, model: onnx.ModelProto) -> PrecisionPlan:
+    """Leave float the activations whose inferred shape has a zero dim: there is nothing to
+    quantize, and the block formats' reshapes cannot run on zero-size tensors."""
+    from dataclasses import replace
+
+    empty = {v.name for v in [*model.graph.value_info, *model.graph.output]
+             if v.type.tensor_type.HasField("shape")
+             and any(d.HasField("dim_value") and d.dim_value == 0 for d in v.type.tensor_type.shape.dim)}
+    hit = [n for n, tp in plan.tensors.items() if n in empty and tp.role == "activation" and any(
+        f is not None and get_format(f).kind == "block" for f in [tp.format, *tp.consumer_formats.values()])]
+    if not hit:
+        return plan
+    tensors = dict(plan.tensors)
+    for n in hit:
+        tensors[n] = replace(tensors[n], format=None, consumer_formats={},
+                             reason="zero-size tensor: nothing to quantize, left float")
+    return replace(plan, tensors=tensors)
 
 
 #: SQNR (dB) between optimized and unoptimized runs below which the fused kernels are suspect.

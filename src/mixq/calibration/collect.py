@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from mixq._io import model_size
 from mixq.errors import DataError, ModelError, did_you_mean
 
 from .data import FeedSource, input_specs_from_model
@@ -98,7 +99,13 @@ def _value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
 def _augmented_session(m: onnx.ModelProto, fetch: list[str], graph_outputs: set[str],
                        vis: dict[str, onnx.ValueInfoProto], big: bool, tmp: Path,
                        providers: Sequence[Any] | None, intra_op_threads: int | None):
-    """An onnxruntime session of `m` with every name in `fetch` exposed as a graph output."""
+    """An onnxruntime session of `m` with every name in `fetch` exposed as a graph output, and
+    a function restoring `m` (call it once the session is no longer needed).
+
+    A big model (> EXTERNAL_DATA_THRESHOLD) is changed in place instead of copied: its large
+    initializers are handed to onnxruntime as in-memory external initializers (the proto keeps
+    only their names and shapes meanwhile), so the weights are held once, not three times, and
+    nothing is written to disk."""
     if big:
         aug = m  # no protobuf copy of > 2 GiB; changed in place and restored below
     else:
@@ -118,24 +125,57 @@ def _augmented_session(m: onnx.ModelProto, fetch: list[str], graph_outputs: set[
     ir = aug.ir_version
     if ir > _ORT_MAX_IR:  # onnx's helper writes IR versions newer than onnxruntime reads
         aug.ir_version = _ORT_MAX_IR
-    if big:
-        had_location = [t.HasField("data_location") for t in _all_initializers(aug.graph)]
+    if not big:
+        return _session(aug.SerializeToString(), providers, intra_op_threads), lambda: None
+
+    moved: list[tuple[onnx.TensorProto, bytes, bool]] = []
+
+    def restore() -> None:
+        while moved:
+            t, raw, had_location = moved.pop()
+            del t.external_data[:]
+            t.ClearField("data_location")
+            if had_location:
+                t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = raw
+        del aug.graph.output[n_before:]
+        aug.ir_version = ir
+
     try:
-        if big:
-            path = tmp / "augmented.onnx"
-            onnx.save(aug, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                      location="augmented.bin")
-            return _session(str(path), providers, intra_op_threads)
-        return _session(aug.SerializeToString(), providers, intra_op_threads)
-    finally:
-        if big:  # restore the caller's model: outputs, IR version and the weights onnx.save
-            # moved out to the external file
-            del aug.graph.output[n_before:]
-            aug.ir_version = ir
-            onnx.load_external_data_for_model(aug, str(tmp))
-            for t, had in zip(_all_initializers(aug.graph), had_location):
-                if not had:
-                    t.ClearField("data_location")
+        names, values = [], []
+        for t in aug.graph.initializer:
+            dtype = _ORT_NUMPY.get(t.data_type)
+            if dtype is None or not t.HasField("raw_data") or t.ByteSize() < _IN_MEMORY_MIN_BYTES:
+                continue
+            raw = t.raw_data
+            arr = np.frombuffer(raw, dtype=dtype).reshape(tuple(t.dims))
+            moved.append((t, raw, t.HasField("data_location")))
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            for k, v in (("location", "mixq-in-memory"), ("offset", "0"), ("length", str(len(raw)))):
+                e = t.external_data.add()
+                e.key, e.value = k, v
+            names.append(t.name)
+            values.append(arr)
+        try:
+            data = aug.SerializeToString()
+        except Exception as e:  # noqa: BLE001 - EncodeError / ValueError above 2 GiB
+            raise ModelError("the model is too large to hand to onnxruntime for calibration "
+                             f"(over 2 GiB outside its main-graph initializers: {e}); keep large "
+                             "tensors as initializers of the main graph.") from e
+        sess = _session(data, providers, intra_op_threads, external=(names, values))
+    except BaseException:
+        restore()
+        raise
+    return sess, restore
+
+
+#: numpy dtypes of tensors handed to onnxruntime in memory (big models).
+_ORT_NUMPY = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
+              onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.INT8: np.int8,
+              onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT32: np.int32,
+              onnx.TensorProto.INT64: np.int64}
+_IN_MEMORY_MIN_BYTES = 1 << 20
 
 
 def _all_initializers(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
@@ -149,10 +189,15 @@ def _all_initializers(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
 
 
 def _session(model_bytes_or_path: bytes | str, providers: Sequence[Any] | None,
-             intra_op_threads: int | None):
+             intra_op_threads: int | None, external: tuple[list[str], list[np.ndarray]] | None = None):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    if external is not None and external[0]:
+        # big model: weights are used in place; prepacking would copy every MatMul weight again
+        so.add_session_config_entry("session.disable_prepacking", "1")
+        so.add_external_initializers(list(external[0]),
+                                     [ort.OrtValue.ortvalue_from_numpy(a) for a in external[1]])
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
     # the statistics are computed between runs on this thread: idle ORT workers must not spin
@@ -224,7 +269,7 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
     if not to_fetch and not from_feed:
         return result
 
-    big = m.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    big = model_size(m) > EXTERNAL_DATA_THRESHOLD
     with tempfile.TemporaryDirectory(prefix="mixq_calib_") as tmp:
         # shape inference tells the types up front (non-float tensors are skipped before the
         # run); for a >2 GiB model the run-time dtype check does that instead
@@ -243,46 +288,55 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
                 fetch.append(name)
         if not fetch and not from_feed:
             return result
-        sess = _augmented_session(m, fetch, graph_outputs, vis, big, Path(tmp), providers,
-                                  intra_op_threads) if fetch else None
+        sess, restore = _augmented_session(m, fetch, graph_outputs, vis, big, Path(tmp), providers,
+                                           intra_op_threads) if fetch else (None, lambda: None)
+        try:
+            _run(result, m, sess, fetch, from_feed, data, batch_size, axes, progress)
+        finally:
+            del sess
+            restore()
+    # keep the requested order
+    return CollectResult({n: result[n] for n in names if n in result}, result.skipped,
+                         result.num_batches)
 
-        out_names = [o.name for o in sess.get_outputs()] if sess is not None else []
-        missing = [n for n in fetch if n not in out_names]
-        for n in missing:
-            result.skipped[n] = "onnxruntime does not expose this tensor as an output"
-        fetch = [n for n in fetch if n not in missing]
-        stats = {n: TensorStats(axis=axes.get(n)) for n in fetch + from_feed}
-        specs = input_specs_from_model(m)
-        feed_names = {s.name for s in specs}
-        non_float: dict[str, str] = {}
-        i_batch = -1
-        for i_batch, feed in enumerate(FeedSource(data, specs, batch_size=batch_size)):
-            for n in from_feed:
-                _update(stats, non_float, n, feed[n])
-            if fetch:
-                try:
-                    outs = sess.run(fetch, {k: v for k, v in feed.items() if k in feed_names})
-                except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
-                    raise DataError(f"onnxruntime failed on calibration batch {i_batch} (input "
-                                    "shapes " + ", ".join(f"{k}: {tuple(v.shape)}"
-                                                          for k, v in feed.items())
-                                    + f"): {e}") from e
-                for n, arr in zip(fetch, outs):
-                    _update(stats, non_float, n, arr)
-                del outs
-            del feed
-            if progress is not None:
-                progress(i_batch)
-        result.num_batches = i_batch + 1
+
+def _run(result: CollectResult, m: onnx.ModelProto, sess: Any, fetch: list[str],
+         from_feed: list[str], data: Any, batch_size: int, axes: dict[str, int],
+         progress: Callable[[int], Any] | None) -> None:
+    """The calibration pass: statistics of `fetch` (run) and `from_feed` (fed) into `result`."""
+    out_names = [o.name for o in sess.get_outputs()] if sess is not None else []
+    missing = [n for n in fetch if n not in out_names]
+    for n in missing:
+        result.skipped[n] = "onnxruntime does not expose this tensor as an output"
+    fetch = [n for n in fetch if n not in missing]
+    stats = {n: TensorStats(axis=axes.get(n)) for n in fetch + from_feed}
+    specs = input_specs_from_model(m)
+    feed_names = {s.name for s in specs}
+    non_float: dict[str, str] = {}
+    i_batch = -1
+    for i_batch, feed in enumerate(FeedSource(data, specs, batch_size=batch_size)):
+        for n in from_feed:
+            _update(stats, non_float, n, feed[n])
+        if fetch:
+            try:
+                outs = sess.run(fetch, {k: v for k, v in feed.items() if k in feed_names})
+            except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+                raise DataError(f"onnxruntime failed on calibration batch {i_batch} (input "
+                                "shapes " + ", ".join(f"{k}: {tuple(v.shape)}"
+                                                      for k, v in feed.items())
+                                + f"): {e}") from e
+            for n, arr in zip(fetch, outs):
+                _update(stats, non_float, n, arr)
+            del outs
+        del feed
+        if progress is not None:
+            progress(i_batch)
+    result.num_batches = i_batch + 1
     for n in list(stats):
         if n in non_float:
             result.skipped[n] = non_float[n]
         else:
             result[n] = stats[n]
-    # keep the requested order
-    ordered = CollectResult({n: result[n] for n in names if n in result}, result.skipped,
-                            result.num_batches)
-    return ordered
 
 
 def _update(stats: dict[str, TensorStats], non_float: dict[str, str], name: str, arr: Any) -> None:

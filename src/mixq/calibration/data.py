@@ -23,6 +23,7 @@ read with ``allow_pickle=False``.
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,12 @@ def _specs(input_specs: Any) -> list[InputSpec]:
 
 # ---------------------------------------------------------------------------- validation
 def _convert(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "O":  # an ONNX string tensor: onnxruntime takes str and object arrays
+        if arr.dtype.kind not in "OU" or (arr.dtype.kind == "O" and arr.size
+                                           and not all(isinstance(v, str) for v in arr.flat)):
+            raise DataError(f"input {name!r} is a string tensor but the data has dtype "
+                            f"{arr.dtype}; give an array of str")
+        return arr
     if arr.dtype == dtype:
         return arr
     if arr.dtype.kind not in "biuf" or dtype.kind not in "biuf":
@@ -141,7 +148,7 @@ def validate_feed(feed: Any, specs: Sequence[InputSpec], where: str = "") -> dic
             arr = np.asarray(v)
         except Exception as e:  # noqa: BLE001 - anything not array-like
             raise DataError(f"input {s.name!r}{at} is not array-like ({type(v).__name__})") from e
-        if arr.dtype == object:
+        if arr.dtype == object and s.dtype.kind != "O":
             raise DataError(f"input {s.name!r}{at} is an object array; expected {s.dtype}")
         if s.shape is not None:
             if arr.ndim != len(s.shape):
@@ -226,8 +233,9 @@ def _load_file(path: Path, specs: Sequence[InputSpec]) -> Mapping[str, np.ndarra
                 return {k: z[k] for k in z.files}
     except DataError:
         raise
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot read calibration data file {path}: {e}") from e
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise DataError(f"cannot read calibration data file {path}: {e}; is it a complete "
+                        ".npy/.npz written by numpy.save/savez?") from e
     raise DataError(f"unsupported calibration data file {path}: expected .npy or .npz")
 
 

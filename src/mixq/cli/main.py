@@ -81,7 +81,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from ..plan.plan import PrecisionPlan
 
     cfg = _config_from_args(args)
-    plan = PrecisionPlan.from_json(Path(args.plan).read_text()) if args.plan else None
+    plan = _read_plan(args.plan) if args.plan else None
     res = quantize(args.input, cfg, args.calib, output_path=args.output, plan=plan,
                    progress=_progress("calibrating"))
     if sys.stderr.isatty():
@@ -89,6 +89,28 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     print(res.summary())
     print(f"\nwrote {res.output_path}")
     return 0
+
+
+def _read_plan(path: str):
+    from ..errors import ConfigError
+    from ..plan.plan import PrecisionPlan
+
+    try:
+        return PrecisionPlan.from_json(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read the plan file {path!r}: {exc}; give the JSON file "
+                          "written by `mixq plan -o`.") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"the plan file {path!r} is not a mixq plan ({exc}); write one with "
+                          "`mixq plan MODEL -o plan.json`.") from exc
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from ..check import check_model_support
+
+    rep = check_model_support(args.model)
+    print(rep.table())
+    return 0 if rep.ok else 1
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -171,6 +193,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(presets=args.presets.split(",") if args.presets else None)
 
 
+def cmd_auto(args: argparse.Namespace) -> int:
+    from ..search import AutoConfig, auto_quantize, base_from_candidate, parse_candidates
+
+    cands = parse_candidates(args.candidates)
+    if len(cands) < 2:
+        from ..errors import ConfigError
+
+        raise ConfigError("--candidates needs the wide base first and at least one narrower "
+                          "precision, e.g. int16/int8,int8.")
+    labels = np.load(args.labels, allow_pickle=False) if args.labels else None
+    auto = AutoConfig(base=base_from_candidate(cands[0], args.preset), candidates=tuple(cands[1:]),
+                      op_types=frozenset(args.op_types.split(",")), l2_target=args.l2_target,
+                      top1_drop=args.top1_drop, max_size_mb=args.max_size_mb,
+                      max_avg_bits=args.max_avg_bits, output_index=args.output_index,
+                      strategy=args.strategy, time_budget_s=args.time_budget,
+                      cache_dir=None if args.no_cache else args.cache_dir)
+    tty = sys.stderr.isatty()
+
+    def progress(stage: str, i: int, n: int) -> None:
+        if tty:
+            sys.stderr.write(f"\r{stage}: {i}/{n}   ")
+            sys.stderr.flush()
+
+    res = auto_quantize(args.input, auto, args.calib, args.eval, labels=labels,
+                        output_path=args.output, report_dir=args.report_dir, progress=progress)
+    if tty:
+        sys.stderr.write("\n")
+    from ..report.auto_report import to_markdown
+
+    print(to_markdown(res))
+    print(f"wrote {res.output_path}" + (f" and the report in {args.report_dir}" if args.report_dir else ""))
+    return 0 if res.target_met else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mixq", description="Mixed-precision quantization of ONNX models.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -189,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(pl)
     pl.set_defaults(func=cmd_plan)
 
+    c = sub.add_parser("check", help="what mixq can and cannot quantize in a model, and why "
+                       "(before any work; exit 1 when there are problems to fix)")
+    c.add_argument("model")
+    c.set_defaults(func=cmd_check)
+
     i = sub.add_parser("inspect", help="ops, formats in use and size of a model")
     i.add_argument("model")
     i.set_defaults(func=cmd_inspect)
@@ -199,6 +260,29 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data", required=True, help=".npz, .npy or folder of inputs")
     e.add_argument("--labels", help=".npy of integer labels (first output's argmax is compared)")
     e.set_defaults(func=cmd_eval)
+
+    a = sub.add_parser("auto", help="automatic mixed precision to an accuracy or size target")
+    a.add_argument("input")
+    a.add_argument("output")
+    a.add_argument("--calib", required=True, help="calibration data: .npz, .npy or a folder")
+    a.add_argument("--eval", help="held-out data the decisions are checked on (default: the "
+                   "last quarter of --calib)")
+    a.add_argument("--candidates", default="int16/int8,int8",
+                   help="the wide base first, then narrower precisions: FORMAT or ACT/WEIGHT")
+    a.add_argument("--preset", help="preset whose options (calibration, symmetry...) the base uses")
+    a.add_argument("--l2-target", type=float, help="max relative L2 of the output to float")
+    a.add_argument("--top1-drop", type=float, help="max top-1 drop (needs --labels)")
+    a.add_argument("--labels", help=".npy of integer labels of the --eval data")
+    a.add_argument("--max-size-mb", type=float, help="weight size budget in MB")
+    a.add_argument("--max-avg-bits", type=float, help="average weight bits budget")
+    a.add_argument("--output-index", type=int, default=0)
+    a.add_argument("--op-types", default="Conv,ConvTranspose,Gemm,MatMul")
+    a.add_argument("--strategy", default="bisection", choices=["bisection", "greedy", "pareto"])
+    a.add_argument("--time-budget", type=float, help="seconds; the best plan so far is returned")
+    a.add_argument("--report-dir", help="write report.md, report.json and PNG plots here")
+    a.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "mixq"))
+    a.add_argument("--no-cache", action="store_true")
+    a.set_defaults(func=cmd_auto)
 
     d = sub.add_parser("demo", help="quantize the embedded model with several presets")
     d.add_argument("--presets", help="comma-separated presets")

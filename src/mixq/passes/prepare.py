@@ -5,6 +5,7 @@ Each pass returns the number of things it changed so the report can say what hap
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -76,11 +77,35 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
     return moved
 
 
+#: Newest default-domain opset onnxruntime 1.31 (pinned in pyproject.toml) runs; newer models are
+#: converted down to it, since every model mixq writes must run in stock onnxruntime.
+MAX_RUNTIME_OPSET = 26
+
+
+def downgrade_opset(model: onnx.ModelProto, target: int = MAX_RUNTIME_OPSET) -> onnx.ModelProto:
+    """Convert a model newer than onnxruntime runs down to `target` (no-op otherwise)."""
+    cur = model_opset(model)
+    if cur > onnx.defs.onnx_opset_version():
+        raise ModelError(f"the model uses opset {cur} of the default ONNX domain, newer than this "
+                         f"onnx ({onnx.__version__}, up to opset {onnx.defs.onnx_opset_version()}) "
+                         f"knows; re-export it with opset {target} or lower.")
+    if cur <= target:
+        return model
+    try:
+        from onnx import version_converter
+
+        return version_converter.convert_version(model, target)
+    except Exception as exc:  # the converter raises bare RuntimeErrors naming the op
+        raise ModelError(
+            f"the model uses opset {cur}, newer than onnxruntime runs (up to {target}), and "
+            f"converting it down failed: {exc}. Re-export it with opset {target} or lower.") from exc
+
+
 def upgrade_opset(model: onnx.ModelProto, target: int = TARGET_OPSET) -> onnx.ModelProto:
     """Convert the default-domain opset to `target` (no-op when already there or newer)."""
     cur = model_opset(model)
     if cur >= target:
-        return model
+        return downgrade_opset(model)
     try:
         from onnx import version_converter
 
@@ -229,22 +254,112 @@ def fold_constants(model: onnx.ModelProto) -> int:
     return folded
 
 
+#: Above this many tensor bytes, shape inference runs on a copy of the graph without the
+#: large tensors' data (protobuf cannot serialize more than 2 GiB, and copying is slow).
+_SKELETON_BYTES = 1 << 30
+_SKELETON_MIN_TENSOR = 1 << 20
+_PLACEHOLDER = "mixq-skeleton-placeholder.bin"
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` whose large main-graph initializers keep name, type and dims but no
+    data (marked external), so that it serializes small; shape inference needs no more."""
+    sk = onnx.ModelProto()
+    for fld in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(sk, fld, getattr(model, fld))
+    sk.opset_import.extend(model.opset_import)
+    sk.functions.extend(model.functions)
+    g, sg = model.graph, sk.graph
+    sg.name = g.name
+    sg.node.extend(g.node)
+    sg.input.extend(g.input)
+    sg.output.extend(g.output)
+    sg.value_info.extend(g.value_info)
+    for t in g.initializer:
+        if t.ByteSize() < _SKELETON_MIN_TENSOR:
+            sg.initializer.append(t)
+            continue
+        st = sg.initializer.add()
+        st.name, st.data_type = t.name, t.data_type
+        st.dims.extend(t.dims)
+        st.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", _PLACEHOLDER), ("offset", "0"), ("length", "0")):
+            e = st.external_data.add()
+            e.key, e.value = k, v
+    return sk
+
+
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference that tolerates models above 2 GB (returns the model unchanged if it fails)."""
+    """Shape inference that tolerates models above 2 GB (returns the model unchanged if it fails).
+
+    Big models are inferred on a skeleton without the large tensors' data and the inferred
+    value_info is copied back, so the model is neither serialized whole nor copied."""
+    from .._io import model_size
+
+    if model_size(model) > _SKELETON_BYTES:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(_skeleton(model), data_prop=True)
+        except Exception:
+            return model
+        have = {v.name for v in model.graph.value_info}
+        model.graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in have)
+        return model
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:
         return model
 
 
-def prepare(model: onnx.ModelProto, *, fold_bn: bool = True) -> tuple[onnx.ModelProto, PrepareReport]:
-    """Run every preparation pass on a copy of `model`."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
+def check_graph(model: onnx.ModelProto, *, full_check: bool = False) -> None:
+    """onnx.checker.check_model that also works above 2 GiB: a big model is checked as a
+    skeleton file whose large tensors point at an empty placeholder data file (their data is
+    not checked, everything else is). Raises the checker's own errors."""
+    import tempfile
+
+    from .._io import model_size
+
+    if model_size(model) <= _SKELETON_BYTES:
+        onnx.checker.check_model(model, full_check=full_check)
+        return
+    with tempfile.TemporaryDirectory(prefix="mixq_check_") as tmp:
+        open(os.path.join(tmp, _PLACEHOLDER), "wb").close()
+        path = os.path.join(tmp, "skeleton.onnx")
+        with open(path, "wb") as f:
+            f.write(_skeleton(model).SerializeToString())
+        onnx.checker.check_model(path, full_check=full_check)
+
+
+def check_input_model(model: onnx.ModelProto) -> None:
+    """Run the ONNX checker on an input model (on a skeleton without the large tensors' data
+    for big models); raises ModelError naming the problem instead of failing later, deep
+    inside a pass."""
+    try:
+        check_graph(model)
+    except Exception as exc:  # ValidationError, and the C++ checker's other errors
+        msg = str(exc).strip().splitlines()
+        detail = " ".join(line.strip() for line in msg[:4] if line.strip()).rstrip(".")
+        raise ModelError(f"the input model fails the ONNX checker: {detail}. Fix the model "
+                         "(re-export it, or run onnx.checker.check_model(model, full_check=True) "
+                         "to see every problem) and quantize again.") from exc
+
+
+def prepare(model: onnx.ModelProto, *, fold_bn: bool = True,
+            copy: bool = True) -> tuple[onnx.ModelProto, PrepareReport]:
+    """Run every preparation pass on a copy of `model` (on `model` itself with copy=False,
+    which saves a copy of every weight when the caller owns the model)."""
+    if copy:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+    else:
+        m = model
+    check_input_model(m)
     rep = PrepareReport(opset_from=model_opset(m))
     rep.constants_to_initializers = constants_to_initializers(m)
     m = upgrade_opset(m)
     rep.opset_to = model_opset(m)
+    if rep.opset_to < rep.opset_from:
+        rep.notes.append(f"opset {rep.opset_from} converted down to {rep.opset_to}, the newest "
+                         "onnxruntime runs")
     if fold_bn:
         rep.batchnorms_folded = fold_batchnorm(m)
     rep.nodes_folded = fold_constants(m)

@@ -55,15 +55,19 @@ def _bias_qparams(node: onnx.NodeProto, plan: PrecisionPlan, qparams: dict[str, 
 
 
 def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QParams], *,
-               dual: bool = False) -> tuple[onnx.ModelProto, RewriteReport]:
+               dual: bool = False, copy: bool = True) -> tuple[onnx.ModelProto, RewriteReport]:
     """Return a new model with `plan` materialized using calibrated `qparams`.
 
     `dual`: at precision boundaries the consumer-format node reads the producer-format value
     (both quantization nodes in series) instead of the float tensor.
+    `copy=False` rewrites `model` itself (and returns it): no second copy of the weights.
     """
     rep = RewriteReport()
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
+    if copy:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+    else:
+        m = model
     g = m.graph
     inits = {t.name: t for t in g.initializer}
     graph_outputs = {o.name for o in g.output}
