@@ -104,6 +104,13 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
     else:
         res = R.native(work, F, target, provider, validate=validate)
     out = res.model
+    # value_info of initializers adds nothing and can be stale (the opset converter writes rank-0
+    # shapes for Constant outputs that become [1]-shaped initializers): drop it
+    inits = {t.name for t in out.graph.initializer}
+    keep = [v for v in out.graph.value_info if v.name not in inits]
+    if len(keep) != len(out.graph.value_info):
+        del out.graph.value_info[:]
+        out.graph.value_info.extend(keep)
     if fmt in ("with_cast", "customqdq") and validate:
         from ._session import open_session
         res.serialized_size = open_session(out, provider)[1]  # fail here, not in the user's runtime

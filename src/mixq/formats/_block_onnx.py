@@ -3,9 +3,16 @@
 Built from standard opset-21 ops onnxruntime CPU implements, bit-identical to
 BlockFormat.fake_quant. Design (why, not what):
 
-* No Transpose: the tensor is padded along `axis` to a multiple of the block and reshaped to
+* No Transpose: x is padded along `axis` to a multiple of the block and reshaped to
   (pre, nblocks, block, post) so ReduceMax over axis 2 gives the block maxima in place, for any
-  axis (the shapes are computed at run time, so batch sizes stay dynamic).
+  axis and rank (the shapes are computed at run time, so every dim may stay dynamic).
+* Shapes for onnxruntime's planner: only the per-block quantities live in the blocked layout;
+  the per-block step is brought back by a blocked DequantizeLinear of int8 ones shaped like x,
+  so every full-size tensor (and the output) has exactly x's symbolic shape, and the blocked /
+  per-block tensors have no inferred shape at all (their Reshape targets end with a tensor of
+  unknown rank). A tensor with known rank but unknown dims made onnxruntime's memory planner
+  scan its whole free list in vain, and stay there: with many calls on dynamic shapes session
+  creation was quadratic (80-110 s for ~200 calls); bench/block_session_bench.py measures it.
 * Exact exponents without BitCast (opset 26): an estimate floor(log(a) / ln 2), corrected by
   one comparison against each of 2**e and 2**(e+1) taken from a 278-entry table of exact powers
   of two (Gather), which also yields every scale and step exactly (Pow is not guaranteed exact).
@@ -49,6 +56,7 @@ class _Body:
     def __init__(self) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self._n = 0
+        self._consts: dict[tuple, str] = {}
 
     def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs: object) -> str:
         self._n += 1
@@ -57,10 +65,14 @@ class _Body:
         return name
 
     def const(self, value: object, dtype: object = np.float32) -> str:
-        self._n += 1
-        name = f"c{self._n}"
-        self.nodes.append(const_node(name, np.asarray(value, dtype=dtype)))
-        return name
+        """A Constant, shared by every use of the same value (fewer nodes per call)."""
+        arr = np.asarray(value, dtype=dtype)
+        key = (arr.dtype.str, arr.shape, arr.tobytes())
+        if key not in self._consts:
+            self._n += 1
+            self._consts[key] = name = f"c{self._n}"
+            self.nodes.append(const_node(name, arr))
+        return self._consts[key]
 
 
 def _exponent(b: _Body, a: str, flag: str) -> str:
@@ -107,45 +119,78 @@ def build_function(fmt, axis: int, rounding: Rounding) -> onnx.FunctionProto:
     b = _Body()
     B, S = fmt.block_size, fmt.sub_block
     i64 = np.int64
-    # -- shapes: d = dim along axis, post = product of the dims after it ----------------------
+    one = b.const([1], i64)
+    # -- shapes: d = dim along axis, post = product of the dims after it, nb = blocks ------------
     if axis == -1:
+        head = b.op("Shape", "x", end=-1)
         d = b.op("Shape", "x", start=-1)
-        post = b.const([1], i64)
+        tail = None
+        post = one
     else:
+        head = b.op("Shape", "x", end=axis)
         d = b.op("Shape", "x", start=axis, end=axis + 1)
-        post = b.op("ReduceProd", b.op("Concat", b.const([1], i64), b.op("Shape", "x", start=axis + 1),
-                                       axis=0), keepdims=1)
+        tail = b.op("Shape", "x", start=axis + 1)
+        post = b.op("ReduceProd", b.op("Concat", one, tail, axis=0), keepdims=1)
     nb = b.op("Div", b.op("Add", d, b.const([B - 1], i64)), b.const([B], i64))
     pad = b.op("Sub", b.op("Mul", nb, b.const([B], i64)), d)
-    xp = b.op("Pad", "x", b.op("Concat", b.const([0], i64), pad, axis=0), b.const(0.0),
-              b.const([axis], i64), mode="constant")
-    if S > 1:
-        blocked = b.op("Concat", b.const([-1], i64), nb, b.const([B // S, S], i64), post, axis=0)
-        inner = [2, 3]
-    else:
-        blocked = b.op("Concat", b.const([-1], i64), nb, b.const([B], i64), post, axis=0)
-        inner = [2]
-    v = b.op("Reshape", xp, blocked)
-    # -- per-block maxima and the non-finite flag ------------------------------------------------
+    # `post` again, as a tensor of unknown rank for shape inference (reshaped to [1] by a shape
+    # vector sliced up to a run-time end), so that the blocked and per-block tensors below have
+    # no shape at all rather than a known rank with unknown dims. onnxruntime's memory planner
+    # scans its whole free list for every output whose shape it cannot match, and such tensors
+    # stay in that list: session creation became quadratic in the number of calls on dynamic
+    # shapes. Outputs without a shape are not looked up.
+    hpost = b.op("Reshape", post, b.op("Slice", one, b.const([0], i64), b.op("Add", d, one)))
+
+    def hidden(*parts: str) -> str:
+        """A Reshape target (ending with `post`) whose length shape inference cannot know."""
+        return b.op("Concat", *parts, hpost, axis=0)
+
+    # -- blocked view of x, padded along axis to whole blocks: (pre, nb, B, post) --------------
+    xp = b.op("Pad", b.op("Reshape", "x", hidden(b.const([-1], i64), d)),
+              b.op("Concat", b.const([0], i64), pad, axis=0), b.const(0.0), b.const([1], i64),
+              mode="constant")
+    inner = b.const([B // S, S] if S > 1 else [B], i64)
+    v = b.op("Reshape", xp, hidden(b.const([-1], i64), nb, inner))
+    # -- per-block maxima and the non-finite flag (on the blocked view; from here on the
+    #    per-block tensors are B times smaller than x) ------------------------------------------
     av = b.op("Abs", v)
     if S > 1:
-        submax = b.op("ReduceMax", av, b.const([3], i64), keepdims=1)
+        submax = b.op("ReduceMax", av, b.const([3], i64), keepdims=1)  # (pre, nb, B/S, 1, post)
         amax = b.op("ReduceMax", submax, b.const([2], i64), keepdims=1)
+        flag_axes = b.const([2, 3], i64)
     else:
-        amax = b.op("ReduceMax", av, b.const([2], i64), keepdims=1)
-    flag = b.op("ReduceSum", b.op("Mul", v, b.const(0.0)), b.const(inner, i64), keepdims=1)
+        amax = b.op("ReduceMax", av, b.const([2], i64), keepdims=1)  # (pre, nb, 1, post)
+        flag_axes = b.const([2], i64)
+    flag = b.op("ReduceSum", b.op("Mul", v, b.const(0.0)), flag_axes, keepdims=1)
+    # int8 ones shaped like x (0 where x is NaN: that block's scale is NaN anyway)
+    ones = b.op("Cast", b.op("Equal", "x", "x"), to=TensorProto.INT8)
+
+    def to_x(t: str, groups: str, k: int) -> str:
+        """Per-group tensor `t` (`groups` groups of k along axis) repeated k times along axis,
+        cut to d: a tensor of exactly x's (symbolic) shape, by a blocked DequantizeLinear."""
+        n = b.op("Div", b.op("Add", d, b.const([k - 1], i64)), b.const([k], i64))  # ceil(d / k)
+        t = b.op("Reshape", t, hidden(b.const([-1], i64), groups))
+        if k != B:  # sub-blocks: the padding may hold whole ones
+            t = b.op("Slice", t, b.const([0], i64), n, b.const([1], i64))
+        parts = [head, n] + ([tail] if tail is not None else [])
+        tx = b.op("Reshape", t, b.op("Concat", *parts, axis=0))
+        return b.op("DequantizeLinear", ones, tx, axis=axis, block_size=k)
+
     e = _exponent(b, amax, flag)
     lo, hi = fmt.scale_range
     if fmt.element == "int":
         s = b.op("Clip", e, b.const(float(lo)), b.const(float(hi)))
-        step = _pow2(b, b.op("Add", s, b.const(float(1 - fmt.mant_bits))))
+        step = b.op("Add", _pow2(b, b.op("Add", s, b.const(float(1 - fmt.mant_bits)))), flag)
         if S > 1:  # microexponent: sub-blocks below 2**s use the binade below (step / 2)
-            fits_lower = b.op("Less", submax, _pow2(b, s))
-            step = b.op("Where", fits_lower, b.op("Mul", step, b.const(0.5)), step)
-        step = b.op("Add", step, flag)  # NaN for non-finite blocks
-        m = _round(b, b.op("Div", v, step), rounding, v)
+            # step * 2**(mant - 1) = 2**s exactly (a power of two within float32's range)
+            fits_lower = b.op("Less", submax, b.op("Mul", step, b.const(2.0 ** (fmt.mant_bits - 1))))
+            step = b.op("Where", fits_lower, b.op("Mul", step, b.const(0.5)), step)  # (.., B/S, 1, ..)
+            step = to_x(step, b.op("Mul", nb, b.const([B // S], i64)), S)
+        else:
+            step = to_x(step, nb, B)
+        m = _round(b, b.op("Div", "x", step), rounding, "x")
         m = b.op("Clip", m, b.const(float(-fmt.max_code)), b.const(float(fmt.max_code)))
-        q = b.op("Mul", m, step)
+        b.op("Mul", m, step, out="y")
     else:
         ef = fmt.element_format
         s = b.op("Clip", b.op("Sub", e, b.const(float(ef.emax))), b.const(float(lo)), b.const(float(hi)))
@@ -153,14 +198,15 @@ def build_function(fmt, axis: int, rounding: Rounding) -> onnx.FunctionProto:
             f8, shift = _CAST_ELEMENTS[fmt.element]
             # inv = 2**-(s + shift) is in [2**-139, 2**127]: representable, unlike its inverse
             inv = b.op("Add", _pow2(b, b.op("Neg", b.op("Add", s, b.const(float(shift))))), flag)
-            y = b.op("Mul", v, inv)
+            inv = to_x(inv, nb, B)
+            y = b.op("Mul", "x", inv)
             r = b.op("Cast", b.op("Cast", y, to=f8, saturate=1), to=TensorProto.FLOAT)
             if shift:
                 lim = float(ef.max_normal) * 2.0 ** -shift
                 r = b.op("Clip", r, b.const(-lim), b.const(lim))
         elif fmt.element == "fp4_e2m1":
-            inv = b.op("Add", _pow2(b, b.op("Neg", s)), flag)
-            y = b.op("Mul", v, inv)
+            inv = to_x(b.op("Add", _pow2(b, b.op("Neg", s)), flag), nb, B)
+            y = b.op("Mul", "x", inv)
             ay = b.op("Abs", y)
             st = b.op("Where", b.op("GreaterOrEqual", ay, b.const(2.0)), b.const(1.0), b.const(0.5))
             st = b.op("Where", b.op("GreaterOrEqual", ay, b.const(4.0)), b.const(2.0), st)
@@ -168,10 +214,7 @@ def build_function(fmt, axis: int, rounding: Rounding) -> onnx.FunctionProto:
             r = b.op("Clip", r, b.const(-float(ef.max_normal)), b.const(float(ef.max_normal)))
         else:  # pragma: no cover - every OCP element is handled above
             raise FormatError(f"no ONNX element rounding for {fmt.element}")
-        q = b.op("Div", r, inv)
-    # -- back to the input layout ------------------------------------------------------------------
-    qp = b.op("Reshape", q, b.op("Shape", xp))
-    b.op("Slice", qp, b.const([0], i64), d, b.const([axis], i64), out="y")
+        b.op("Div", r, inv, out="y")
     doc = (f"{fmt.name} fake quantization, blocks of {B} along axis {axis}, "
            f"{'half to even' if rounding is Rounding.HALF_EVEN else 'half away from zero'}")
     return make_function(fmt.function_name(axis, rounding), ["x"], ["y"], b.nodes, doc=doc)

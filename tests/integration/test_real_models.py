@@ -1,0 +1,101 @@
+"""The static quantizer and the BF16/FP16 converters on real pretrained models that are not ours
+(PP-OCR text-direction classifier and PP-OCRv4 recognizer, from the rapidocr wheel) and on the
+embedded Fashion-MNIST CNN, with real inputs (rendered text lines, Fashion-MNIST test images)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import mixq
+from mixq.convert.testing import check_conversion
+from mixq.data import default_model_path, load_default_samples
+from mixq.evaluate import compare, make_session
+from tests import realmodels
+
+needs_ppocr = pytest.mark.skipif(not realmodels.have_ppocr_models(),
+                                 reason="pip install --no-deps rapidocr-onnxruntime==1.4.4")
+
+
+@pytest.fixture(scope="module")
+def cls():
+    path = str(realmodels.ppocr_cls_model_path())
+    x = realmodels.cls_inputs("calib", 16)
+    ev, labels = realmodels.cls_inputs("eval", 32, with_labels=True)
+    return path, [{"x": x[i:i + 8]} for i in range(0, 16, 8)], ev, labels
+
+
+@pytest.fixture(scope="module")
+def rec():
+    path = str(realmodels.ppocr_rec_model_path())
+    x = realmodels.rec_inputs("calib", 8)
+    ev, texts = realmodels.rec_inputs("eval", 8, with_texts=True)
+    return path, [{"x": x[i:i + 4]} for i in range(0, 8, 4)], ev, texts
+
+
+# measured on these inputs, minus a margin (QDQ semantics: optimizations off)
+@needs_ppocr
+@pytest.mark.parametrize("preset,min_sqnr", [("A8W8", 30.0), ("A16W8", 60.0), ("U8S8", 30.0)])
+def test_ppocr_classifier_static_int8_and_a16w8(cls, preset, min_sqnr):
+    path, calib, ev, labels = cls
+    res = mixq.quantize(path, preset, calib)
+    onnx.checker.check_model(res.model, full_check=True)
+    assert res.prepare.opset_from == 11 and res.prepare.opset_to == 21
+    c = compare(path, res.model, [{"x": ev}], optimize=False)
+    assert c.first().sqnr_db > min_sqnr, c.first()
+    pred = np.argmax(make_session(res.model).run(None, {"x": ev})[0], 1)
+    assert np.mean(pred == labels) >= 0.95  # upright vs rotated lines, default onnxruntime
+
+
+@needs_ppocr
+@pytest.mark.parametrize("preset,min_acc", [("A16W8", 0.95), ("U8S8", 0.80)])
+def test_ppocr_recognizer_reads_text_after_quantization(rec, preset, min_acc):
+    path, calib, ev, texts = rec
+    cfg = mixq.get_default_config(preset)
+    res = mixq.quantize(path, cfg, calib)
+    onnx.checker.check_model(res.model, full_check=True)
+    probs = make_session(res.model, optimize=False).run(None, {"x": ev})[0]
+    charset = realmodels.rec_charset(path)
+    decoded = realmodels.ctc_greedy_decode(probs, charset)
+    acc = realmodels.char_accuracy(decoded, texts)
+    assert acc >= min_acc, (acc, decoded[:2], texts[:2])
+
+
+def test_calibration_batch_size_gives_identical_scales():
+    s = load_default_samples()
+    path = str(default_model_path())
+    x = s.calib_images[:64]
+    a = mixq.quantize(path, "A8W8", [{"image": x[i:i + 1]} for i in range(64)], check_kernels=False)
+    b = mixq.quantize(path, "A8W8", [{"image": x[i:i + 32]} for i in range(0, 64, 32)], check_kernels=False)
+    assert a.model.SerializeToString() == b.model.SerializeToString()
+
+
+@pytest.mark.parametrize("fmt", ["with_cast", "bf16", "simulate_bf16", "customqdq", "fp16"])
+def test_convert_embedded_model(fmt):
+    s = load_default_samples()
+    out, rep = check_conversion(str(default_model_path()), fmt, min_sqnr_db=35.0,
+                                feeds={"image": s.test_images[:64]})
+    ref = make_session(str(default_model_path())).run(None, {"image": s.test_images})[0]
+    got = make_session(out).run(None, {"image": s.test_images})[0]
+    assert np.mean(np.argmax(got, 1) == np.argmax(ref, 1)) >= 0.99
+
+
+@needs_ppocr
+@pytest.mark.parametrize("fmt", ["with_cast", "bf16", "simulate_bf16", "customqdq"])
+def test_convert_ppocr_classifier(fmt, cls):
+    path, _, ev, labels = cls
+    out, _ = check_conversion(path, fmt, min_sqnr_db=35.0, feeds={"x": ev[:8]})
+    pred = np.argmax(make_session(out).run(None, {"x": ev})[0], 1)
+    assert np.mean(pred == labels) >= 0.95
+
+
+@needs_ppocr
+@pytest.mark.parametrize("fmt", ["with_cast", "bf16", "simulate_bf16", "customqdq"])
+def test_convert_ppocr_recognizer_still_reads_text(fmt, rec):
+    # the recognizer's 6625-way CTC probabilities computed in bf16 end to end (with_cast,
+    # customqdq) reach about 25 dB SQNR: the task metric is the text read
+    path, _, ev, texts = rec
+    out, rep = check_conversion(path, fmt, min_sqnr_db=20.0, min_cosine=0.99, feeds={"x": ev[:4]})
+    decoded = realmodels.ctc_greedy_decode(make_session(out).run(None, {"x": ev})[0],
+                                           realmodels.rec_charset(path))
+    assert realmodels.char_accuracy(decoded, texts) >= 0.95
