@@ -162,8 +162,12 @@ def build_function(fmt, axis: int, rounding: Rounding) -> onnx.FunctionProto:
         amax = b.op("ReduceMax", av, b.const([2], i64), keepdims=1)  # (pre, nb, 1, post)
         flag_axes = b.const([2], i64)
     flag = b.op("ReduceSum", b.op("Mul", v, b.const(0.0)), flag_axes, keepdims=1)
-    # int8 ones shaped like x (0 where x is NaN: that block's scale is NaN anyway)
-    ones = b.op("Cast", b.op("Equal", "x", "x"), to=TensorProto.INT8)
+    # int8 ones shaped like x (0 where x is NaN: that block's scale is NaN anyway), stacked twice
+    # along a new leading axis: onnxruntime takes a one-element scale for per-tensor and then
+    # rejects block_size (a single block, e.g. a [1, 8, 1, 1] tensor), two elements never are
+    ones1 = b.op("Unsqueeze", b.op("Cast", b.op("Equal", "x", "x"), to=TensorProto.INT8), b.const([0], i64))
+    ones = b.op("Concat", ones1, ones1, axis=0)
+    dq_axis = axis + 1 if axis >= 0 else axis
 
     def to_x(t: str, groups: str, k: int) -> str:
         """Per-group tensor `t` (`groups` groups of k along axis) repeated k times along axis,
@@ -173,8 +177,11 @@ def build_function(fmt, axis: int, rounding: Rounding) -> onnx.FunctionProto:
         if k != B:  # sub-blocks: the padding may hold whole ones
             t = b.op("Slice", t, b.const([0], i64), n, b.const([1], i64))
         parts = [head, n] + ([tail] if tail is not None else [])
-        tx = b.op("Reshape", t, b.op("Concat", *parts, axis=0))
-        return b.op("DequantizeLinear", ones, tx, axis=axis, block_size=k)
+        # both copies in one flat Concat of rank-unknown tensors, then one (aliasing) Reshape
+        two = b.op("Concat", t, t, axis=0)
+        tx = b.op("Reshape", two, b.op("Concat", b.const([2], i64), *parts, axis=0))
+        full = b.op("DequantizeLinear", ones, tx, axis=dq_axis, block_size=k)
+        return b.op("Gather", full, b.const(0, i64), axis=0)
 
     e = _exponent(b, amax, flag)
     lo, hi = fmt.scale_range
