@@ -10,7 +10,10 @@ command gets the same behaviour:
   the model (`<name>.data`);
 * writes are atomic (a temporary file in the target directory, then `os.replace`), so an
   interrupted run never leaves a half-written model behind;
-* a path listed in `protect` (the input model) is never overwritten (`OutputError`).
+* a path listed in `protect` (the input model) is never overwritten (`OutputError`);
+* a missing output directory is created (with its parents); one that cannot be created or
+  written to, or a full disk, raises `OutputError` with the fix, and leaves neither a partial
+  output nor a temporary file behind.
 """
 from __future__ import annotations
 
@@ -99,13 +102,14 @@ def model_size(model: onnx.ModelProto) -> int:
     Works above the 2 GiB protobuf limit too (where ``ByteSize()`` raises): the size is then
     the sum of the tensors' sizes plus the rest of the graph (an estimate within a few bytes
     per tensor, which is all the external-data decisions need)."""
-    try:
-        return int(model.ByteSize())
-    except Exception:  # noqa: BLE001 - upb raises EncodeError, older protobuf ValueError
-        pass
     total = 0
     for t in _tensors(model):
         total += t.ByteSize() + 16
+    if total < (1 << 30):  # ByteSize() of a > 2 GiB model serializes it before failing: avoid
+        try:
+            return int(model.ByteSize())
+        except Exception:  # noqa: BLE001 - upb raises EncodeError, older protobuf ValueError
+            pass
     total += sum(n.ByteSize() for n in model.graph.node if not any(
         a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
         for a in n.attribute))

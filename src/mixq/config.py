@@ -72,6 +72,8 @@ class QuantConfig:
         fused int8 kernels cannot saturate on x86 CPUs without VNNI.
     share_concat_scales: Concat inputs and output share one scale (what NPU compilers want).
     quantize_outputs: quantize the outputs of quantized ops (graph outputs included).
+    fuse_activations: the output of a Conv/ConvTranspose/Gemm/MatMul/Add read only by Relu/Clip
+        is not quantized: backends (and onnxruntime's QDQ fusions) run the pair as one kernel.
     layer_rules: layer-wise precision, later rules win (see LayerRule).
     tensor_formats: tensor-wise precision: (tensor name, format) pairs; the tensor is in that
         format everywhere (weights and activations alike).
@@ -95,6 +97,7 @@ class QuantConfig:
     reduce_range: bool = False
     share_concat_scales: bool = False
     quantize_outputs: bool = True
+    fuse_activations: bool = True
     layer_rules: tuple[LayerRule, ...] = ()
     tensor_formats: tuple[tuple[str, str], ...] = ()
     dual_quant_nodes: bool = False

@@ -294,6 +294,9 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
             _run(result, m, sess, fetch, from_feed, data, batch_size, axes, progress)
         finally:
             del sess
+            import gc
+
+            gc.collect()  # the session (and the weights it was handed) must go before restore()
             restore()
     # keep the requested order
     return CollectResult({n: result[n] for n in names if n in result}, result.skipped,

@@ -53,6 +53,28 @@ def _norm_axis(axis: int | None, rank: int | None) -> int | None:
     return axis + rank if axis < 0 else axis
 
 
+_FUSE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"})
+_FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
+
+
+def _fuse_activations(g: onnx.GraphProto, produced: dict, consumed: dict, overrides: dict) -> None:
+    """Drop the quantization of a compute op's output that only a Relu/Clip reads."""
+    producer = {o: n for n in g.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs = {o.name for o in g.output}
+    for name in list(produced):
+        p = producer.get(name)
+        rs = readers.get(name, [])
+        if p is None or p.op_type not in _FUSE_PRODUCERS or name in outputs or name in overrides:
+            continue
+        if rs and all(r.op_type in _FUSED_ACTIVATIONS and r.input[0] == name for r in rs):
+            del produced[name]
+            consumed.pop(name, None)
+
+
 def _node_formats(node: onnx.NodeProto, config: QuantConfig) -> tuple[str, str, str]:
     return config.formats_for(node.op_type, node.name)
 
@@ -167,6 +189,8 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
             for t in members[1:]:
                 groups.union(members[0], t)
 
+    if config.fuse_activations:
+        _fuse_activations(g, produced, consumed, overrides)
     tensors: dict[str, TensorPrecision] = {}
     names = list(dict.fromkeys([i.name for i in g.input] + [o for n in g.node for o in n.output]))
     for name in names:

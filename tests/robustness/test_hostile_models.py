@@ -1,0 +1,248 @@
+"""Hostile model files and graphs: every case ends in a model that passes the checker and runs
+in onnxruntime, or in a MixqError naming the problem; the input file is never modified."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixq
+from mixq.errors import ModelError
+
+from . import models as M
+from .conftest import outcome
+
+VALID = M.mlp(17)
+VALID_BYTES = VALID.SerializeToString()
+FEEDS = M.feeds(VALID, 3)
+
+
+# ---------------------------------------------------------------------------- not ONNX at all
+NOT_ONNX = {
+    "empty": b"",
+    "text": b"hello, this is not a model\n",
+    "json": b'{"graph": {"node": []}}',
+    "zip": b"PK\x03\x04" + bytes(60),
+    "png": b"\x89PNG\r\n\x1a\n" + bytes(40),
+    "one_byte": b"\x08",
+    "zeros_1k": bytes(1024),
+    "ff_1k": b"\xff" * 1024,
+    "onnx_text_format": b'<ir_version: 8, opset_import: ["" : 17]>\nagraph (float[N] x) => (float[N] y) { y = Relu(x) }',
+    "tensor_proto": numpy_helper.from_array(np.ones(4, np.float32), "t").SerializeToString(),
+    "graph_proto": VALID.graph.SerializeToString(),
+    "node_proto": helper.make_node("Relu", ["x"], ["y"]).SerializeToString(),
+    "random_a": np.random.default_rng(1).bytes(300),
+    "random_b": np.random.default_rng(2).bytes(5000),
+    "model_twice": VALID_BYTES + VALID_BYTES[:50],
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_ONNX))
+def test_not_onnx_bytes_as_file(name, tmp_path):
+    p = tmp_path / "m.onnx"
+    p.write_bytes(NOT_ONNX[name])
+    outcome(lambda: mixq.quantize(p, "A8W8", FEEDS, output_path=tmp_path / "o.onnx"),
+            input_path=p, output_path=tmp_path / "o.onnx", feed=FEEDS[0])
+
+
+@pytest.mark.parametrize("name", ["empty", "text", "zeros_1k", "random_a", "tensor_proto"])
+def test_not_onnx_bytes_in_memory(name):
+    res = outcome(lambda: mixq.quantize(NOT_ONNX[name], "A8W8", FEEDS), feed=FEEDS[0])
+    assert isinstance(res, ModelError)
+
+
+@pytest.mark.parametrize("frac", [0.0001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
+                                  0.9, 0.95, 0.99, 0.999])
+def test_truncated_model(frac, tmp_path):
+    p = tmp_path / "m.onnx"
+    p.write_bytes(VALID_BYTES[:max(1, int(len(VALID_BYTES) * frac))])
+    outcome(lambda: mixq.quantize(p, "A8W8", FEEDS, output_path=tmp_path / "o.onnx"),
+            input_path=p, output_path=tmp_path / "o.onnx", feed=FEEDS[0])
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_bit_flipped_model(seed, tmp_path):
+    rng = np.random.default_rng(seed)
+    b = bytearray(VALID_BYTES)
+    for _ in range(1 + seed % 4):
+        i = int(rng.integers(len(b)))
+        b[i] ^= 1 << int(rng.integers(8))
+    p = tmp_path / "m.onnx"
+    p.write_bytes(bytes(b))
+    outcome(lambda: mixq.quantize(p, "A8W8", FEEDS, output_path=tmp_path / "o.onnx"),
+            input_path=p, output_path=tmp_path / "o.onnx", feed=FEEDS[0])
+
+
+# ---------------------------------------------------------------------------- checker failures
+def _broken(kind: str) -> onnx.ModelProto:
+    m = M.mlp(17)
+    g = m.graph
+    if kind == "dangling_input":
+        g.node[2].input[0] = "nowhere"
+    elif kind == "duplicate_output":
+        g.node[1].output[0] = "h"
+    elif kind == "unsorted_nodes":
+        nodes = list(g.node)
+        del g.node[:]
+        g.node.extend(reversed(nodes))
+    elif kind == "opset_99":
+        m.opset_import[0].version = 99
+    elif kind == "no_opset_import":
+        del m.opset_import[:]
+    elif kind == "unknown_default_op":
+        g.node[2].op_type = "NotARealOp"
+    elif kind == "output_never_produced":
+        g.output[0].name = "ghost"
+    elif kind == "ir_version_0":
+        m.ir_version = 0
+    elif kind == "ir_version_huge":
+        m.ir_version = 99
+    elif kind == "bad_attribute":
+        g.node[4].attribute[0].type = onnx.AttributeProto.STRING
+    elif kind == "missing_required_attr":
+        g.node.append(helper.make_node("Concat", ["y", "y"], ["yy"], name="cat_no_axis"))
+        g.output.append(helper.make_tensor_value_info("yy", TensorProto.FLOAT, None))
+    elif kind == "initializer_bad_dims":
+        t = g.initializer[0]
+        t.dims[0] = 999
+    elif kind == "empty_graph":
+        del g.node[:]
+        del g.output[:]
+        del g.input[:]
+        del g.initializer[:]
+    elif kind == "input_type_undefined":
+        g.input[0].type.tensor_type.elem_type = 0
+    elif kind == "duplicate_initializer":
+        g.initializer.append(g.initializer[0])
+    return m
+
+
+BROKEN = ["dangling_input", "duplicate_output", "unsorted_nodes", "opset_99", "no_opset_import",
+          "unknown_default_op", "output_never_produced", "ir_version_0", "ir_version_huge",
+          "bad_attribute", "missing_required_attr", "initializer_bad_dims", "empty_graph",
+          "input_type_undefined", "duplicate_initializer"]
+
+
+@pytest.mark.parametrize("kind", BROKEN)
+def test_model_failing_checker(kind, saved, tmp_path):
+    p = saved(_broken(kind))
+    res = outcome(lambda: mixq.quantize(p, "A8W8", FEEDS, output_path=tmp_path / "o.onnx"),
+                  input_path=p, output_path=tmp_path / "o.onnx", feed=FEEDS[0])
+    assert isinstance(res, ModelError), f"{kind}: expected a ModelError, got {res!r}"
+
+
+@pytest.mark.parametrize("kind", ["dangling_input", "duplicate_output", "unsorted_nodes"])
+def test_checker_message_names_the_problem(kind, saved):
+    p = saved(_broken(kind))
+    res = outcome(lambda: mixq.quantize(p, "A8W8", FEEDS), input_path=p)
+    msg = str(res)
+    assert "checker" in msg and "re-export" in msg
+    assert {"dangling_input": "nowhere", "duplicate_output": "'h'", "unsorted_nodes": "sorted"}[kind] in msg
+
+
+# ---------------------------------------------------------------------------- opsets
+@pytest.mark.parametrize("opset", list(range(11, onnx.defs.onnx_opset_version() + 1)))
+def test_every_opset(opset, saved, tmp_path):
+    m = M.mlp(opset)
+    p = saved(m)
+    fd = M.feeds(m, 3)
+    res = outcome(lambda: mixq.quantize(p, "A8W8", fd, output_path=tmp_path / "o.onnx"),
+                  input_path=p, output_path=tmp_path / "o.onnx", feed=fd[0])
+    assert not isinstance(res, Exception), res
+    assert res.rewrite.weights_quantized == 3  # w1, the Add constant b1, w2
+    if opset > mixq.passes.prepare.MAX_RUNTIME_OPSET:
+        assert any("converted down" in n for n in res.prepare.notes)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17, 21])
+def test_seq_block_opsets(opset):
+    m = M.seq_block(opset)
+    fd = M.feeds(m, 4)
+    res = outcome(lambda: mixq.quantize(m, "A8W8", fd), feed=fd[0])
+    assert res.rewrite.weights_quantized >= 4
+
+
+# ---------------------------------------------------------------------------- ops mixq leaves float
+@pytest.mark.parametrize("op", M.UNSUPPORTED_OPS)
+def test_unsupported_op_left_float_with_reason(op):
+    m = M.unsupported_op_model(op)
+    fd = M.feeds(m, 3)
+    res = outcome(lambda: mixq.quantize(m, "A8W8", fd), feed=fd[0])
+    assert "odd" in res.plan.float_nodes and op in res.plan.float_nodes["odd"]
+    assert res.rewrite.weights_quantized == 2
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "BF16", "MXFP4"])
+@pytest.mark.parametrize("builder,node,why", [
+    (M.contrib_op_model, "ms_gelu", "custom-domain"),
+    (M.custom_function_model, "custom", "custom-domain"),
+])
+def test_custom_domain_ops_left_float(builder, node, why, preset):
+    m = builder()
+    fd = M.feeds(m, 3)
+    res = outcome(lambda: mixq.quantize(m, preset, fd), feed=fd[0])
+    assert why in res.plan.float_nodes[node]
+    assert res.rewrite.weights_quantized == 2
+
+
+def test_unknown_custom_op_with_calibration_is_a_clear_error():
+    m = M.unknown_domain_model()
+    res = outcome(lambda: mixq.quantize(m, "A8W8", M.feeds(m, 2)), expect_error=ModelError,
+                  match="acme.ops.FancyAct.*custom op library")
+    assert "BF16" in str(res)
+
+
+@pytest.mark.parametrize("preset", ["BF16", "MXFP4", "MX6"])
+def test_unknown_custom_op_without_calibration_warns(preset):
+    m = M.unknown_domain_model()
+    res = outcome(lambda: mixq.quantize(m, preset, None), runs=False)
+    onnx.checker.check_model(res.model)
+    assert any("acme.ops.FancyAct" in w for w in res.warnings)
+    assert "fancy" in res.plan.float_nodes
+
+
+# ---------------------------------------------------------------------------- control flow
+@pytest.mark.parametrize("preset", ["A8W8", "A16W8", "BF16", "MXFP4"])
+@pytest.mark.parametrize("builder,node", [(M.if_model, "if"), (M.loop_model, "loop")])
+def test_control_flow_left_float_outside_quantized(builder, node, preset):
+    m = builder()
+    fd = M.feeds(m, 4)
+    res = outcome(lambda: mixq.quantize(m, preset, fd), feed=fd[0])
+    assert "control flow" in res.plan.float_nodes[node]
+    assert res.rewrite.weights_quantized == 2  # mm1 and mm2, outside the subgraph
+    q = next(n for n in res.model.graph.node if n.op_type == node.capitalize())
+    sub = [a.g for a in q.attribute if a.type == onnx.AttributeProto.GRAPH]
+    orig = next(n for n in m.graph.node if n.op_type == node.capitalize())
+    assert [list(a.g.node) for a in orig.attribute if a.type == onnx.AttributeProto.GRAPH] == [list(g.node) for g in sub]
+
+
+# ---------------------------------------------------------------------------- tensors of other types
+@pytest.mark.parametrize("preset", ["A8W8", "U8S8", "BF16", "MXFP4", "MXINT8"])
+@pytest.mark.parametrize("builder", [M.int_chain, M.with_string, M.zero_size_model])
+def test_non_float_and_empty_tensors(builder, preset):
+    m = builder()
+    fd = M.feeds(m, 4)
+    res = outcome(lambda: mixq.quantize(m, preset, fd), feed=fd[0])
+    assert not isinstance(res, Exception), res
+    assert res.rewrite.weights_quantized >= 1
+
+
+# ---------------------------------------------------------------------------- every preset, dynamic dims
+@pytest.mark.parametrize("preset", sorted(mixq.config.PRESETS) if hasattr(mixq.config, "PRESETS") else
+                         ["XINT8", "A8W8", "A16W8", "U8S8", "S16S16", "BF16", "FP16", "BFP16",
+                          "MXINT8", "MXFP8_E4M3", "MXFP8_E5M2", "MXFP6_E3M2", "MXFP6_E2M3",
+                          "MXFP4", "MX4", "MX6", "MX9"])
+def test_every_preset_on_dynamic_seq_block(preset, saved, tmp_path):
+    m = M.seq_block()
+    p = saved(m)
+    fd = M.feeds(m, 4)
+    res = outcome(lambda: mixq.quantize(p, preset, fd, output_path=tmp_path / "o.onnx"),
+                  input_path=p, output_path=tmp_path / "o.onnx", feed=fd[0])
+    assert not isinstance(res, Exception), res
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n, s in [(1, 1), (2, 7), (3, 33)]:  # any batch and sequence length
+        x = np.random.default_rng(n).standard_normal((n, s, M.D)).astype(np.float32)
+        assert sess.run(None, {"x": x})[0].shape == (n, s, M.D)
