@@ -85,21 +85,6 @@ def _resolve_config(config: QuantConfig | str | None) -> QuantConfig:
                       f"got {type(config).__name__}")
 
 
-def _input_specs(model: onnx.ModelProto):
-    from onnx import helper
-
-    inits = {t.name for t in model.graph.initializer}
-    specs = []
-    for i in model.graph.input:
-        if i.name in inits:
-            continue
-        tt = i.type.tensor_type
-        dims = tuple((d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
-                     for d in tt.shape.dim) if tt.HasField("shape") else None
-        specs.append((i.name, helper.tensor_dtype_to_np_dtype(tt.elem_type), dims))
-    return specs
-
-
 def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | str | None = None,
              calibration_data: Any = None, *, output_path: str | os.PathLike | None = None,
              plan: PrecisionPlan | None = None, progress: Callable[[int], None] | None = None,
@@ -271,7 +256,7 @@ def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto,
     from .evaluate import sqnr_between_optimization_levels
 
     # one batch of up to 8 samples shows saturation; more only costs time on big models
-    first = next(iter(as_feeds(data, _input_specs(prepared))))
+    first = next(iter(as_feeds(data, prepared)))
     sqnr = sqnr_between_optimization_levels(qmodel, [{k: (v[:2] if v.ndim else v) for k, v in first.items()}])
     if sqnr >= KERNEL_SQNR_WARN_DB:
         return []

@@ -57,15 +57,7 @@ def test_nan_inf_and_constant_activations(kind, method):
         finite_qparams(res.model)
 
 
-# MX presets on a model with a 32-element constant (the Add bias): one block -> a 1-element
-# scale, which onnxruntime's DequantizeLinear rejects with block_size set (formats/_block_onnx.py)
-_MX_ONE_BLOCK = pytest.mark.xfail(reason="MX formats: a constant of exactly one block gives a "
-                                  "DequantizeLinear that onnxruntime rejects (block_size with a "
-                                  "per-tensor scale); bug in formats/_block_onnx.py", strict=False)
-
-
-@pytest.mark.parametrize("preset", ["A16W8", "U8S8", "XINT8", "BFP16",
-                                    pytest.param("MXFP8_E4M3", marks=_MX_ONE_BLOCK)])
+@pytest.mark.parametrize("preset", ["A16W8", "U8S8", "XINT8", "BFP16", "MXFP8_E4M3"])
 @pytest.mark.parametrize("kind", ["all_nan", "zeros", "nan_and_inf"])
 def test_nan_and_constant_other_presets(kind, preset):
     res = outcome(lambda: mixq.quantize(MLP, preset, [{"x": _fill(kind)}], check_kernels=False),

@@ -159,7 +159,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .._io import load_model
-    from ..api import _input_specs
     from ..calibration import as_feeds
     from ..evaluate import compare
 
@@ -167,7 +166,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     labels = np.load(args.labels, allow_pickle=False) if args.labels else None
     rows = []
     for optimize in (True, False):
-        feeds = as_feeds(args.data, _input_specs(fm))
+        feeds = as_feeds(args.data, fm)
         c = compare(fm, qm, feeds, labels=labels, optimize=optimize)
         rows.append((optimize, c))
     print("| output | optimizations | SQNR dB | cosine | max abs err | top-1 agreement |")

@@ -179,7 +179,8 @@ def build_function(fmt, axis: int, rounding: Rounding) -> onnx.FunctionProto:
         parts = [head, n] + ([tail] if tail is not None else [])
         # both copies in one flat Concat of rank-unknown tensors, then one (aliasing) Reshape
         two = b.op("Concat", t, t, axis=0)
-        tx = b.op("Reshape", two, b.op("Concat", b.const([2], i64), *parts, axis=0))
+        # allowzero: a zero-length dim in the target is a real 0, not "copy the input's dim"
+        tx = b.op("Reshape", two, b.op("Concat", b.const([2], i64), *parts, axis=0), allowzero=1)
         full = b.op("DequantizeLinear", ones, tx, axis=dq_axis, block_size=k)
         return b.op("Gather", full, b.const(0, i64), axis=0)
 
