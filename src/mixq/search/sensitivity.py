@@ -18,7 +18,7 @@ from ..plan.ops import semantics
 from ..plan.qparams import activation_qparams, constant_qparams
 from ..plan.rules import build_plan
 from ..passes.qdq import apply_plan
-from .workbench import Workbench
+from .workbench import Workbench, relative_l2
 
 
 @dataclass(frozen=True)
@@ -133,10 +133,7 @@ def _layer_error(wb: Workbench, tiny: onnx.ModelProto, config: QuantConfig,
     qmodel, _ = apply_plan(tiny, plan, qp, dual=config.dual_quant_nodes)
     sess = make_session(qmodel)
     feed = {i.name: cached[i.name] for i in sess.get_inputs()}
-    got = sess.run(None, feed)[0].astype(np.float64)
-    den = float(np.sum(ref.astype(np.float64) ** 2))
-    num = float(np.sum((got - ref) ** 2))
-    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+    return relative_l2([(sess.run(None, feed)[0], ref)])
 
 
 def measure_sensitivity(wb: Workbench, base: QuantConfig, layers: list[str],

@@ -37,6 +37,16 @@ def feeds_digest(feeds: Feeds) -> str:
     return h.hexdigest()
 
 
+def relative_l2(pairs) -> float:
+    """sqrt(sum (q - f)^2 / sum f^2) over (quantized, float) array pairs."""
+    num = den = 0.0
+    for q, f in pairs:
+        f64 = np.asarray(f, dtype=np.float64)
+        num += float(np.sum((np.asarray(q, dtype=np.float64) - f64) ** 2))
+        den += float(np.sum(f64 ** 2))
+    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+
+
 @dataclass
 class Workbench:
     """A prepared float model with everything a search needs to try plans quickly."""
@@ -89,10 +99,8 @@ class Workbench:
         return [sess.run([name], f)[0] for f in self.eval_feeds]
 
     def relative_l2(self, outputs: list[np.ndarray]) -> float:
-        """sqrt(sum (q - f)^2 / sum f^2) over the held-out data, for output `output_index`."""
-        num = sum(float(np.sum((q.astype(np.float64) - f) ** 2)) for q, f in zip(outputs, self.float_outputs))
-        den = sum(float(np.sum(f.astype(np.float64) ** 2)) for f in self.float_outputs)
-        return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+        """Relative L2 of `outputs` to the float outputs over the held-out data."""
+        return relative_l2(zip(outputs, self.float_outputs))
 
     def top1_agreement(self, outputs: list[np.ndarray]) -> float:
         agree = total = 0
