@@ -125,6 +125,19 @@ def _convert(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
+def _check_names(keys: Iterable[Any], names: list[str], at: str, expected: str) -> None:
+    """DataError for a key that is not a model input, or a model input with no key."""
+    keys = list(keys)
+    for k in keys:
+        if k not in names:
+            raise DataError(f"calibration data has an unknown input {k!r}{at}; the model "
+                            f"inputs are: {', '.join(names)}.{did_you_mean(str(k), names)}")
+    missing = [n for n in names if n not in keys]
+    if missing:
+        raise DataError(f"calibration data lacks model input(s) {', '.join(map(repr, missing))}"
+                        f"{at}; {expected}: {', '.join(names)}")
+
+
 def validate_feed(feed: Any, specs: Sequence[InputSpec], where: str = "") -> dict[str, np.ndarray]:
     """Check one feed dict against the model inputs; returns it with dtypes converted."""
     at = f" (in {where})" if where else ""
@@ -132,15 +145,7 @@ def validate_feed(feed: Any, specs: Sequence[InputSpec], where: str = "") -> dic
         raise DataError(f"each calibration sample must be a dict {{input name: array}}, got "
                         f"{type(feed).__name__}{at}; expected names: "
                         f"{', '.join(s.name for s in specs)}")
-    names = [s.name for s in specs]
-    for k in feed:
-        if k not in names:
-            raise DataError(f"calibration data has an unknown input {k!r}{at}; the model "
-                            f"inputs are: {', '.join(names)}.{did_you_mean(str(k), names)}")
-    missing = [n for n in names if n not in feed]
-    if missing:
-        raise DataError(f"calibration data lacks model input(s) {', '.join(map(repr, missing))}"
-                        f"{at}; every sample must feed: {', '.join(names)}")
+    _check_names(feed, [s.name for s in specs], at, "every sample must feed")
     out = {}
     for s in specs:
         v = feed[s.name]
@@ -169,16 +174,8 @@ def validate_feed(feed: Any, specs: Sequence[InputSpec], where: str = "") -> dic
 def _split_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[InputSpec], batch_size: int,
                   where: str) -> Iterator[dict[str, Any]]:
     """Cut {name: array-with-samples} into feeds (see the module docstring)."""
-    by_name = {s.name: s for s in specs}
     names = [s.name for s in specs]
-    for k in arrays:
-        if k not in by_name:
-            raise DataError(f"calibration data has an unknown input {k!r} (in {where}); the model "
-                            f"inputs are: {', '.join(names)}.{did_you_mean(str(k), names)}")
-    missing = [n for n in names if n not in arrays]
-    if missing:
-        raise DataError(f"calibration data lacks model input(s) {', '.join(map(repr, missing))} "
-                        f"(in {where}); expected arrays named: {', '.join(names)}")
+    _check_names(arrays, names, f" (in {where})", "expected arrays named")
     plans = {}
     n_items = set()
     for s in specs:

@@ -180,8 +180,8 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
     for name, em in replace_init.items():
         weight_nodes += em.nodes
         emission.extend(Emission(initializers=em.initializers, functions=em.functions, opsets=em.opsets))
-    keep_inits = [t for t in g.initializer if t.name not in replace_init or t.name in still_used
-                  or any(t.name in n.input for n in weight_nodes)]
+    still_used |= {i for n in weight_nodes for i in n.input}  # block weights read the float one
+    keep_inits = [t for t in g.initializer if t.name not in replace_init or t.name in still_used]
     del g.initializer[:]
     g.initializer.extend(keep_inits)
     g.initializer.extend(emission.initializers)
