@@ -72,7 +72,7 @@ class TestEmission:
         em = fmt.emit("in", "out", axis=-1, prefix="p")
         assert len(em.nodes) == 1 and em.nodes[0].domain == MIXQ_DOMAIN
         assert em.nodes[0].op_type == em.functions[0].name == fmt.function_name(-1)
-        assert em.opsets == {"": 21, MIXQ_DOMAIN: 1}
+        assert em.opsets == {"": fmt.onnx_opset, MIXQ_DOMAIN: 1} and fmt.onnx_opset >= 24
         assert not em.initializers
 
     def test_weight(self, name):
@@ -82,6 +82,36 @@ class TestEmission:
         (y,) = run_emission(em, {})
         assert_same_bits(y, fmt.fake_quant(w, axis=1))
         assert em.nodes[0].domain == MIXQ_DOMAIN  # the format stays visible to a backend
+        assert em.nodes[0].op_type.endswith("_const")  # the variant onnxruntime can fold
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_aligned_variant(name):
+    """A shape whose axis length is a multiple of the block selects the one-Reshape variant; it
+    gives the same bits, for any run-time size of the other dims (zero included)."""
+    import onnxruntime as ort
+    from onnx import TensorProto
+
+    from mixq.formats.onnx_util import emission_to_model
+
+    fmt = get_format(name)
+    n = 3 * fmt.block_size
+    for k, (dims, axis) in enumerate([(["N", n, "H", "W"], 1), ([n, "M"], 0), (["N", n], -1),
+                                      (["A", 2, n], 2)]):
+        shape = tuple(d if isinstance(d, int) else None for d in dims)
+        em = fmt.emit("x", "y", axis=axis, prefix="q", shape=shape)
+        assert em.functions[0].name == fmt.function_name(axis % len(dims), length=n)
+        model = emission_to_model(em, {"x": TensorProto.FLOAT}, input_shapes={"x": dims})
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        for j, size in enumerate((1, 3, 0)):
+            concrete = tuple(d if isinstance(d, int) else size for d in dims)
+            x = tensor(concrete, seed=10 * k + j)
+            (y,) = sess.run(None, {"x": x})
+            assert_same_bits(y, fmt.fake_quant(x, axis=axis))
+    # a length that is not a multiple (or unknown) keeps the general function
+    odd = fmt.emit("x", "y", axis=1, prefix="q", shape=(None, n + 1))
+    assert odd.functions[0].name == fmt.function_name(1)
+    assert fmt.emit("x", "y", axis=1, prefix="q", shape=(None, None)).functions[0].name == fmt.function_name(1)
 
 
 @pytest.mark.parametrize("name", ["bfp16", "mx6", "mxint8", "bfp(block=5,exp=4,mant=3)"])
@@ -111,7 +141,7 @@ def test_functions_are_per_format_axis():
 
 # -- dynamic shapes: the function must not depend on static dims, and must keep x's symbolic
 #    shape on its output (onnxruntime plans memory with it; see _block_onnx) ------------------------
-DYN_CASES = [(["N", 64, "H", "W"], 1, [(1, 64, 7, 9), (3, 64, 5, 4)]),
+DYN_CASES = [(["N", 64, "H", "W"], 1, [(1, 64, 7, 9), (3, 64, 5, 4), (0, 64, 2, 2)]),
              (["N", "C", "H", "W"], 1, [(2, 37, 3, 3), (1, 70, 2, 5)]),
              (["N", 70], -1, [(5, 70), (1, 70)]),
              (["N", "L"], -1, [(3, 45), (2, 17)]),

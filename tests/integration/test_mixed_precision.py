@@ -3,6 +3,7 @@ text-direction classifier), written the way the vendor documentation writes it: 
 snippet runs with only its import lines changed, and the test checks the formats in the graph."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -64,10 +65,15 @@ def _bf16_weights(model) -> int:
     return sum(1 for t in model.graph.initializer if t.data_type == onnx.TensorProto.BFLOAT16)
 
 
+def _kind(op_type: str) -> str:
+    """A block function's name without its length / constant-input variant suffixes."""
+    return re.sub(r"(_n\d+)?(_const)?$", "", op_type)
+
+
 def _input_format_of(model, op_type: str) -> Counter:
     """For each node of `op_type`, the op type producing its first input (its quantizer)."""
     prod = {o: n for n in model.graph.node for o in n.output}
-    return Counter(prod[n.input[0]].op_type if n.input[0] in prod else "graph input"
+    return Counter(_kind(prod[n.input[0]].op_type) if n.input[0] in prod else "graph input"
                    for n in model.graph.node if n.op_type == op_type)
 
 
@@ -127,7 +133,7 @@ def test_layer_wise_bfp16_on_compute_ops_bf16_elsewhere(cls_case, dual):
     # every Conv reads BFP16 activations and BFP16 weights
     for n in model.graph.node:
         if n.op_type == "Conv":
-            assert prod[n.input[0]].op_type == "BFP16_axis1", n.name
+            assert _kind(prod[n.input[0]].op_type) == "BFP16_axis1", n.name
             assert prod[n.input[1]].op_type.startswith("BFP16_axis"), n.name
     # other ops read bf16 (Cast pairs)
     others = [n for n in model.graph.node if n.op_type in ("HardSigmoid", "Mul", "Add", "Relu")]
@@ -138,7 +144,7 @@ def test_layer_wise_bfp16_on_compute_ops_bf16_elsewhere(cls_case, dual):
     assert res.rewrite.boundary_conversions > 0
     # DualQuantNodes: the boundary conversion reads the producer's quantized value, so a BFP16
     # node sits right after a bf16 Cast pair; without it, it reads the float tensor
-    bfp_after_cast = sum(1 for n in model.graph.node if n.op_type == "BFP16_axis1"
+    bfp_after_cast = sum(1 for n in model.graph.node if _kind(n.op_type) == "BFP16_axis1"
                          and n.input[0] in prod and prod[n.input[0]].op_type == "Cast")
     assert (bfp_after_cast > 0) == dual
 

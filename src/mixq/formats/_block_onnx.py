@@ -1,22 +1,21 @@
 """ONNX emission of block formats: one model-local function per (format, axis, rounding).
 
-Built from standard opset-21 ops onnxruntime CPU implements, bit-identical to
+Built from standard opset-25 ops onnxruntime CPU implements, bit-identical to
 BlockFormat.fake_quant. Design (why, not what):
 
 * No Transpose: x is padded along `axis` to a multiple of the block and reshaped to
   (pre, nblocks, block, post) so ReduceMax over axis 2 gives the block maxima in place, for any
-  axis and rank (the shapes are computed at run time, so every dim may stay dynamic).
-* Shapes for onnxruntime's planner: only the per-block quantities live in the blocked layout;
-  the per-block step is brought back by a blocked DequantizeLinear of int8 ones shaped like x,
-  so every full-size tensor (and the output) has exactly x's symbolic shape, and the blocked /
-  per-block tensors have no inferred shape at all (their Reshape targets end with a tensor of
-  unknown rank). A tensor with known rank but unknown dims made onnxruntime's memory planner
-  scan its whole free list in vain, and stay there: with many calls on dynamic shapes session
-  creation was quadratic (80-110 s for ~200 calls); bench/block_session_bench.py measures it.
-* Exact exponents without BitCast (opset 26): an estimate floor(log(a) / ln 2), corrected by
-  one comparison against each of 2**e and 2**(e+1) taken from a 278-entry table of exact powers
-  of two (Gather), which also yields every scale and step exactly (Pow is not guaranteed exact).
-  Tiny maxima are pre-scaled by 2**64 so a libm that mishandles subnormals cannot derail it.
+  axis and rank (the shapes are computed at run time, so every dim may stay dynamic). The whole
+  computation stays in that view (per-block scales broadcast over the block axis); the result
+  is reshaped back, cut to the axis length and reshaped to Shape(x).
+* Shapes for onnxruntime's planner: the blocked tensors have no inferred shape at all (their
+  Reshape targets end with a tensor of unknown rank). Tensors with known rank but unknown dims
+  made onnxruntime's memory planner scan its whole free list in vain: with many calls on
+  dynamic shapes session creation was quadratic; bench/block_session_bench.py measures it.
+  The rewrite pass declares each call's output shape (x's) in the graph's value_info.
+* Exact exponents: a Cast to float8e8m0 rounding down (opset 24) is 2**floor(log2(a)) for a
+  normal float; maxima below 2**-127 only ever meet a scale clipped to 2**-127. Every scale and
+  step is then a power of two obtained by exact Mul/Div/Clip.
 * NaN/Inf: onnxruntime's ReduceMax does not propagate NaN reliably, so a per-block
   ReduceSum(x * 0) (NaN iff the block holds NaN or inf) is added to the per-block step: any
   later product with the step is NaN.
@@ -33,8 +32,8 @@ from onnx import TensorProto, helper
 
 from mixq.errors import FormatError
 
-from .base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION, Emission, Rounding
-from .onnx_util import ONNX_OPSET, const_node, make_function
+from .base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION, Emission, Rounding, Shape
+from .onnx_util import const_node, make_function
 
 #: _POW2[i] = 2**(i - 149) in float32 (exact; the last entry, 2**128, is inf).
 _POW2_OFFSET = 149
@@ -100,6 +99,20 @@ def _pow2(b: _Body, e: str) -> str:
     return b.op("Gather", b.const(_POW2), idx)
 
 
+def _pow2_floor(b: _Body, amax: str, flag: str, foldable: bool) -> str:
+    """2**floor(log2(amax)) (float32, exact) of per-block maxima, floored at 2**-127.
+
+    A Cast to float8e8m0 rounding down keeps exactly the exponent of a normal float; maxima
+    below 2**-127 (zero, subnormal) all map to 2**-127, which no format can tell apart: every
+    shared scale is clipped to at least 2**-127 (scale_range's low end is >= -127). NaN/inf
+    maxima give any value here; the block's NaN flag overrides them."""
+    if foldable:  # see build_function
+        return _pow2(b, _exponent(b, amax, flag))
+    a = b.op("Max", amax, b.const(2.0 ** -127))
+    e8 = b.op("Cast", a, to=TensorProto.FLOAT8E8M0, saturate=1, round_mode="down")
+    return b.op("Cast", e8, to=TensorProto.FLOAT)
+
+
 def _round(b: _Body, y: str, rounding: Rounding, sign_of: str) -> str:
     """Round `y` = `sign_of` / step to integers (`sign_of` carries the sign even where y underflowed)."""
     if rounding is Rounding.HALF_EVEN:
@@ -111,8 +124,18 @@ def _round(b: _Body, y: str, rounding: Rounding, sign_of: str) -> str:
     return b.op("Mul", b.op("Sign", sign_of), b.op("Add", t, up))
 
 
-def build_function(fmt, axis: int, rounding: Rounding) -> onnx.FunctionProto:
-    """The FunctionProto `fmt.function_name(axis, rounding)`: input x, output y."""
+def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False,
+                   length: int | None = None) -> onnx.FunctionProto:
+    """The FunctionProto `fmt.function_name(axis, rounding)`: input x, output y.
+
+    `foldable`: the variant for constant weights. onnxruntime's constant folding cannot hold a
+    float8e8m0 tensor (it fails the session), so weights use a slower exact exponent that folds:
+    floor(log(a) / ln 2) corrected against a table of exact powers of two.
+    `length`: the axis length when it is known to be a multiple of the block size and `axis` is
+    non-negative: the blocked view is then a single Reshape (no padding, no cut)."""
+    if length is not None and (axis < 0 or length % fmt.block_size or length <= 0):
+        raise FormatError(f"an aligned {fmt.name} function needs a non-negative axis and a positive "
+                          f"axis length divisible by {fmt.block_size}; got axis {axis}, length {length}")
     if rounding is not Rounding.HALF_EVEN and fmt.element != "int":
         raise FormatError(f"ONNX emission of {fmt.name} supports only Rounding.HALF_EVEN "
                           f"(its elements are rounded by float8 casts), got {rounding}")
@@ -120,101 +143,91 @@ def build_function(fmt, axis: int, rounding: Rounding) -> onnx.FunctionProto:
     B, S = fmt.block_size, fmt.sub_block
     i64 = np.int64
     one = b.const([1], i64)
-    # -- shapes: d = dim along axis, post = product of the dims after it, nb = blocks ------------
-    if axis == -1:
-        head = b.op("Shape", "x", end=-1)
-        d = b.op("Shape", "x", start=-1)
-        tail = None
-        post = one
-    else:
-        head = b.op("Shape", "x", end=axis)
-        d = b.op("Shape", "x", start=axis, end=axis + 1)
-        tail = b.op("Shape", "x", start=axis + 1)
-        post = b.op("ReduceProd", b.op("Concat", one, tail, axis=0), keepdims=1)
-    nb = b.op("Div", b.op("Add", d, b.const([B - 1], i64)), b.const([B], i64))
-    pad = b.op("Sub", b.op("Mul", nb, b.const([B], i64)), d)
-    # `post` again, as a tensor of unknown rank for shape inference (reshaped to [1] by a shape
-    # vector sliced up to a run-time end), so that the blocked and per-block tensors below have
-    # no shape at all rather than a known rank with unknown dims. onnxruntime's memory planner
-    # scans its whole free list for every output whose shape it cannot match, and such tensors
-    # stay in that list: session creation became quadratic in the number of calls on dynamic
-    # shapes. Outputs without a shape are not looked up.
-    hpost = b.op("Reshape", post, b.op("Slice", one, b.const([0], i64), b.op("Add", d, one)))
-
-    def hidden(*parts: str) -> str:
-        """A Reshape target (ending with `post`) whose length shape inference cannot know."""
-        return b.op("Concat", *parts, hpost, axis=0)
-
-    # -- blocked view of x, padded along axis to whole blocks: (pre, nb, B, post) --------------
-    xp = b.op("Pad", b.op("Reshape", "x", hidden(b.const([-1], i64), d)),
-              b.op("Concat", b.const([0], i64), pad, axis=0), b.const(0.0), b.const([1], i64),
-              mode="constant")
     inner = b.const([B // S, S] if S > 1 else [B], i64)
-    v = b.op("Reshape", xp, hidden(b.const([-1], i64), nb, inner))
+    aligned = length is not None
+    if aligned:
+        # -- the axis length is a known multiple of B: a view (x's leading dims, nb, B, post)
+        #    by one Reshape, no padding
+        post = b.op("ReduceProd", b.op("Concat", one, b.op("Shape", "x", start=axis + 1), axis=0),
+                    keepdims=1)
+        # `post` as a tensor of unknown rank (see below: no known rank with unknown dims)
+        hpost = b.op("Reshape", post, b.op("Slice", one, b.const([0], i64), b.op("Add", post, one)))
+        # allowzero: every dim is given (a zero-size dim is a real 0, not "copy")
+        v = b.op("Reshape", "x", b.op("Concat", b.op("Shape", "x", end=axis), b.const([length // B], i64),
+                                      inner, hpost, axis=0), allowzero=1)
+        bax = axis + 1  # the block dim in the view
+    else:
+        bax = 2
+        # -- shapes: d = dim along axis, post = product of the dims after it, nb = blocks --------
+        if axis == -1:
+            d = b.op("Shape", "x", start=-1)
+            post = one
+        else:
+            d = b.op("Shape", "x", start=axis, end=axis + 1)
+            tail = b.op("Shape", "x", start=axis + 1)
+            post = b.op("ReduceProd", b.op("Concat", one, tail, axis=0), keepdims=1)
+        nb = b.op("Div", b.op("Add", d, b.const([B - 1], i64)), b.const([B], i64))
+        pad = b.op("Sub", b.op("Mul", nb, b.const([B], i64)), d)
+        # `post` again, as a tensor of unknown rank for shape inference (reshaped to [1] by a
+        # shape vector sliced up to a run-time end), so that the blocked and per-block tensors
+        # below have no shape at all rather than a known rank with unknown dims. onnxruntime's
+        # memory planner scans its whole free list for every output whose shape it cannot
+        # match, and such tensors stay in that list: session creation became quadratic in the
+        # number of calls on dynamic shapes. Outputs without a shape are not looked up.
+        hpost = b.op("Reshape", post, b.op("Slice", one, b.const([0], i64), b.op("Add", d, one)))
+
+        def hidden(*parts: str) -> str:
+            """A Reshape target (ending with `post`) whose length shape inference cannot know."""
+            return b.op("Concat", *parts, hpost, axis=0)
+
+        # -- blocked view of x, padded along axis to whole blocks: (pre, nb, B, post) ----------
+        xp = b.op("Pad", b.op("Reshape", "x", hidden(b.const([-1], i64), d)),
+                  b.op("Concat", b.const([0], i64), pad, axis=0), b.const(0.0), b.const([1], i64),
+                  mode="constant")
+        v = b.op("Reshape", xp, hidden(b.const([-1], i64), nb, inner))
     # -- per-block maxima and the non-finite flag (on the blocked view; from here on the
     #    per-block tensors are B times smaller than x) ------------------------------------------
     av = b.op("Abs", v)
     if S > 1:
-        submax = b.op("ReduceMax", av, b.const([3], i64), keepdims=1)  # (pre, nb, B/S, 1, post)
-        amax = b.op("ReduceMax", submax, b.const([2], i64), keepdims=1)
-        flag_axes = b.const([2, 3], i64)
+        submax = b.op("ReduceMax", av, b.const([bax + 1], i64), keepdims=1)  # (.., nb, B/S, 1, ..)
+        amax = b.op("ReduceMax", submax, b.const([bax], i64), keepdims=1)
+        flag_axes = b.const([bax, bax + 1], i64)
     else:
-        amax = b.op("ReduceMax", av, b.const([2], i64), keepdims=1)  # (pre, nb, 1, post)
-        flag_axes = b.const([2], i64)
+        amax = b.op("ReduceMax", av, b.const([bax], i64), keepdims=1)  # (.., nb, 1, ..)
+        flag_axes = b.const([bax], i64)
     flag = b.op("ReduceSum", b.op("Mul", v, b.const(0.0)), flag_axes, keepdims=1)
-    # int8 ones shaped like x (0 where x is NaN: that block's scale is NaN anyway), stacked twice
-    # along a new leading axis: onnxruntime takes a one-element scale for per-tensor and then
-    # rejects block_size (a single block, e.g. a [1, 8, 1, 1] tensor), two elements never are
-    ones1 = b.op("Unsqueeze", b.op("Cast", b.op("Equal", "x", "x"), to=TensorProto.INT8), b.const([0], i64))
-    ones = b.op("Concat", ones1, ones1, axis=0)
-    dq_axis = axis + 1 if axis >= 0 else axis
 
-    def to_x(t: str, groups: str, k: int) -> str:
-        """Per-group tensor `t` (`groups` groups of k along axis) repeated k times along axis,
-        cut to d: a tensor of exactly x's (symbolic) shape, by a blocked DequantizeLinear."""
-        n = b.op("Div", b.op("Add", d, b.const([k - 1], i64)), b.const([k], i64))  # ceil(d / k)
-        t = b.op("Reshape", t, hidden(b.const([-1], i64), groups))
-        if k != B:  # sub-blocks: the padding may hold whole ones
-            t = b.op("Slice", t, b.const([0], i64), n, b.const([1], i64))
-        parts = [head, n] + ([tail] if tail is not None else [])
-        # both copies in one flat Concat of rank-unknown tensors, then one (aliasing) Reshape
-        two = b.op("Concat", t, t, axis=0)
-        # allowzero: a zero-length dim in the target is a real 0, not "copy the input's dim"
-        tx = b.op("Reshape", two, b.op("Concat", b.const([2], i64), *parts, axis=0), allowzero=1)
-        full = b.op("DequantizeLinear", ones, tx, axis=dq_axis, block_size=k)
-        return b.op("Gather", full, b.const(0, i64), axis=0)
-
-    e = _exponent(b, amax, flag)
+    p = _pow2_floor(b, amax, flag, foldable)  # 2**e, e = the block's exponent
     lo, hi = fmt.scale_range
+    # everything below stays in the blocked view: per-block (and per-sub-block) quantities
+    # broadcast over the block axis, so nothing is expanded to full size. Scales are powers of
+    # two, so every Mul/Div/Clip on them below is exact.
     if fmt.element == "int":
-        s = b.op("Clip", e, b.const(float(lo)), b.const(float(hi)))
-        step = b.op("Add", _pow2(b, b.op("Add", s, b.const(float(1 - fmt.mant_bits)))), flag)
+        sc = b.op("Clip", p, b.const(2.0 ** lo), b.const(2.0 ** min(hi, 127)))  # 2**s
+        step = b.op("Add", b.op("Mul", sc, b.const(2.0 ** (1 - fmt.mant_bits))), flag)
         if S > 1:  # microexponent: sub-blocks below 2**s use the binade below (step / 2)
             # step * 2**(mant - 1) = 2**s exactly (a power of two within float32's range)
             fits_lower = b.op("Less", submax, b.op("Mul", step, b.const(2.0 ** (fmt.mant_bits - 1))))
             step = b.op("Where", fits_lower, b.op("Mul", step, b.const(0.5)), step)  # (.., B/S, 1, ..)
-            step = to_x(step, b.op("Mul", nb, b.const([B // S], i64)), S)
-        else:
-            step = to_x(step, nb, B)
-        m = _round(b, b.op("Div", "x", step), rounding, "x")
+        m = _round(b, b.op("Div", v, step), rounding, v)
         m = b.op("Clip", m, b.const(float(-fmt.max_code)), b.const(float(fmt.max_code)))
-        b.op("Mul", m, step, out="y")
+        q = b.op("Mul", m, step)
     else:
         ef = fmt.element_format
-        s = b.op("Clip", b.op("Sub", e, b.const(float(ef.emax))), b.const(float(lo)), b.const(float(hi)))
+        # 2**s, s = clip(e - emax, lo, hi)
+        sc = b.op("Clip", b.op("Mul", p, b.const(2.0 ** -ef.emax)), b.const(2.0 ** lo), b.const(2.0 ** hi))
         if fmt.element in _CAST_ELEMENTS:
             f8, shift = _CAST_ELEMENTS[fmt.element]
             # inv = 2**-(s + shift) is in [2**-139, 2**127]: representable, unlike its inverse
-            inv = b.op("Add", _pow2(b, b.op("Neg", b.op("Add", s, b.const(float(shift))))), flag)
-            inv = to_x(inv, nb, B)
-            y = b.op("Mul", "x", inv)
+            inv = b.op("Add", b.op("Div", b.const(2.0 ** -shift), sc), flag)
+            y = b.op("Mul", v, inv)
             r = b.op("Cast", b.op("Cast", y, to=f8, saturate=1), to=TensorProto.FLOAT)
             if shift:
                 lim = float(ef.max_normal) * 2.0 ** -shift
                 r = b.op("Clip", r, b.const(-lim), b.const(lim))
         elif fmt.element == "fp4_e2m1":
-            inv = to_x(b.op("Add", _pow2(b, b.op("Neg", s)), flag), nb, B)
-            y = b.op("Mul", "x", inv)
+            inv = b.op("Add", b.op("Div", b.const(1.0), sc), flag)
+            y = b.op("Mul", v, inv)
             ay = b.op("Abs", y)
             st = b.op("Where", b.op("GreaterOrEqual", ay, b.const(2.0)), b.const(1.0), b.const(0.5))
             st = b.op("Where", b.op("GreaterOrEqual", ay, b.const(4.0)), b.const(2.0), st)
@@ -222,16 +235,30 @@ def build_function(fmt, axis: int, rounding: Rounding) -> onnx.FunctionProto:
             r = b.op("Clip", r, b.const(-float(ef.max_normal)), b.const(float(ef.max_normal)))
         else:  # pragma: no cover - every OCP element is handled above
             raise FormatError(f"no ONNX element rounding for {fmt.element}")
-        b.op("Div", r, inv, out="y")
+        q = b.op("Div", r, inv)
+    # back to x's layout (unpadded: (pre, nb * B, post) cut to d), then x's own shape
+    if not aligned:
+        q = b.op("Reshape", q, hidden(b.const([-1], i64), b.op("Mul", nb, b.const([B], i64))))
+        q = b.op("Slice", q, b.const([0], i64), d, b.const([1], i64))
+    b.op("Reshape", q, b.op("Shape", "x"), out="y", allowzero=1)
     doc = (f"{fmt.name} fake quantization, blocks of {B} along axis {axis}, "
            f"{'half to even' if rounding is Rounding.HALF_EVEN else 'half away from zero'}")
-    return make_function(fmt.function_name(axis, rounding), ["x"], ["y"], b.nodes, doc=doc)
+    return make_function(fmt.function_name(axis, rounding, length=length, const=foldable), ["x"], ["y"], b.nodes, opset=fmt.onnx_opset, doc=doc)
 
 
 def emit_block(fmt, input_name: str, output_name: str, *, axis: int, prefix: str,
-               rounding: Rounding) -> Emission:
-    """An Emission: one node in MIXQ_DOMAIN calling the format's function, plus the function."""
-    fn = build_function(fmt, axis, rounding)
+               rounding: Rounding, foldable: bool = False,
+               shape: Shape | None = None) -> Emission:
+    """An Emission: one node in MIXQ_DOMAIN calling the format's function, plus the function
+    (`foldable`: the variant for constant inputs, see build_function). A known `shape` (None for
+    unknown dims) whose axis length is a multiple of the block selects the aligned function."""
+    length = None
+    if shape is not None and -len(shape) <= axis < len(shape):
+        axis_pos = axis % len(shape)
+        dim = shape[axis_pos]
+        if isinstance(dim, int) and dim > 0 and dim % fmt.block_size == 0:
+            axis, length = axis_pos, dim
+    fn = build_function(fmt, axis, rounding, foldable=foldable, length=length)
     node = helper.make_node(fn.name, [input_name], [output_name], name=f"{prefix}/{fn.name}",
                             domain=MIXQ_DOMAIN)
-    return Emission(nodes=[node], functions=[fn], opsets={"": ONNX_OPSET, MIXQ_DOMAIN: MIXQ_DOMAIN_VERSION})
+    return Emission(nodes=[node], functions=[fn], opsets={"": fmt.onnx_opset, MIXQ_DOMAIN: MIXQ_DOMAIN_VERSION})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import onnx
@@ -57,11 +58,17 @@ class Emission:
             self.opsets[dom] = max(ver, self.opsets.get(dom, 0))
 
 
+#: A tensor's static shape: ints where known, None where not.
+Shape = tuple[int | None, ...]
+
+
 class Format(abc.ABC):
     """A numeric format: a frozen spec that knows its name, widths, reference and ONNX."""
 
     name: str
     kind: str  # "int" | "float" | "block"
+    #: The default-domain opset its ONNX needs; a model gets upgraded to it when the format is used.
+    onnx_opset: ClassVar[int] = 21
 
     @property
     @abc.abstractmethod
@@ -85,8 +92,11 @@ class Format(abc.ABC):
 
     @abc.abstractmethod
     def emit(self, input_name: str, output_name: str, *, qparams: QParams | None = None,
-             axis: int | None = None, prefix: str) -> Emission:
-        """ONNX computing `fake_quant` of a run-time tensor, bit-exactly in onnxruntime."""
+             axis: int | None = None, prefix: str, shape: Shape | None = None) -> Emission:
+        """ONNX computing `fake_quant` of a run-time tensor, bit-exactly in onnxruntime.
+
+        `shape`: the tensor's static shape where known (None for unknown dims); a format may
+        emit a specialized, faster form for it (block formats do when the axis is aligned)."""
 
     @abc.abstractmethod
     def emit_weight(self, w: np.ndarray, output_name: str, *, qparams: QParams | None = None,

@@ -48,7 +48,7 @@ import numpy as np
 from mixq.errors import FormatError
 
 from ._grid import round_half
-from .base import Emission, Format, QParams, Rounding
+from .base import Emission, Format, QParams, Rounding, Shape
 from .floating import FP_FORMATS, FloatFormat
 from .onnx_util import const_tensor
 
@@ -75,6 +75,7 @@ class BlockFormat(Format):
     sub_block: int = 1
     ocp: bool = False
     kind: ClassVar[str] = "block"
+    onnx_opset: ClassVar[int] = 25  # Cast to float8e8m0 with round_mode (see _block_onnx)
 
     # -- identity -------------------------------------------------------------------------------
     @property
@@ -179,17 +180,22 @@ class BlockFormat(Format):
         return np.where(bad, np.nan, q)
 
     # -- ONNX -----------------------------------------------------------------------------------
-    def function_name(self, axis: int, rounding: Rounding = Rounding.HALF_EVEN) -> str:
+    def function_name(self, axis: int, rounding: Rounding = Rounding.HALF_EVEN, *,
+                      length: int | None = None, const: bool = False) -> str:
         """Name of the model-local function for this format, axis and rounding, e.g.
-        ``MXFP4_axis1``, ``BFP16_axism1``, ``BFP_B16_E8_M4_axis0_away``."""
-        return _function_name(self, axis, rounding)
+        ``MXFP4_axis1``, ``BFP16_axism1``, ``BFP_B16_E8_M4_axis0_away``; ``_n64`` marks the
+        variant for an axis of known length 64, ``_const`` the one for constant inputs."""
+        return _function_name(self, axis, rounding, length, const)
 
     def emit(self, input_name: str, output_name: str, *, qparams: QParams | None = None,
-             axis: int | None = None, prefix: str, rounding: Rounding = Rounding.HALF_EVEN) -> Emission:
-        """One node in MIXQ_DOMAIN calling the model-local function of this format and axis."""
+             axis: int | None = None, prefix: str, rounding: Rounding = Rounding.HALF_EVEN,
+             shape: Shape | None = None) -> Emission:
+        """One node in MIXQ_DOMAIN calling the model-local function of this format and axis
+        (the aligned variant when `shape` says the axis length is a multiple of the block)."""
         from ._block_onnx import emit_block
         axis = self._check_call(qparams, axis)
-        return emit_block(self, input_name, output_name, axis=axis, prefix=prefix, rounding=rounding)
+        return emit_block(self, input_name, output_name, axis=axis, prefix=prefix, rounding=rounding,
+                          shape=shape)
 
     def emit_weight(self, w: np.ndarray, output_name: str, *, qparams: QParams | None = None,
                     axis: int | None = None, prefix: str,
@@ -205,19 +211,22 @@ class BlockFormat(Format):
         if not -w.ndim <= axis < w.ndim:
             raise FormatError(f"axis {axis} is out of range for a weight of rank {w.ndim}")
         wname = f"{prefix}/w"
-        em = emit_block(self, wname, output_name, axis=axis, prefix=prefix, rounding=rounding)
+        em = emit_block(self, wname, output_name, axis=axis, prefix=prefix, rounding=rounding,
+                        foldable=True, shape=w.shape)
         em.initializers.insert(0, const_tensor(wname, self.fake_quant(w, axis=axis, rounding=rounding)))
         return em
 
 
-def _function_name(fmt: BlockFormat, axis: int, rounding: Rounding) -> str:
+def _function_name(fmt: BlockFormat, axis: int, rounding: Rounding, length: int | None,
+                   const: bool) -> str:
     base = re.sub(r"[^A-Za-z0-9]+", "_", fmt.name.upper())
     if fmt.name.startswith("bfp("):  # bfp(block=16,exp=8,mant=4) -> BFP_B16_E8_M4
         base = f"BFP_B{fmt.block_size}_E{fmt.scale_bits}_M{fmt.mant_bits}"
         if fmt.sub_block > 1:
             base += f"_S{fmt.sub_block}"
     ax = f"axis{axis}" if axis >= 0 else f"axism{-axis}"
-    return f"{base}_{ax}" + ("_away" if rounding is Rounding.HALF_AWAY else "")
+    return (f"{base}_{ax}" + ("" if length is None else f"_n{length}")
+            + ("_away" if rounding is Rounding.HALF_AWAY else "") + ("_const" if const else ""))
 
 
 # -- construction and names ------------------------------------------------------------------------

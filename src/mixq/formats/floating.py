@@ -26,7 +26,7 @@ from onnx import TensorProto, helper
 from mixq.errors import FormatError
 
 from ._grid import round_float_grid
-from .base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION, Emission, Format, QParams, Rounding
+from .base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION, Emission, Format, QParams, Rounding, Shape
 from .integer import _axbs, _qattrs, check_scale, expand_param, per_tensor_if_single, pof2_scale
 from .onnx_util import ONNX_OPSET, const_node, const_tensor, expand_param_nodes, make_function
 
@@ -214,7 +214,8 @@ class FloatFormat(Format):
         return qparams
 
     def emit(self, input_name: str, output_name: str, *, qparams: QParams | None = None,
-             axis: int | None = None, prefix: str, rounding: Rounding = Rounding.HALF_EVEN) -> Emission:
+             axis: int | None = None, prefix: str, rounding: Rounding = Rounding.HALF_EVEN,
+             shape: Shape | None = None) -> Emission:
         """Cast -> Cast (fp16/bf16), QuantizeLinear -> DequantizeLinear (fp8) or the
         QDQ_<name> function (fp6/fp4)."""
         qparams = self._check_emit(qparams, rounding)

@@ -34,7 +34,7 @@ from onnx import TensorProto, helper
 from mixq.errors import FormatError
 
 from ._grid import round_half
-from .base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION, Emission, Format, QParams, Rounding
+from .base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION, Emission, Format, QParams, Rounding, Shape
 from .onnx_util import ONNX_OPSET, const_node, const_tensor, expand_param_nodes, make_function
 
 INT_BITS = (4, 8, 16, 32)
@@ -364,7 +364,8 @@ class IntFormat(Format):
                              doc=f"fake quantization to {self.name} in float32 arithmetic")
 
     def emit(self, input_name: str, output_name: str, *, qparams: QParams | None = None,
-             axis: int | None = None, prefix: str, rounding: Rounding = Rounding.HALF_EVEN) -> Emission:
+             axis: int | None = None, prefix: str, rounding: Rounding = Rounding.HALF_EVEN,
+             shape: Shape | None = None) -> Emission:
         """QuantizeLinear -> DequantizeLinear (opset 21), or the QDQ_(u)int32 function."""
         qparams = self._check_qparams(qparams)
         if rounding is not Rounding.HALF_EVEN:

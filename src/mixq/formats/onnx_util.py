@@ -71,7 +71,7 @@ def emission_to_model(emission: Emission, input_types: Mapping[str, int],
                               functions=list(emission.functions))
     model.ir_version = 10  # IR 10 carries opset 21 and is read by onnxruntime 1.31
     try:  # give graph outputs the shapes inference finds (the checker wants a shape field)
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
         known = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
         for out in model.graph.output:
             src = known.get(out.name)
