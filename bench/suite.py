@@ -1,8 +1,9 @@
 """The benchmark suite: every model x preset x tool, each quantization and each evaluation in a
 fresh subprocess; results to JSON, then Markdown and plots (:mod:`bench.report`).
 
-    python -m bench --suite quick            # Fashion CNN, PP-OCR cls + rec, EfficientNet-Lite0
-    python -m bench --suite full             # + PP-OCR det, all-MiniLM-L6-v2, Silero VAD
+    python -m bench --suite quick            # Fashion CNN, PP-OCR cls + rec; 8 presets
+    python -m bench --suite full             # + EfficientNet-Lite0, PP-OCR det, all-MiniLM-L6-v2,
+                                             #   Silero VAD; every mixq preset
     python -m bench --report-only            # regenerate docs/BENCHMARKS.md + plots from JSON
 
 Run it from the repository root (``make bench`` does). Missing pip packages are installed with
@@ -24,6 +25,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from mixq.config import PRESETS
+
 from . import env
 from .cases import CASES, Case
 from .tools import INT_PRESETS, QUICK_PRESETS, TOOLS, reduce_range_for, supports, tool_available
@@ -36,7 +39,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "full": ("fashion_cnn", "ppocr_cls", "ppocr_rec", "efficientnet_lite0", "ppocr_det",
              "minilm_l6", "silero_vad"),
 }
-SUITE_PRESETS: dict[str, tuple[str, ...]] = {"quick": QUICK_PRESETS, "full": QUICK_PRESETS}
+SUITE_PRESETS: dict[str, tuple[str, ...]] = {"quick": QUICK_PRESETS, "full": tuple(PRESETS)}
 #: Seconds per metric pass before the evaluation stops at the end of the current batch (only
 #: simulated formats are ever that slow); the metric then covers a prefix of the data.
 EVAL_BUDGET: dict[str, float] = {"quick": 10.0, "full": 120.0}
