@@ -5,6 +5,7 @@ classifier-like outputs (rank 2, more than one class). Everything streams batch 
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -40,25 +41,27 @@ class OutputMetrics:
 
 
 @dataclass
-class _Acc:
+class ErrorStats:
+    """Streaming error statistics of an output against its reference (float64 sums; pairs where
+    either side is NaN/inf are left out), plus top-1 agreement for classifier-like outputs."""
+
     sig: float = 0.0
     noise: float = 0.0
     dot: float = 0.0
-    na: float = 0.0
     nb: float = 0.0
     maxerr: float = 0.0
     agree: int = 0
     rows: int = 0
     classifier: bool = True
 
-    def update(self, ref: np.ndarray, got: np.ndarray) -> None:
+    def update(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
+        ref, got = np.asarray(ref), np.asarray(got)
         r, q = ref.astype(np.float64), got.astype(np.float64)
         finite = np.isfinite(r) & np.isfinite(q)
-        r, q = np.where(finite, r, 0.0), np.where(finite, q, 0.0)
+        r, q = np.where(finite, r, 0.0), np.where(finite, q, 0.0)  # zeros add nothing to a sum
         self.sig += float(np.sum(r * r))
         self.noise += float(np.sum((r - q) ** 2))
         self.dot += float(np.sum(r * q))
-        self.na += float(np.sum(r * r))
         self.nb += float(np.sum(q * q))
         if r.size:
             self.maxerr = max(self.maxerr, float(np.max(np.abs(r - q))))
@@ -67,12 +70,27 @@ class _Acc:
             self.rows += ref.shape[0]
         else:
             self.classifier = False
+        return self
+
+    @property
+    def sqnr_db(self) -> float:
+        """10*log10(signal / noise): inf without noise, -inf for noise on a zero signal."""
+        if self.noise == 0.0:
+            return math.inf
+        if self.sig == 0.0:
+            return -math.inf
+        return 10.0 * math.log10(self.sig / self.noise)
+
+    @property
+    def cosine(self) -> float:
+        """Cosine similarity (1.0 for two all-zero outputs, 0.0 when only one is)."""
+        if self.sig == 0.0 or self.nb == 0.0:
+            return float(self.sig == self.nb)
+        return self.dot / math.sqrt(self.sig * self.nb)
 
     def result(self, name: str) -> OutputMetrics:
-        sqnr = float("inf") if self.noise == 0 else 10 * np.log10(max(self.sig, 1e-300) / self.noise)
-        cos = self.dot / np.sqrt(self.na * self.nb) if self.na > 0 and self.nb > 0 else float(self.na == self.nb)
         top1 = self.agree / self.rows if self.classifier and self.rows else None
-        return OutputMetrics(name, float(sqnr), float(cos), self.maxerr, top1)
+        return OutputMetrics(name, self.sqnr_db, float(self.cosine), self.maxerr, top1)
 
 
 @dataclass
@@ -97,7 +115,7 @@ def compare(float_model, quant_model, feeds: Iterable[dict[str, np.ndarray]], *,
     names = [o.name for o in fs.get_outputs()]
     if output_index is not None:
         names = [names[output_index]]
-    accs = {n: _Acc() for n in names}
+    accs = {n: ErrorStats() for n in names}
     correct_f = correct_q = seen = 0
     for feed in feeds:
         ref = fs.run(names, feed)
@@ -123,7 +141,7 @@ def sqnr_between_optimization_levels(quant_model, feeds: Iterable[dict[str, np.n
     semantics (e.g. int8 saturation on CPUs without VNNI)."""
     a = make_session(quant_model, optimize=False)
     b = make_session(quant_model, optimize=True)
-    acc = _Acc()
+    acc = ErrorStats()
     name = a.get_outputs()[0].name
     for feed in feeds:
         acc.update(a.run([name], feed)[0], b.run([name], feed)[0])

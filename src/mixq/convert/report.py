@@ -12,6 +12,7 @@ import onnx
 from onnx import TensorProto
 
 from ..errors import DataError
+from ..evaluate import ErrorStats
 from ._rewrite import KeptFloat
 
 __all__ = ["ConversionReport", "OutputFidelity", "KeptFloat", "make_feeds", "fidelity", "sqnr_db", "cosine"]
@@ -152,31 +153,12 @@ def make_feeds(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | Non
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
     """Signal-to-quantization-noise ratio 10*log10(sum ref^2 / sum (ref-out)^2), in dB."""
-    ref = np.asarray(ref, np.float64).ravel()
-    out = np.asarray(out, np.float64).ravel()
-    finite = np.isfinite(ref) & np.isfinite(out)
-    ref, out = ref[finite], out[finite]
-    noise = float(np.sum((ref - out) ** 2))
-    signal = float(np.sum(ref ** 2))
-    if noise == 0.0:
-        return math.inf
-    if signal == 0.0:
-        return -math.inf
-    return 10.0 * math.log10(signal / noise)
+    return ErrorStats().update(ref, out).sqnr_db
 
 
 def cosine(ref: np.ndarray, out: np.ndarray) -> float:
     """Cosine similarity of the flattened arrays (1.0 for two all-zero arrays)."""
-    a = np.asarray(ref, np.float64).ravel()
-    b = np.asarray(out, np.float64).ravel()
-    finite = np.isfinite(a) & np.isfinite(b)
-    a, b = a[finite], b[finite]
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    if na == 0.0 and nb == 0.0:
-        return 1.0
-    if na == 0.0 or nb == 0.0:
-        return 0.0
-    return float(np.dot(a, b) / (na * nb))
+    return ErrorStats().update(np.ravel(ref), np.ravel(out)).cosine
 
 
 def fidelity(original: onnx.ModelProto, converted: onnx.ModelProto, provider: str,
@@ -196,9 +178,6 @@ def fidelity(original: onnx.ModelProto, converted: onnx.ModelProto, provider: st
     out = make_session(converted, provider).run(names, feeds)
     res = []
     for n, r, o in zip(names, ref, out):
-        r64 = np.asarray(r, np.float64)
-        o64 = np.asarray(o, np.float64)
-        both = np.isfinite(r64) & np.isfinite(o64)
-        err = float(np.max(np.abs(r64[both] - o64[both]))) if both.any() else 0.0
-        res.append(OutputFidelity(n, sqnr_db(r, o), cosine(r, o), err))
+        st = ErrorStats().update(np.ravel(r), np.ravel(o))
+        res.append(OutputFidelity(n, st.sqnr_db, st.cosine, st.maxerr))
     return res
