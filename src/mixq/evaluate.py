@@ -13,14 +13,22 @@ import numpy as np
 import onnx
 
 
-def make_session(model: onnx.ModelProto | str, *, optimize: bool = True, threads: int | None = None,
+def make_session(model: onnx.ModelProto | str, *, optimize: bool | str = True, threads: int | None = None,
                  providers: tuple[str, ...] = ("CPUExecutionProvider",)):
-    """An onnxruntime session with default (or disabled) graph optimizations."""
+    """An onnxruntime session with default (True), disabled (False) or basic ("basic") graph
+    optimizations. "basic" folds constants (weight DequantizeLinear included) but fuses no QDQ
+    group into an integer kernel, so it computes the model's QDQ semantics, fast: what search
+    decisions are made on (CPU integer kernels differ by machine, e.g. u8s8 saturation without
+    VNNI)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    if not optimize:
+    if optimize == "basic":
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    elif optimize is not True and optimize is not False:
+        raise ValueError(f"optimize={optimize!r}: True, False or 'basic'")
+    elif not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if threads:
         so.intra_op_num_threads = threads

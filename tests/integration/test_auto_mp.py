@@ -3,6 +3,7 @@ upright/rotated labels): the documented snippets, targets on held-out data, the 
 baselines, time budget and cache."""
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -125,6 +126,23 @@ def test_search_beats_both_uniform_baselines_at_a_top1_target(case, tmp_path):
     names = {p.name for p in res.report_paths}
     assert {"report.md", "report.json", "sensitivity.png", "front.png"} <= names
     assert "| layer |" in (tmp_path / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("strategy", ["bisection", "guided"])
+def test_search_meets_a_top1_target_with_few_verified_evaluations(case, strategy):
+    path, calib, ev, labels = case
+    auto = AutoConfig(base=base_from_candidate(Candidate("int8", "int8")),
+                      candidates=(Candidate("int8", "int4"),), top1_drop=0.02, strategy=strategy)
+    assert AutoConfig(base=auto.base, candidates=auto.candidates, top1_drop=0.02).strategy == "bisection"
+    res = auto_quantize(path, auto, Reader(calib), [{"x": ev}], labels=labels)
+    n = len(res.path_labels)
+    assert res.target_met and res.float_metric - res.metric <= 0.02
+    assert res.size_bytes < res.wide_size_bytes
+    # every full-model evaluation is counted, and the returned point is one of them that passed;
+    # guided falls back to bisection when its predictions miss: at most about twice its count
+    bound = math.ceil(math.log2(n + 1)) + 1
+    assert res.full_evaluations == len(res.evaluations) <= (bound if strategy == "bisection" else 2 * bound)
+    assert any(e.k == res.chosen_k and e.ok for e in res.evaluations)
 
 
 def _small():

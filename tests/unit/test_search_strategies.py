@@ -1,12 +1,16 @@
-"""Search strategies against a fake deterministic evaluator (a synthetic metric along the path)."""
+"""Search strategies against a fake deterministic evaluator (a synthetic metric along the path);
+`guided` also on synthetic paths whose metric follows, or misfits, the cheap noise estimate."""
 from __future__ import annotations
 
 import math
 import time
+from statistics import NormalDist
 
+import numpy as np
 import pytest
 
-from mixq.search.strategies import Evaluator, OutOfTime, bisection, front, greedy, pareto, spread
+from mixq.search.strategies import (Evaluator, MetricModel, OutOfTime, bisection, front, greedy,
+                                    guided, noise_coordinates, pareto, spread)
 
 
 def make_eval(n: int, limit: int, deadline=None):
@@ -71,3 +75,150 @@ def test_spread_covers_both_ends():
     assert spread(0) == [0]
     assert spread(10)[0] == 0 and spread(10)[-1] == 10
     assert len(spread(1000)) <= 2 * math.ceil(math.log2(1000)) + 2
+
+
+# -- guided ----------------------------------------------------------------------------------------
+
+
+def synthetic_path(n: int, seed: int = 0, misfit: float = 0.0):
+    """A path like build_path's: layers in ascending estimated error; returns the estimated noise
+    s[k], weight bytes sizes[k] and the true added output noise power (estimate x per-layer gain,
+    lognormal with sigma `misfit`; 0: the estimate is exact up to one constant)."""
+    rng = np.random.default_rng(seed)
+    err = np.sort(np.exp(rng.normal(np.log(0.05), 0.8, n)))
+    base = err * rng.uniform(0.05, 0.5, n)
+    inc = err ** 2 - base ** 2
+    s = np.concatenate([[np.sum(base ** 2)], np.sum(base ** 2) + np.cumsum(inc)])
+    saved = np.exp(rng.normal(np.log(2000.0), 0.5, n))
+    sizes = np.concatenate([[2 * saved.sum()], 2 * saved.sum() - np.cumsum(saved)])
+    gain = np.exp(rng.normal(0.0, misfit, n)) if misfit else np.ones(n)
+    true_power = np.concatenate([[0.0], np.cumsum(gain * inc)])
+    return s, sizes, true_power
+
+
+def l2_case(n: int, break_at: int, seed: int = 0, misfit: float = 0.0):
+    """Relative L2 = sqrt(true noise power): the target sits between P[break_at] and the next."""
+    s, sizes, p = synthetic_path(n, seed, misfit)
+    l2 = np.sqrt(p)
+    target = float(0.5 * (l2[break_at] + l2[break_at + 1])) if break_at < n else float(l2[n])
+    ev = Evaluator(lambda k: (float(l2[k]), bool(l2[k] <= target), float(sizes[k])), None)
+    return ev, s, sizes, MetricModel(lambda v: v, target, "power"), l2 <= target
+
+
+def test_guided_finds_the_break_of_a_smooth_metric_in_a_few_evaluations():
+    n = 120
+    for break_at in (5, 40, 77, 119):
+        ev, s, sizes, model, ok = l2_case(n, break_at)
+        k = guided(n, ev, s, sizes, model, size_tol=0.0)
+        assert k == break_at and ev.done[k].ok
+        assert ev.count <= 4, (break_at, list(ev.done))  # the end, the prediction, its neighbour
+        ev_g = l2_case(n, break_at)[0]
+        assert greedy(n, ev_g) == k
+        if break_at >= 40:
+            assert ev.count * 10 <= ev_g.count
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_guided_on_a_misfit_metric_returns_a_verified_point_no_worse_than_greedy(seed):
+    n = 80
+    rng = np.random.default_rng(100 + seed)
+    break_at = int(rng.integers(1, n))
+    ev, s, sizes, model, ok = l2_case(n, break_at, seed=seed, misfit=0.8)
+    k = guided(n, ev, s, sizes, model, size_tol=0.0)
+    assert ev.done[k].ok and k == ev.best_ok()
+    ev_g = l2_case(n, break_at, seed=seed, misfit=0.8)[0]
+    assert sizes[k] <= sizes[greedy(n, ev_g)]      # adjacency: never behind the first break
+    assert ev.count <= 2 * math.ceil(math.log2(n + 1)) + 2  # the safeguards bound a poor model
+
+
+def test_guided_size_tolerance_bounds_what_is_left_on_the_table():
+    n, tol = 100, 0.05
+    ev, s, sizes, model, ok = l2_case(n, 60, misfit=0.8)
+    k = guided(n, ev, s, sizes, model, size_tol=tol)
+    assert ev.done[k].ok
+    best = int(np.flatnonzero(ok)[-1])  # the metric is monotone here: the last good point
+    assert sizes[k] - sizes[best] <= tol * (sizes[0] - sizes[n]) + 1e-9
+
+
+def test_guided_with_a_counted_top1_drop():
+    """A top-1 drop on 48 samples: each sample flips once the output noise exceeds its margin
+    (either way: the 'flip' link with saturation 1)."""
+    n, rows = 90, 48
+    s, sizes, p = synthetic_path(n, seed=3)
+    margins = np.exp(np.random.default_rng(3).normal(0.0, 0.3, rows))
+    noise = np.sqrt(p / p[n] * 4.0)  # the all-narrow output noise: four typical margins
+    drop = np.mean(noise[:, None] * np.abs(np.random.default_rng(4).normal(size=rows)) > margins, axis=1)
+    for max_drop in (0.0, 0.05):
+        ev = Evaluator(lambda k: (1.0 - float(drop[k]), bool(drop[k] <= max_drop), float(sizes[k])),
+                       None)
+        model = MetricModel(lambda v: 1.0 - v, max_drop, "flip", resolution=1.0 / rows)
+        k = guided(n, ev, s, sizes, model, size_tol=0.0)
+        first_bad = int(np.flatnonzero(drop > max_drop)[0])
+        assert k == first_bad - 1 and ev.done[k].ok
+        assert ev.count <= math.ceil(math.log2(n + 1)) + 1, list(ev.done)  # bisection's bound
+
+
+def test_guided_degenerate_paths():
+    ev = Evaluator(lambda k: (0.0, True, 1.0), None)
+    assert guided(0, ev, [0.1], [1.0], None) == 0 and ev.count == 0  # nothing to decide
+    n = 30
+    ev, s, sizes, model, ok = l2_case(n, n)  # the all-narrow end meets the target: one evaluation
+    assert guided(n, ev, s, sizes, model) == n and ev.count == 1
+    # nothing meets the target, not even all wide: the all-wide point is returned, evaluated
+    ev = Evaluator(lambda k: (1.0 + k, False, float(n - k)), None)
+    assert guided(n, ev, np.linspace(0, 1, n + 1), np.arange(n, -1, -1.0),
+                  MetricModel(lambda v: v, 0.5, "power")) == 0
+    assert 0 in ev.done and ev.count <= 2 * math.ceil(math.log2(n + 1)) + 2
+    with pytest.raises(ValueError):
+        guided(n, Evaluator(lambda k: (0.0, True, 0.0), None), [0.0] * n, [0.0] * (n + 1))
+
+
+@pytest.mark.parametrize("n,limit", [(1, 0), (12, 5), (100, 37), (577, 300)])
+def test_guided_without_a_model_is_bisection_in_noise_space(n, limit):
+    """No model, and sizes that do not change (activation-only candidates): still the last good
+    point, in about log2 n evaluations; with a tolerance every move counts the same."""
+    ev = make_eval(n, limit)
+    assert guided(n, ev, np.arange(n + 1.0) ** 2, [1.0] * (n + 1), None, size_tol=0.0) == limit
+    assert ev.count <= math.ceil(math.log2(n + 1)) + 2
+    ev = make_eval(n, limit)
+    k = guided(n, ev, np.arange(n + 1.0) ** 2, [1.0] * (n + 1), None, size_tol=0.02)
+    assert ev.done[k].ok and limit - k <= 0.02 * n
+
+
+def test_guided_deadline_returns_the_best_verified_point_so_far():
+    n = 200
+    s, sizes, p = synthetic_path(n, seed=5, misfit=0.8)
+    l2 = np.sqrt(p)
+    target = float(l2[150])
+
+    def fn(k):
+        if len(ev.done) == 1:
+            ev.deadline = time.monotonic() - 1.0  # the budget runs out during the second one
+        return float(l2[k]), bool(l2[k] <= target), float(sizes[k])
+
+    ev = Evaluator(fn, None)
+    with pytest.raises(OutOfTime):  # closing the bracket needs at least three
+        guided(n, ev, s, sizes, MetricModel(lambda v: v, target, "power"), size_tol=0.0)
+    assert ev.count == 2
+    best = ev.best_ok()
+    assert best == 0 or (ev.done[best].ok and l2[best] <= target)
+
+
+def test_noise_coordinates_and_links():
+    # a move estimated to remove noise adds none; the base's own power is the origin
+    assert noise_coordinates([1.0, 1.5, 1.2, 2.0]).tolist() == [0.0, 0.5, 0.5, 1.3]
+    # no usable estimate: the path index
+    assert noise_coordinates([0.3, 0.3, 0.3]).tolist() == [0.0, 1.0, 2.0]
+    l2 = MetricModel(lambda v: v, 0.1, "power")
+    assert l2.power(0.2) == pytest.approx(4 * l2.power(0.1)) and l2.target_power() == pytest.approx(0.01)
+    flip = MetricModel(lambda v: v, 0.02, "flip", resolution=1 / 48)
+    ps = [flip.power(d) for d in (0.0, 0.01, 0.05, 0.2, 0.5, 1.0)]
+    assert ps == sorted(ps) and ps[0] == 0.0 and all(np.isfinite(ps))
+    # d = 2 Phi(-1/sqrt(P)): the power that gives d back
+    assert 2 * NormalDist().cdf(-1 / math.sqrt(flip.power(0.05))) == pytest.approx(0.05)
+    # 0 flips allowed of 48 (0.01 and 0.02 alike): the break is where ln 2 flips are expected
+    assert flip.target_power() == pytest.approx(flip.power(math.log(2) / 48))
+    same = MetricModel(lambda v: v, 0.01, "flip", 1 / 48)
+    assert same.target_power() == pytest.approx(flip.target_power())
+    with pytest.raises(ValueError):
+        MetricModel(lambda v: v, 0.1, "cubic")

@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--max-avg-bits", type=float, help="average weight bits budget")
     a.add_argument("--output-index", type=int, default=0)
     a.add_argument("--op-types", default="Conv,ConvTranspose,Gemm,MatMul")
-    a.add_argument("--strategy", default="bisection", choices=["bisection", "greedy", "pareto"])
+    a.add_argument("--strategy", default="bisection", choices=["bisection", "guided", "greedy", "pareto"])
     a.add_argument("--time-budget", type=float, help="seconds; the best plan so far is returned")
     a.add_argument("--report-dir", help="write report.md, report.json and PNG plots here")
     a.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "mixq"))

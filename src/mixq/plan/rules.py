@@ -1,6 +1,7 @@
 """Build a precision plan from a config and the op semantics table."""
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
 from ..config import QuantConfig
@@ -104,6 +105,7 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
     floats = float_tensors(model)
     ranks = tensor_ranks(model)
     inits = {t.name for t in g.initializer}
+    init_sizes = {t.name: int(np.prod(t.dims)) for t in g.initializer}  # dims only: no data read
     overrides = dict(config.tensor_formats)
     known = floats | {t.name for t in g.initializer}
     for t in overrides:
@@ -142,8 +144,12 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
                 if sem.weight == i:
                     continue  # a weight, below
                 cfmt = overrides.get(name, wfmt)
-                if get_format(cfmt).kind == "block" and ranks.get(name, 0) == 0:
-                    float_scalars.add(name)  # a scalar has no axis for blocks to run along
+                if get_format(cfmt).kind != "int" and init_sizes[name] == 1:
+                    # a single number: no storage to save, while a block / float format would
+                    # round it to its few mantissa bits (MXFP8: 3), a systematic error on every
+                    # element it scales (PP-OCRv4 rec: 0% accuracy); deployment compilers fold
+                    # such scalars into the neighbouring scales
+                    float_scalars.add(name)
                     continue
                 weights.setdefault(name, TensorPrecision(
                     tensor=name, role="constant", format=cfmt,
@@ -240,7 +246,8 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
     for name in float_scalars:
         tensors.setdefault(name, TensorPrecision(
             tensor=name, role="constant", format=None,
-            reason="scalar constant kept float: a block format needs an axis to run along"))
+            reason="single-element constant kept float: nothing to save, and a block or float "
+                   "format would round it"))
     # every name the union-find knows belongs to a group of two or more tensors
     final = {name: TensorPrecision(**{**tp.__dict__, "group": groups.find(name)})
              if name in groups.parent and tp.role == "activation" else tp

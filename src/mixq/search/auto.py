@@ -30,7 +30,8 @@ from ..passes.prepare import prepare
 from ..plan.plan import PrecisionPlan
 from .objectives import L2Objective, Objective, Top1Objective
 from .sensitivity import Candidate, SensitivityTable, candidate_layers, measure_sensitivity
-from .strategies import STRATEGIES, Evaluation, Evaluator, OutOfTime, bisection, front, greedy, pareto
+from .strategies import (STRATEGIES, Evaluation, Evaluator, MetricModel, OutOfTime, bisection, front,
+                         greedy, guided, pareto)
 from .workbench import Feeds, Workbench, feeds_digest
 
 DEFAULT_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -45,7 +46,12 @@ class AutoConfig:
     op_types: op types whose nodes are candidate layers.
     l2_target / top1_drop / max_size_mb / max_avg_bits: targets (at least one).
     output_index: the model output the L2 target and top-1 metrics read.
-    strategy: 'bisection' (default), 'greedy' (the documented walk) or 'pareto'.
+    strategy: 'bisection' (default), 'guided' (predict the break from the sensitivities, verify
+      with a few evaluations), 'greedy' (the documented walk) or 'pareto'.
+    size_tol: 'guided' stops once the weight size still at stake between the last plan meeting
+      the target and the first one breaking it is at most this fraction of the all-wide to
+      all-narrow size range (0: search until they are adjacent; the result is then never
+      larger than the greedy walk's).
     time_budget_s: stop searching after this many seconds and return the best plan so far.
     cache_dir: where sensitivities and evaluations are cached (None: no cache).
     """
@@ -59,6 +65,7 @@ class AutoConfig:
     max_avg_bits: float | None = None
     output_index: int = 0
     strategy: str = "bisection"
+    size_tol: float = 0.02
     time_budget_s: float | None = None
     cache_dir: str | None = None
     max_sensitivity_rows: int = 16
@@ -79,6 +86,8 @@ class AutoConfig:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ConfigError(f"{name}={v} must be positive.")
+        if not 0.0 <= self.size_tol < 1.0:
+            raise ConfigError(f"size_tol={self.size_tol} must be in [0, 1), e.g. 0.02.")
         object.__setattr__(self, "op_types", frozenset(self.op_types))
         object.__setattr__(self, "candidates", tuple(self.candidates))
 
@@ -205,6 +214,38 @@ def build_path(layers: list[str], base: Candidate, candidates: list[Candidate],
             current[layer] = c
             path.append((layer, c))
     return path
+
+
+def path_noise(layers: list[str], base: Candidate, path: list[tuple[str, Candidate]],
+               table: SensitivityTable) -> list[float]:
+    """s[k]: the estimated error power of P[k], the sum over layers of err^2 at the layer's
+    current precision (the base's own error included; a re-narrowed layer counts once)."""
+    current = {layer: table.err[layer][base.label] for layer in layers if layer in table.err}
+    s = [float(sum(v * v for v in current.values()))]
+    for layer, c in path:
+        e = table.err[layer][c.label]
+        s.append(s[-1] + e * e - current[layer] ** 2)
+        current[layer] = e
+    return s
+
+
+def metric_model(objective: Objective, n_samples: int | None, classes: int | None) -> MetricModel | None:
+    """How the objective's metric degrades with output noise (see `MetricModel`), None without an
+    accuracy target. A top-1 in [0, 1] is a fraction of flipped samples ('flip': its step is one
+    sample when labels tell how many were evaluated; it saturates at chance, 1/classes, when the
+    output's width tells the classes); other units are unknown ('linear')."""
+    if isinstance(objective, L2Objective) and objective.target is not None:
+        return MetricModel(degradation=lambda v: v, limit=objective.target, link="power")
+    if isinstance(objective, Top1Objective) and objective.max_drop is not None \
+            and objective.float_value is not None:
+        ref = float(objective.float_value)
+        fraction = 0.0 <= ref <= 1.0
+        chance = 1.0 / classes if classes and classes >= 2 else 0.0
+        return MetricModel(degradation=lambda v: ref - v, limit=objective.max_drop,
+                           link="flip" if fraction else "linear",
+                           resolution=1.0 / n_samples if fraction and n_samples else None,
+                           saturation=ref - chance if fraction and ref > chance else 1.0)
+    return None
 
 
 def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data: Any = None, *,
@@ -335,12 +376,22 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
             else:
                 chosen = next((k for k in range(n + 1) if size_ok(k)), n)
                 ev(chosen)
-        elif auto.strategy == "bisection":
-            if accuracy_target:
-                chosen = bisection(n, ev)
-            else:
+        elif auto.strategy in ("bisection", "guided"):
+            if not accuracy_target:
                 chosen = next((k for k in range(n + 1) if size_ok(k)), n)
                 ev(chosen)
+            elif auto.strategy == "bisection":
+                chosen = bisection(n, ev)
+            else:
+                # labels score the rows of the held-out outputs: one flipped row moves top-1 by
+                # 1/rows; a row's width is the number of classes
+                outs = wb.float_outputs
+                rows = (sum(o.shape[0] for o in outs)
+                        if labels is not None and evaluate_function is None else None)
+                classes = int(np.prod(outs[0].shape[1:])) if outs and outs[0].ndim >= 2 else None
+                chosen = guided(n, ev, path_noise(layers, cands[0], path, table),
+                                [size_of(k) for k in range(n + 1)],
+                                metric_model(objective, rows, classes), size_tol=auto.size_tol)
         else:
             chosen = pareto(n, ev, size_ok=size_ok if (auto.max_size_mb or auto.max_avg_bits) else None,
                             accuracy_target=accuracy_target)

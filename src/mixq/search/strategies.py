@@ -10,16 +10,23 @@ strategy picks the index k of the plan to return, counting the full-model evalua
   assuming the metric worsens along the path;
 - pareto: evaluate a spread of points along the path (log-spaced from both ends), refine by
   bisection between the last good and the first bad point, and return the front of accuracy vs
-  size; with a size budget alone a single evaluation suffices.
+  size; with a size budget alone a single evaluation suffices;
+- guided (the default): predict where the target breaks from the cheap sensitivities and verify
+  with a few evaluations (see `guided`).
 Every strategy honours a deadline: when time runs out it returns the best plan found so far.
 """
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
-STRATEGIES = ("bisection", "greedy", "pareto")
+import numpy as np
+
+STRATEGIES = ("guided", "bisection", "greedy", "pareto")
+LINKS = ("power", "flip", "linear")
 
 
 @dataclass
@@ -122,6 +129,163 @@ def pareto(n: int, ev: Evaluator, *, size_ok: Callable[[int], bool] | None = Non
                 hi = mid
         return lo
     return 0
+
+
+# bisect when this many probes in a row did not halve the bracket
+_GUARD_PROBES = 3
+# the flip link saturates at d = saturation (noise far above every margin); cap d just below it
+_FLIP_CAP = 1.0 - 1e-6
+
+
+@dataclass(frozen=True)
+class MetricModel:
+    """How a metric degrades as the output noise grows: what `guided` predicts the break with.
+
+    degradation: metric value -> d >= 0, how much worse than the float model it is (0: as good).
+    limit: the largest d that meets the target.
+    link: how d relates to the output noise power P (the noise powers of the layers add):
+      'power': d^2 ~ P (a relative L2 error: noise power over signal power);
+      'flip': d = 2 saturation Phi(-m / sigma), sigma^2 ~ P (a top-1 drop: the fraction of
+      samples whose margin m, one typical margin, Gaussian output noise pushes below zero; it
+      grows to `saturation`, chance level, when the noise swamps every margin);
+      'linear': d ~ P (no better knowledge).
+    resolution: the step of d when it counts samples (1/N for a top-1 drop on N samples).
+    saturation: the largest d of the 'flip' link, float accuracy - 1/classes (for a perfect
+      two-class float model d = Phi(-m / sigma): exactly the one-sided flip probability).
+    """
+
+    degradation: Callable[[float], float]
+    limit: float
+    link: str = "power"
+    resolution: float | None = None
+    saturation: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.link not in LINKS:
+            raise ValueError(f"link={self.link!r}: choose one of {', '.join(LINKS)}")
+        if not self.saturation > 0:
+            raise ValueError(f"saturation={self.saturation} must be positive")
+
+    def power(self, d: float) -> float:
+        """The noise power, in units of the link's constant, that degradation `d` stands for."""
+        d = max(float(d), 0.0)
+        if self.link == "power":
+            return d * d
+        if self.link == "linear":
+            return d
+        if d == 0.0:
+            return 0.0
+        z = NormalDist().inv_cdf(0.5 * min(d / self.saturation, _FLIP_CAP))
+        return 1.0 / (z * z)
+
+    def target_power(self) -> float:
+        """The noise power at which the target breaks."""
+        limit = self.limit
+        if self.link == "flip" and self.resolution:
+            # with A flips allowed the target breaks with even odds once the expected number of
+            # flips reaches A + ln 2 (flips are rare, independent events: a Poisson count)
+            allowed = math.floor(limit / self.resolution + 1e-9)
+            limit = (allowed + math.log(2)) * self.resolution
+        return self.power(limit)
+
+
+def noise_coordinates(noise: Sequence[float]) -> np.ndarray:
+    """x_k: the predicted output noise power that path point k adds to the all-wide point.
+
+    `noise[k]` is the cumulative estimated error power of P[k] (sum over layers of err^2 of the
+    layer's current precision). A move whose estimate says it removes noise (a narrower format
+    measured as more accurate) is estimation noise: it is counted as adding none."""
+    s = np.asarray(noise, dtype=np.float64)
+    steps = np.maximum(np.diff(s), 0.0) if s.size > 1 else np.zeros(0)
+    x = np.concatenate([[0.0], np.cumsum(steps)])
+    if not np.all(np.isfinite(x)) or x[-1] <= 0.0:
+        # no usable estimate: the path index is the coordinate (the search becomes bisection)
+        x = np.arange(s.size, dtype=np.float64)
+    return x
+
+
+def _last_at_most(x: np.ndarray, value: float) -> int:
+    """The largest index k with x[k] <= value (-1 when none)."""
+    return int(np.searchsorted(x, value, side="right")) - 1
+
+
+def guided(n: int, ev: Evaluator, noise: Sequence[float], sizes: Sequence[float],
+           model: MetricModel | None = None, *, size_tol: float = 0.02) -> int:
+    """Predict where along the path the target breaks from the cheap estimates; verify with few
+    full-model evaluations. Returns the furthest evaluated point that met the target (or 0).
+
+    noise[k]: the cheap estimate of P[k]'s error power (see `noise_coordinates`); sizes[k]: its
+    weight bytes (known without evaluating); model: how the metric grows with the noise (None:
+    bisection in noise space). Steps:
+
+    1. evaluate the all-narrow end P[n]: done if it meets the target;
+    2. keep a bracket [lo: meets, hi: breaks] (lo = 0, the all-wide point, is assumed to meet
+       until evaluated) and probe the last point the model predicts to meet: the model's noise
+       power, interpolated linearly in noise space between the measured bracket ends, crosses the
+       target power there (a one-parameter fit through the origin from hi alone when lo shows no
+       degradation: zero flips say nothing about the scale);
+    3. safeguards: a prediction outside the bracket probes the point next to the end it passed
+       (the model is wrong about that end, and by little if it was right so far); when three
+       probes in a row did not halve the bracket, bisect in noise space (a poor model costs at
+       most about twice bisection's evaluations); a probe within `size_tol` of a bracket end (in
+       size) moves to the furthest point still within it, so that it either closes the bracket
+       or moves that end by the whole tolerance;
+    4. stop when the weight size still at stake, size[lo] - size[hi], is at most `size_tol` of
+       the all-wide to all-narrow size range (where sizes do not change along the path, each move
+       counts the same), or lo and hi are adjacent.
+
+    Only evaluated points are returned: when nothing but the all-wide point is left it is
+    evaluated too (a target it misses is unreachable on this path). Deadlines: see `Evaluator`.
+    """
+    if n <= 0:
+        return 0
+    if len(noise) != n + 1 or len(sizes) != n + 1:
+        raise ValueError(f"noise and sizes need n + 1 = {n + 1} entries, "
+                         f"got {len(noise)} and {len(sizes)}")
+    x = noise_coordinates(noise)
+    cost = np.asarray(sizes, dtype=np.float64)
+    if not cost[0] > cost[n]:
+        cost = np.arange(n, -1, -1, dtype=np.float64)  # sizes do not move: every move counts the same
+    tol = size_tol * (cost[0] - cost[n])
+    target = model.target_power() if model is not None else 0.0
+
+    def power(k: int) -> float:
+        return model.power(model.degradation(ev.done[k].metric))
+
+    def crossing(lo: int, hi: int) -> float | None:
+        """Where the model's noise power crosses the target between lo and hi (None: no model)."""
+        if model is None:
+            return None
+        p_hi = power(hi)
+        x0, p0 = 0.0, 0.0
+        if lo in ev.done and power(lo) > 0.0:
+            x0, p0 = float(x[lo]), power(lo)
+        if not p_hi > p0 or not x[hi] > x0:
+            return None  # a bad end that degrades less than the good one: the model cannot tell
+        return x0 + (target - p0) / (p_hi - p0) * (x[hi] - x0)
+
+    if ev(n).ok:
+        return n
+    lo, hi = 0, n
+    widths = [n]
+    while hi - lo > 1 and cost[lo] - cost[hi] > tol:
+        stalled = len(widths) > _GUARD_PROBES and widths[-1] > widths[-1 - _GUARD_PROBES] / 2
+        xs = None if stalled else crossing(lo, hi)
+        k = _last_at_most(x, 0.5 * (x[lo] + x[hi]) if xs is None else xs)
+        k = min(max(k, lo + 1), hi - 1)
+        inner = np.arange(lo + 1, hi)
+        if cost[lo] - cost[k] <= tol:
+            k = int(inner[cost[lo + 1:hi] >= cost[lo] - tol][-1])
+        elif cost[k] - cost[hi] <= tol:
+            k = int(inner[cost[lo + 1:hi] <= cost[hi] + tol][0])
+        if ev(k).ok:
+            lo = k
+        else:
+            hi = k
+        widths.append(hi - lo)
+    if lo == 0:
+        ev(0)
+    return lo
 
 
 def front(evals: list[Evaluation], higher_is_better: bool) -> list[Evaluation]:

@@ -94,7 +94,7 @@ class Workbench:
     def outputs(self, model: onnx.ModelProto) -> list[np.ndarray]:
         from ..evaluate import make_session
 
-        sess = make_session(model)
+        sess = make_session(model, optimize="basic")  # QDQ semantics, as the sensitivities
         name = sess.get_outputs()[self.output_index].name
         return [sess.run([name], f)[0] for f in self.eval_feeds]
 
