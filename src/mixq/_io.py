@@ -14,6 +14,11 @@ command gets the same behaviour:
 * a missing output directory is created (with its parents); one that cannot be created or
   written to, or a full disk, raises `OutputError` with the fix, and leaves neither a partial
   output nor a temporary file behind.
+
+`load_model_deferred` loads a model whose external data is large with its big initializers
+left on disk ("deferred"): `tensor_array` reads one of them when it is needed and
+`load_deferred` brings them into the model (as `load_model` would have), so a > 2 GB model is
+never held in memory whole while it is quantized.
 """
 from __future__ import annotations
 
@@ -22,17 +27,26 @@ import pathlib
 import tempfile
 from collections.abc import Iterable, Iterator
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import ModelError, OutputError
 
-__all__ = ["load_model", "save_model", "model_size", "EXTERNAL_THRESHOLD", "same_path"]
+__all__ = ["load_model", "save_model", "model_size", "EXTERNAL_THRESHOLD", "same_path",
+           "load_model_deferred", "load_deferred", "load_deferred_tensor", "tensor_array", "tensor_size", "has_external_data",
+           "DEFER_MIN_MODEL_BYTES", "DEFER_MIN_TENSOR_BYTES"]
 
 #: Serialized size (bytes) above which `save_model` stores tensors as external data.
 EXTERNAL_THRESHOLD = 1_800_000_000
 #: Tensors at least this large (bytes) go to the external data file when external data is used.
 _EXTERNAL_MIN_TENSOR = 1024
+
+#: `load_model_deferred` leaves initializers on disk only when they add up to at least this many
+#: bytes: smaller models are loaded whole, exactly as before (module-level so tests can lower it).
+DEFER_MIN_MODEL_BYTES = 1 << 30
+#: ... and only initializers of at least this many bytes (shape-like constants are always loaded).
+DEFER_MIN_TENSOR_BYTES = 1 << 20
 
 PathLike = str | os.PathLike
 
@@ -77,16 +91,148 @@ def load_model(src: PathLike | onnx.ModelProto | bytes, *, load_external: bool =
     except DecodeError as exc:
         raise ModelError(f"model file {str(src)!r} is not a valid ONNX protobuf ({exc}); "
                          "is it really an .onnx file, and was it copied completely?") from exc
-    except (FileNotFoundError, OSError) as exc:
-        raise ModelError(f"model file {str(src)!r} refers to external data that cannot be read "
-                         f"({exc}); keep the data file next to the model.") from exc
-    except Exception as exc:  # onnx raises assorted errors (ValidationError, RuntimeError)
-        if "should be stored in" in str(exc) or "external" in str(exc).lower():
-            raise ModelError(f"model file {str(src)!r} refers to external data that cannot be read "
-                             f"({exc}); keep the data file next to the model.") from exc
-        raise ModelError(f"model file {str(src)!r} cannot be loaded as ONNX: {exc}") from exc
+    except Exception as exc:  # onnx raises assorted errors (OSError, ValidationError, RuntimeError)
+        raise _load_error(src, exc) from exc
     _check_looks_like_model(model, str(src))
     return model
+
+
+def _load_error(src: object, exc: Exception) -> ModelError:
+    """The ModelError for an exception raised while loading `src` (or its external data)."""
+    if isinstance(exc, OSError) or "should be stored in" in str(exc) or "external" in str(exc).lower():
+        return ModelError(f"model file {str(src)!r} refers to external data that cannot be read "
+                          f"({exc}); keep the data file next to the model.")
+    return ModelError(f"model file {str(src)!r} cannot be loaded as ONNX: {exc}")
+
+
+def has_external_data(t: onnx.TensorProto) -> bool:
+    """Whether `t`'s data lives in an external file (not loaded)."""
+    return t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
+
+
+#: Types whose external data is `itemsize` bytes per element (what deferring needs to check).
+_ITEMSIZE = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.FLOAT16: 2,
+             onnx.TensorProto.BFLOAT16: 2, onnx.TensorProto.INT8: 1, onnx.TensorProto.UINT8: 1,
+             onnx.TensorProto.INT16: 2, onnx.TensorProto.UINT16: 2, onnx.TensorProto.INT32: 4,
+             onnx.TensorProto.UINT32: 4, onnx.TensorProto.INT64: 8, onnx.TensorProto.UINT64: 8,
+             onnx.TensorProto.BOOL: 1}
+
+
+def _deferrable_bytes(t: onnx.TensorProto, base_dir: str, min_bytes: int) -> int:
+    """The data bytes of initializer `t` if it can stay on disk, else 0.
+
+    Only plain cases qualify: external data of a fixed-size type, at least `min_bytes`, in a
+    regular file inside `base_dir` (no absolute path, no `..`, no link) that holds exactly the
+    bytes the shape needs. Anything else is loaded at once, so it fails (or not) exactly as
+    `load_model` does."""
+    if not has_external_data(t) or t.HasField("raw_data") or t.data_type not in _ITEMSIZE:
+        return 0
+    nbytes = _ITEMSIZE[t.data_type]
+    for d in t.dims:
+        nbytes *= int(d)
+    if nbytes < max(min_bytes, 1):
+        return 0
+    info = {e.key: e.value for e in t.external_data}
+    loc = info.get("location", "")
+    if not loc or set(info) - {"location", "offset", "length", "checksum"}:
+        return 0
+    rel = pathlib.PurePath(loc)
+    if rel.is_absolute() or rel.drive or ".." in rel.parts or "\\" in loc:
+        return 0
+    path = os.path.join(base_dir, loc)
+    try:
+        offset = int(info.get("offset", "0"))
+        length = int(info["length"]) if "length" in info else None
+        st = os.lstat(path)
+    except (ValueError, OSError):
+        return 0
+    import stat
+
+    if not stat.S_ISREG(st.st_mode) or offset < 0:
+        return 0
+    available = st.st_size - offset
+    if (length if length is not None else available) != nbytes or nbytes > available:
+        return 0
+    return nbytes
+
+
+def load_model_deferred(src: PathLike, *, min_model_bytes: int | None = None,
+                        min_tensor_bytes: int | None = None
+                        ) -> tuple[onnx.ModelProto, pathlib.Path | None]:
+    """Load the .onnx file `src` with its big external-data initializers left on disk.
+
+    Main-graph initializers of at least `min_tensor_bytes` (DEFER_MIN_TENSOR_BYTES) whose
+    external data is plainly readable (see `_deferrable_bytes`) keep their external reference
+    when together they reach `min_model_bytes` (DEFER_MIN_MODEL_BYTES); every other tensor is
+    loaded. Returns the model and the directory the deferred tensors are read from, or None
+    when nothing was deferred (the model is then exactly what `load_model` returns). Errors
+    are `load_model`'s.
+    """
+    min_model = DEFER_MIN_MODEL_BYTES if min_model_bytes is None else min_model_bytes
+    min_tensor = DEFER_MIN_TENSOR_BYTES if min_tensor_bytes is None else min_tensor_bytes
+    path = pathlib.Path(src).expanduser()
+    model = load_model(path, load_external=False)
+    base_dir = os.path.dirname(os.path.abspath(str(path)))  # where onnx.load looks
+    sizes = {t.name: _deferrable_bytes(t, base_dir, min_tensor) for t in model.graph.initializer
+             if has_external_data(t)}
+    deferred = {n for n, b in sizes.items() if b}
+    if sum(sizes.values()) < min_model or len(deferred) != sum(
+            1 for t in model.graph.initializer if t.name in deferred):  # duplicate names: load all
+        deferred = set()
+    try:
+        for t in model.graph.initializer:
+            if has_external_data(t) and t.name not in deferred:
+                onnx.external_data_helper.load_external_data_for_tensor(t, base_dir)
+        for t in _tensors(model, initializers=False):
+            if has_external_data(t):
+                onnx.external_data_helper.load_external_data_for_tensor(t, base_dir)
+    except Exception as exc:  # noqa: BLE001 - as in load_model
+        raise _load_error(src, exc) from exc
+    _check_looks_like_model(model, str(src))
+    return model, (pathlib.Path(base_dir) if deferred else None)
+
+
+def tensor_array(t: onnx.TensorProto, base_dir: PathLike | None = None) -> np.ndarray:
+    """The value of `t` as a numpy array; a deferred tensor is read from `base_dir` (its data is
+    not kept in the model)."""
+    from onnx import numpy_helper
+
+    if base_dir is None or not has_external_data(t):
+        return numpy_helper.to_array(t)
+    try:
+        return numpy_helper.to_array(t, str(base_dir))  # onnx 1.23 reads without changing `t`
+    except Exception as exc:  # noqa: BLE001 - onnx raises OSError, ValueError, ...
+        raise ModelError(f"cannot read the external data of tensor {t.name!r} from "
+                         f"{str(base_dir)!r} ({exc}); keep the data file next to the model "
+                         "and unchanged while mixq runs.") from exc
+
+
+def load_deferred(model: onnx.ModelProto, base_dir: PathLike | None,
+                  names: Iterable[str] | None = None, *, rebuilt: bool = False) -> None:
+    """Load the deferred main-graph initializers of `model` (those in `names`, or all) from
+    `base_dir` into the model, as `load_model` would have; no-op when `base_dir` is None.
+
+    `rebuilt`: the model went through onnx's C++ IR (the version converter) since it was
+    loaded; the loaded tensors then lose their data_location field, as tensors loaded whole
+    would have on that round trip."""
+    if base_dir is None:
+        return
+    wanted = None if names is None else set(names)
+    for t in model.graph.initializer:
+        if has_external_data(t) and (wanted is None or t.name in wanted):
+            load_deferred_tensor(t, base_dir)
+            if rebuilt:
+                t.ClearField("data_location")
+
+
+def load_deferred_tensor(t: onnx.TensorProto, base_dir: PathLike) -> None:
+    """Load the external data of `t` from `base_dir` into `t` (as onnx.load does)."""
+    try:
+        onnx.external_data_helper.load_external_data_for_tensor(t, str(base_dir))
+    except Exception as exc:  # noqa: BLE001 - onnx raises OSError, ValueError, ...
+        raise ModelError(f"cannot read the external data of tensor {t.name!r} from "
+                         f"{str(base_dir)!r} ({exc}); keep the data file next to the model "
+                         "and unchanged while mixq runs.") from exc
 
 
 def _check_looks_like_model(model: onnx.ModelProto, where: str) -> None:
@@ -96,24 +242,75 @@ def _check_looks_like_model(model: onnx.ModelProto, where: str) -> None:
                          "give an .onnx file exported by an ONNX exporter.")
 
 
-def model_size(model: onnx.ModelProto) -> int:
+def model_size(model: onnx.ModelProto, *, external: bool = True) -> int:
     """Bytes the model takes serialized (tensor data included).
 
     Works above the 2 GiB protobuf limit too (where ``ByteSize()`` raises): the size is then
     the sum of the tensors' sizes plus the rest of the graph (an estimate within a few bytes
-    per tensor, which is all the external-data decisions need)."""
+    per tensor, which is all the external-data decisions need). Main-graph initializers whose
+    data is external (deferred) count as if loaded, so a deferred model measures what the
+    loaded one does; `external=False` counts only what is in memory."""
+    loaded = {}  # main-graph initializer index -> its size once loaded
+    if external:
+        for i, t in enumerate(model.graph.initializer):
+            if has_external_data(t):
+                loaded[i] = _loaded_size(t)
     total = 0
-    for t in _tensors(model):
+    for i, t in enumerate(model.graph.initializer):
+        total += loaded.get(i, 0) or t.ByteSize()
+        total += 16
+    for t in _tensors(model, initializers=False):
         total += t.ByteSize() + 16
     if total < (1 << 30):  # ByteSize() of a > 2 GiB model serializes it before failing: avoid
         try:
-            return int(model.ByteSize())
+            size = int(model.ByteSize())
         except Exception:  # noqa: BLE001 - upb raises EncodeError, older protobuf ValueError
             pass
+        else:
+            if not loaded:
+                return size
+            graph = model.graph.ByteSize()
+            grown = graph + sum(_field_size(n) - _field_size(model.graph.initializer[i].ByteSize())
+                                for i, n in loaded.items())
+            return size - _field_size(graph) + _field_size(grown)
     total += sum(n.ByteSize() for n in model.graph.node if not any(
         a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
         for a in n.attribute))
     return int(total)
+
+
+def _varint_size(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def _field_size(n: int) -> int:
+    """Serialized size of a length-delimited field of `n` bytes with a one-byte tag (the
+    fields involved, TensorProto.raw_data, GraphProto.initializer and ModelProto.graph, all
+    have field numbers below 16)."""
+    return 1 + _varint_size(n) + n
+
+
+def tensor_size(t: onnx.TensorProto) -> int:
+    """``t.ByteSize()``, counting a deferred (external) tensor as it will be once loaded."""
+    return _loaded_size(t) if has_external_data(t) else t.ByteSize()
+
+
+def _loaded_size(t: onnx.TensorProto) -> int:
+    """ByteSize() of external tensor `t` once its data is loaded (as onnx does: raw_data set,
+    data_location DEFAULT, external_data cleared)."""
+    meta = onnx.TensorProto()
+    meta.CopyFrom(t)  # small: the data is not in it
+    meta.ClearField("raw_data")
+    del meta.external_data[:]
+    meta.data_location = onnx.TensorProto.DEFAULT
+    info = {e.key: e.value for e in t.external_data}
+    try:
+        length = int(info["length"])
+    except (KeyError, ValueError):  # no length: assume what the shape needs
+        length = _ITEMSIZE.get(t.data_type, 1)
+        for d in t.dims:
+            length *= int(d)
+    return meta.ByteSize() + _field_size(length)
 
 
 def same_path(a: PathLike, b: PathLike) -> bool:
@@ -135,11 +332,13 @@ def _protected(protect: PathLike | Iterable[PathLike] | None) -> list[PathLike]:
     return list(protect)
 
 
-def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+def _tensors(model: onnx.ModelProto, *, initializers: bool = True) -> Iterator[onnx.TensorProto]:
     """Every TensorProto holding data in the model: initializers and tensor attributes,
-    in the main graph and all subgraphs."""
-    def graph_tensors(g: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-        yield from g.initializer
+    in the main graph and all subgraphs (without the main graph's initializers when
+    `initializers` is False)."""
+    def graph_tensors(g: onnx.GraphProto, inits: bool = True) -> Iterator[onnx.TensorProto]:
+        if inits:
+            yield from g.initializer
         for node in g.node:
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.TENSOR:
@@ -149,17 +348,20 @@ def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
                 elif attr.type == onnx.AttributeProto.GRAPHS:
                     for sub in attr.graphs:
                         yield from graph_tensors(sub)
-    yield from graph_tensors(model.graph)
+    yield from graph_tensors(model.graph, initializers)
 
 
 def save_model(model: onnx.ModelProto, path: PathLike, *, external: bool | None = None,
-               protect: PathLike | Iterable[PathLike] | None = None) -> pathlib.Path:
+               protect: PathLike | Iterable[PathLike] | None = None,
+               size: int | None = None) -> pathlib.Path:
     """Write `model` to `path` atomically and return the resolved path.
 
     `external=None` stores tensors in `<file name>.data` next to the model only when the
     serialized model would exceed EXTERNAL_THRESHOLD (~1.8 GB); True/False force it. The model
     object is left unchanged. `protect` lists paths that must not be overwritten (pass the input
     model): writing onto one of them raises OutputError, as does an unwritable directory.
+    `size`: the model's `model_size` when the caller has it (measuring a big model serializes
+    it once more).
     """
     out = pathlib.Path(path).expanduser()
     for p in _protected(protect):
@@ -178,7 +380,7 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, external: bool | None 
     except OSError as exc:
         raise OutputError(f"cannot create the output directory {str(out.parent)!r}: {exc}") from exc
     if external is None:
-        external = model_size(model) > EXTERNAL_THRESHOLD
+        external = (model_size(model) if size is None else size) > EXTERNAL_THRESHOLD
     out = out.resolve()
     try:
         if external:

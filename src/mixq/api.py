@@ -11,7 +11,8 @@ from typing import Any
 
 import onnx
 
-from ._io import load_model, model_size, same_path, save_model
+from ._io import (has_external_data, load_deferred, load_model, load_model_deferred, model_size,
+                  same_path, save_model)
 from .check import custom_op_problems
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
@@ -103,7 +104,21 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     cfg = _resolve_config(config)
-    src = load_model(model)
+    ft_config = finetune if finetune is not None else getattr(config, "finetune_config", None)
+    base_dir = None  # where deferred weights are read from (None: the model is all in memory)
+    if isinstance(model, (str, os.PathLike)) and ft_config is None:
+        # a big model's weights stay in its external data file: onnxruntime maps them during
+        # calibration, and the rewrite reads and quantizes one tensor at a time
+        src, base_dir = load_model_deferred(model)
+    else:
+        src = load_model(model)
+    if base_dir is None:
+        unloaded = [t.name for t in src.graph.initializer if has_external_data(t)]
+        if unloaded:
+            raise ModelError(f"initializer {unloaded[0]!r} refers to external data that is not "
+                             f"loaded ({len(unloaded)} such initializers); pass the .onnx path, or "
+                             "load the model with its data (onnx.load(path) without "
+                             "load_external_data=False).")
     # a model mixq loaded itself (from a path or bytes) is prepared and rewritten in place:
     # no copies of the weights (what keeps > 2 GB models within memory)
     owned = not isinstance(model, onnx.ModelProto)
@@ -114,7 +129,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         # checked before any work, and again by save_model
         raise OutputError(f"output path {str(out_path)!r} is the input model; choose another "
                           "path (mixq never overwrites its input).")
-    prepared, prep = prepare(src, copy=not owned)
+    prepared, prep = prepare(src, copy=not owned, base_dir=base_dir)
     _ensure_node_names(prepared)
     timings["prepare"] = time.perf_counter() - t0
 
@@ -140,14 +155,13 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
                               "feeds, a .npz/.npy file or a folder).")
         from .calibration.collect import collect_stats
 
-        res = collect_stats(prepared, needed, calibration_data, progress=progress)
+        res = collect_stats(prepared, needed, calibration_data, progress=progress, base_dir=base_dir)
         stats, skipped = res.stats, dict(res.skipped)
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
     qparams = activation_qparams(the_plan, stats, cfg)
-    qparams.update(constant_qparams(prepared, the_plan, cfg))
-    ft_config = finetune if finetune is not None else getattr(config, "finetune_config", None)
+    qparams.update(_constant_qparams(prepared, the_plan, cfg, base_dir))
     ft_report = None
     if ft_config is not None:  # AdaRound / AdaQuant: adjusted weights, same qparams (mixq.finetune)
         from .finetune import run_finetune
@@ -155,16 +169,27 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         prepared, ft_report = run_finetune(prepared, the_plan, qparams, calibration_data, ft_config,
                                            lambda m: apply_plan(m, the_plan, qparams, dual=cfg.dual_quant_nodes)[0])
         timings["finetune"] = ft_report.total_seconds
-    qmodel, rew = apply_plan(prepared, the_plan, qparams, dual=cfg.dual_quant_nodes, copy=False)
+    qmodel, rew = apply_plan(prepared, the_plan, qparams, dual=cfg.dual_quant_nodes, copy=False,
+                             base_dir=base_dir)
+    # weights left float: the result holds the whole model. A rewrite that returned a new model
+    # (an opset conversion) rebuilt every tensor, and loaded ones would have lost their
+    # data_location field on the way: so do these, for the bytes of a model loaded whole
+    load_deferred(qmodel, base_dir, rebuilt=qmodel is not prepared)
     quant_bytes = model_size(qmodel)
     try:
-        check_graph(qmodel, full_check=quant_bytes < 2**31 - 1)  # the graph alone above 2 GiB
+        # full check (which serializes) only below 2 GiB; the graph alone above
+        check_graph(qmodel, full_check=quant_bytes < 2**31 - 1, size=quant_bytes)
     except Exception as exc:
         raise ModelError(f"internal error: the quantized model fails the ONNX checker: {exc}") from exc
     timings["rewrite"] = time.perf_counter() - t - timings.get("finetune", 0.0)
 
+    saved, save_s = None, 0.0
+    if out_path is not None:  # first: the kernel check then loads the file instead of a copy
+        t = time.perf_counter()
+        saved = save_model(qmodel, out_path, protect=protect, size=quant_bytes)
+        save_s = time.perf_counter() - t
     t = time.perf_counter()
-    warnings = _check_optimized_kernels(prepared, qmodel, cfg, calibration_data) if check_kernels else []
+    warnings = _check_optimized_kernels(prepared, qmodel, cfg, calibration_data, saved) if check_kernels else []
     timings["kernel check"] = time.perf_counter() - t
     warnings += [f"{why}; the quantized model runs only where that library is registered"
                  for why in unknown_ops.values()]
@@ -172,11 +197,34 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     result = QuantizeResult(warnings=warnings, finetune=ft_report, model=qmodel, plan=the_plan, config=cfg, prepare=prep, rewrite=rew,
                             calibrated=len(stats), skipped=skipped, timings=timings,
                             float_bytes=float_bytes, quant_bytes=quant_bytes)
-    if out_path is not None:
-        t = time.perf_counter()
-        result.output_path = save_model(qmodel, out_path, protect=protect)
-        timings["save"] = time.perf_counter() - t
+    if saved is not None:
+        result.output_path = saved
+        timings["save"] = save_s
     return result
+
+
+def _constant_qparams(model: onnx.ModelProto, plan: PrecisionPlan, cfg: QuantConfig,
+                      base_dir: Path | None) -> dict:
+    """constant_qparams, reading deferred weights one at a time: each is loaded into a
+    one-tensor model that is dropped once its parameters are known, so the float weights are
+    never all in memory (protobuf never gives back the memory of a cleared field)."""
+    from dataclasses import replace
+
+    inits = {t.name: t for t in model.graph.initializer}
+    deferred = [n for n, tp in plan.tensors.items()
+                if n in inits and has_external_data(inits[n]) and tp.role in ("weight", "constant")]
+    if base_dir is None or not deferred:
+        return constant_qparams(model, plan, cfg)
+    skip = set(deferred)
+    out = constant_qparams(model, replace(plan, tensors={
+        n: tp for n, tp in plan.tensors.items() if n not in skip}), cfg)
+    for name in deferred:
+        one = onnx.ModelProto()
+        one.graph.initializer.add().CopyFrom(inits[name])  # no data yet: a small copy
+        load_deferred(one, base_dir)
+        out.update(constant_qparams(one, replace(plan, tensors={name: plan.tensors[name]}), cfg))
+        del one
+    return {n: out[n] for n in plan.tensors if n in out}  # constant_qparams' (plan) order
 
 
 def _ensure_node_names(model: onnx.ModelProto) -> None:
@@ -241,7 +289,10 @@ KERNEL_SQNR_WARN_DB = 30.0
 
 
 def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto, cfg: QuantConfig,
-                             data: Any) -> list[str]:
+                             data: Any, saved: Path | None = None) -> list[str]:
+    """Warnings when onnxruntime's optimized int8 kernels disagree with the QDQ model. `saved`:
+    the file `qmodel` was written to; onnxruntime loads that instead of two serialized copies
+    of the model (what would otherwise be the peak memory of quantizing a big model)."""
     act, wgt = get_format(cfg.activation), get_format(cfg.weight)
     # only 8-bit activations with full-range 8-bit weights reach onnxruntime's saturating u8 x s8
     # kernels, and only on x86 CPUs without VNNI
@@ -257,7 +308,8 @@ def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto,
 
     # one batch of up to 8 samples shows saturation; more only costs time on big models
     first = next(iter(as_feeds(data, prepared)))
-    sqnr = sqnr_between_optimization_levels(qmodel, [{k: (v[:2] if v.ndim else v) for k, v in first.items()}])
+    sqnr = sqnr_between_optimization_levels(str(saved) if saved is not None else qmodel,
+                                            [{k: (v[:2] if v.ndim else v) for k, v in first.items()}])
     if sqnr >= KERNEL_SQNR_WARN_DB:
         return []
     return [f"onnxruntime's optimized int8 kernels disagree with the QDQ model on this CPU "

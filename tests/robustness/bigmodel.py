@@ -1,6 +1,7 @@
 """A > 2 GiB MatMul chain written tensor by tensor as external data, and a subprocess measuring
 the peak RSS of quantizing it (used by tests/robustness/test_bigmodel.py and
-bench/bigmodel_bench.py).
+bench/bigmodel_bench.py). The peak includes the pages of the weights file onnxruntime maps
+during calibration (ru_maxrss counts mapped file pages once touched).
 
 The weights are generated in row chunks straight into the external data file, so generating the
 model never holds more than one chunk in memory; the .onnx file itself is a few kB.
@@ -44,7 +45,7 @@ def write_big_model(path: str | os.PathLike, *, layers: int = 9, dim: int = 8192
                 rows = min(_CHUNK_ROWS, dim - r)
                 chunk = np.roll(base[:rows], int(rng.integers(dim)), axis=1)
                 chunk *= scale * np.float32(rng.uniform(0.5, 1.5))
-                f.write(chunk.tobytes())
+                chunk.tofile(f)
                 offset += chunk.nbytes
             t = TensorProto()
             t.name, t.data_type = f"w{i}", TensorProto.FLOAT

@@ -17,9 +17,8 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
-from mixq._io import model_size
+from mixq._io import has_external_data, model_size, tensor_array, tensor_size
 from mixq.errors import DataError, ModelError, did_you_mean
 
 from .data import FeedSource, input_specs_from_model
@@ -98,14 +97,19 @@ def _value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
 
 def _augmented_session(m: onnx.ModelProto, fetch: list[str], graph_outputs: set[str],
                        vis: dict[str, onnx.ValueInfoProto], big: bool, tmp: Path,
-                       providers: Sequence[Any] | None, intra_op_threads: int | None):
+                       providers: Sequence[Any] | None, intra_op_threads: int | None,
+                       base_dir: str | os.PathLike | None = None, prepack: bool = True):
     """An onnxruntime session of `m` with every name in `fetch` exposed as a graph output, and
     a function restoring `m` (call it once the session is no longer needed).
 
     A big model (> EXTERNAL_DATA_THRESHOLD) is changed in place instead of copied: its large
     initializers are handed to onnxruntime as in-memory external initializers (the proto keeps
     only their names and shapes meanwhile), so the weights are held once, not three times, and
-    nothing is written to disk."""
+    nothing is written to disk.
+
+    Deferred initializers (external data, see mixq._io.load_model_deferred) are read by
+    onnxruntime itself from `base_dir`, which maps the file: they are never in our memory.
+    `prepack=False` keeps onnxruntime from copying the MatMul weights into packed buffers."""
     if big:
         aug = m  # no protobuf copy of > 2 GiB; changed in place and restored below
     else:
@@ -126,7 +130,8 @@ def _augmented_session(m: onnx.ModelProto, fetch: list[str], graph_outputs: set[
     if ir > _ORT_MAX_IR:  # onnx's helper writes IR versions newer than onnxruntime reads
         aug.ir_version = _ORT_MAX_IR
     if not big:
-        return _session(aug.SerializeToString(), providers, intra_op_threads), lambda: None
+        return _session(aug.SerializeToString(), providers, intra_op_threads,
+                        external_dir=base_dir, prepack=prepack), lambda: None
 
     moved: list[tuple[onnx.TensorProto, bytes, bool]] = []
 
@@ -163,7 +168,8 @@ def _augmented_session(m: onnx.ModelProto, fetch: list[str], graph_outputs: set[
             raise ModelError("the model is too large to hand to onnxruntime for calibration "
                              f"(over 2 GiB outside its main-graph initializers: {e}); keep large "
                              "tensors as initializers of the main graph.") from e
-        sess = _session(data, providers, intra_op_threads, external=(names, values))
+        sess = _session(data, providers, intra_op_threads, external=(names, values),
+                        external_dir=base_dir, prepack=prepack)
     except BaseException:
         restore()
         raise
@@ -178,6 +184,13 @@ _ORT_NUMPY = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.f
 _IN_MEMORY_MIN_BYTES = 1 << 20
 
 
+def _handed_over(t: onnx.TensorProto) -> bool:
+    """Whether a big model's initializer `t` reaches onnxruntime as an external initializer (in
+    memory, or deferred and mapped from its file) rather than inside the model bytes."""
+    return (t.data_type in _ORT_NUMPY and (t.HasField("raw_data") or has_external_data(t))
+            and tensor_size(t) >= _IN_MEMORY_MIN_BYTES)
+
+
 def _all_initializers(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
     """Initializers of `graph` and of all its subgraphs."""
     out = list(graph.initializer)
@@ -189,13 +202,20 @@ def _all_initializers(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
 
 
 def _session(model_bytes_or_path: bytes | str, providers: Sequence[Any] | None,
-             intra_op_threads: int | None, external: tuple[list[str], list[np.ndarray]] | None = None):
+             intra_op_threads: int | None, external: tuple[list[str], list[np.ndarray]] | None = None,
+             external_dir: str | os.PathLike | None = None, prepack: bool = True):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    if external is not None and external[0]:
+    if external_dir is not None:
+        # deferred initializers: onnxruntime maps them from the data file next to the model
+        # (a model given as bytes has no directory of its own)
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                    str(external_dir))
+    if not prepack:
         # big model: weights are used in place; prepacking would copy every MatMul weight again
         so.add_session_config_entry("session.disable_prepacking", "1")
+    if external is not None and external[0]:
         so.add_external_initializers(list(external[0]),
                                      [ort.OrtValue.ortvalue_from_numpy(a) for a in external[1]])
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -215,7 +235,8 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
                   data: Any, *, providers: Sequence[Any] | None = None,
                   progress: Callable[[int], Any] | None = None,
                   intra_op_threads: int | None = None, batch_size: int = 1,
-                  axes: dict[str, int] | None = None) -> CollectResult:
+                  axes: dict[str, int] | None = None,
+                  base_dir: str | os.PathLike | None = None) -> CollectResult:
     """Statistics of `tensor_names` over all of `data`, in one streaming onnxruntime pass.
 
     Parameters
@@ -229,6 +250,8 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
     batch_size: rows per run when array data is split along a dynamic batch axis (does not
         change the statistics).
     axes: optional ``{name: axis}`` to also collect per-channel min/max of those tensors.
+    base_dir: the directory deferred initializers of `model` (external data left on disk by
+        mixq._io.load_model_deferred) are read from; onnxruntime maps them from there.
 
     Returns a :class:`CollectResult` (a dict ``{name: TensorStats}`` with ``.skipped``).
     Raises DataError for bad data, ModelError when the model cannot be read or run.
@@ -254,7 +277,7 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
                                         f"{onnx.TensorProto.DataType.Name(t.data_type)} is not a "
                                         "float tensor")
                 continue
-            result[name] = TensorStats.from_array(numpy_helper.to_array(t), axis=axes.get(name))
+            result[name] = TensorStats.from_array(tensor_array(t, base_dir), axis=axes.get(name))
         elif name in graph_inputs:
             from_feed.append(name)
         elif name in produced:
@@ -269,7 +292,11 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
     if not to_fetch and not from_feed:
         return result
 
+    # decided as if deferred weights were loaded: deferring them never changes the session
+    # (prepacking changes MatMul rounding), so never the statistics
     big = model_size(m) > EXTERNAL_DATA_THRESHOLD
+    in_memory = big and model_size(m, external=False) > EXTERNAL_DATA_THRESHOLD
+    prepack = not (big and any(_handed_over(t) for t in g.initializer))
     with tempfile.TemporaryDirectory(prefix="mixq_calib_") as tmp:
         # shape inference tells the types up front (non-float tensors are skipped before the
         # run); for a >2 GiB model the run-time dtype check does that instead
@@ -288,8 +315,9 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
                 fetch.append(name)
         if not fetch and not from_feed:
             return result
-        sess, restore = _augmented_session(m, fetch, graph_outputs, vis, big, Path(tmp), providers,
-                                           intra_op_threads) if fetch else (None, lambda: None)
+        sess, restore = _augmented_session(m, fetch, graph_outputs, vis, in_memory, Path(tmp), providers,
+                                           intra_op_threads, base_dir, prepack=prepack
+                                           ) if fetch else (None, lambda: None)
         try:
             _run(result, m, sess, fetch, from_feed, data, batch_size, axes, progress)
         finally:

@@ -421,14 +421,18 @@ def compute_weight_range(w: np.ndarray, axis: int | None = None,
     MINMAX: exact min/max (containing 0). MINMSE: the shrink factor ``alpha`` in
     ``linspace(1/num_candidates, 1, num_candidates)`` of the min/max range minimizing the exact
     fake-quantization MSE of `w` on a `levels` grid (int formats; ONNX symmetric convention
-    ``scale = 2 t / (levels - 1)``, zero point 0), vectorized over channels. Other methods are
-    not meaningful for weights and raise ConfigError. Non-finite weights raise DataError.
+    ``scale = 2 t / (levels - 1)``, zero point 0), vectorized over channels. Weights of more
+    than ``_MINMSE_EXACT_ELEMENTS`` elements are searched in two stages (see
+    `_weight_minmse`). Other methods are not meaningful for weights and raise ConfigError.
+    Non-finite weights raise DataError.
     """
     method = CalibMethod.parse(method)
     if method not in (CalibMethod.MINMAX, CalibMethod.MINMSE):
         raise ConfigError(f"weight ranges support MINMAX and MINMSE, got {method.name}")
     g = grid_model(fmt)
-    w = np.asarray(w, dtype=np.float64)
+    w = np.asarray(w)
+    if w.dtype not in (np.float32, np.float64):  # float32 stays: float64 is made a chunk at a time
+        w = w.astype(np.float64)
     if not np.isfinite(w).all():
         raise DataError(f"weight of shape {tuple(w.shape)} holds "
                         f"{int((~np.isfinite(w)).sum())} non-finite values")
@@ -441,9 +445,9 @@ def compute_weight_range(w: np.ndarray, axis: int | None = None,
         m = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
     if m.shape[1] == 0:
         lo = hi = np.zeros(m.shape[0])
-    else:
-        lo = np.minimum(m.min(axis=1), 0.0)
-        hi = np.maximum(m.max(axis=1), 0.0)
+    else:  # min / max are exact in either precision
+        lo = np.minimum(m.min(axis=1).astype(np.float64), 0.0)
+        hi = np.maximum(m.max(axis=1).astype(np.float64), 0.0)
         if symmetric:
             hi = np.maximum(-lo, hi)
             lo = -hi
@@ -454,19 +458,150 @@ def compute_weight_range(w: np.ndarray, axis: int | None = None,
     return lo, hi
 
 
+#: Weights up to this many elements get the exhaustive MinMSE search; larger ones (e.g. the
+#: 67M-element layers of a > 2 GB model, minutes each exhaustively) the two-stage search.
+_MINMSE_EXACT_ELEMENTS = 1 << 22
+#: Elements per block of the search: float64 blocks of 1 MB stay in cache.
+_MINMSE_BLOCK = 1 << 17
+#: Two-stage search: rows are cut into segments of about this many values ...
+_MINMSE_SEGMENT = 8192
+#: ... of which one value in this many is looked at in the first stage ...
+_MINMSE_SAMPLE = 16
+#: ... and the candidates with the lowest estimated error are evaluated exactly.
+_MINMSE_FINALISTS = 4
+
+
 def _weight_minmse(m: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: int, symmetric: bool,
                    num_candidates: int) -> tuple[np.ndarray, np.ndarray]:
-    best_err = np.full(m.shape[0], np.inf)
-    best_a = np.ones(m.shape[0])
+    """Per row of `m`, the candidate ``alpha`` whose range ``(lo, hi) * alpha`` has the least
+    fake-quantization MSE (ties: the largest alpha).
+
+    Up to _MINMSE_EXACT_ELEMENTS every candidate is evaluated on every value. Above, a first
+    stage estimates each candidate's error from, per segment of a row, its largest values
+    relative to the range (the ones clipping acts on, exact) plus a regular sample of the rest
+    (weighted up); the _MINMSE_FINALISTS best estimates are then evaluated exactly on every
+    value. That is the exhaustive result whenever the best candidate is among the finalists,
+    at about a tenth of the cost."""
+    alphas = np.linspace(1.0, 1.0 / num_candidates, num_candidates)  # largest first: ties keep it
+    rows, cols = m.shape
+    if m.size <= _MINMSE_EXACT_ELEMENTS or cols < 1024 or num_candidates <= _MINMSE_FINALISTS:
+        err = _minmse_errors(m, lo, hi, np.broadcast_to(alphas, (rows, num_candidates)), levels,
+                             symmetric, split=False)
+        best_a = alphas[np.argmin(err, axis=1)]  # the first minimum: the largest alpha
+        return lo * best_a, hi * best_a
+    est = _minmse_estimate(m, lo, hi, alphas, levels, symmetric)
+    finalists = np.sort(np.argsort(est, axis=1, kind="stable")[:, :_MINMSE_FINALISTS], axis=1)
+    cand = alphas[finalists]  # per row, largest first
+    err = _minmse_errors(m, lo, hi, cand, levels, symmetric, split=True)
+    best_a = cand[np.arange(rows), np.argmin(err, axis=1)]
+    return lo * best_a, hi * best_a
+
+
+def _minmse_errors(m: np.ndarray, lo: np.ndarray, hi: np.ndarray, cand: np.ndarray, levels: int,
+                   symmetric: bool, split: bool) -> np.ndarray:
+    """Sum of squared fake-quantization errors of every row of `m` for each of its candidates
+    ``cand[row]`` (rows x K), in float64, a block of rows at a time and in place.
+
+    Each row is summed whole (bit for bit what one big array gives) unless `split` allows
+    summing rows longer than a block in parts."""
+    rows, cols = m.shape
     qmin = -(levels // 2) if symmetric else 0
     qmax = qmin + levels - 1
-    for a in np.linspace(1.0, 1.0 / num_candidates, num_candidates):  # largest first: ties keep it
-        l, h = lo * a, hi * a
-        scale = np.where(h > l, (h - l) / (levels - 1), 1.0)[:, None]
-        zp = 0.0 if symmetric else np.clip(np.round(qmin - l[:, None] / scale), qmin, qmax)
-        q = np.clip(np.rint(m / scale) + zp, qmin, qmax)
-        err = (((q - zp) * scale - m) ** 2).sum(axis=1)
-        better = err < best_err
-        best_err = np.where(better, err, best_err)
-        best_a = np.where(better, a, best_a)
-    return lo * best_a, hi * best_a
+    err = np.zeros(cand.shape)
+    if split and cols > _MINMSE_BLOCK:
+        blocks = [(r, r + 1, c, min(c + _MINMSE_BLOCK, cols)) for r in range(rows)
+                  for c in range(0, cols, _MINMSE_BLOCK)]
+    else:
+        step = max(1, _MINMSE_BLOCK // max(cols, 1))
+        blocks = [(r, min(r + step, rows), 0, cols) for r in range(0, rows, step)]
+    for r0, r1, c0, c1 in blocks:
+        x = m[r0:r1, c0:c1].astype(np.float64)
+        buf = np.empty_like(x)
+        for k in range(cand.shape[1]):
+            a = cand[r0:r1, k]
+            lk, hk = lo[r0:r1] * a, hi[r0:r1] * a
+            scale = np.where(hk > lk, (hk - lk) / (levels - 1), 1.0)[:, None]
+            np.divide(x, scale, out=buf)
+            np.rint(buf, out=buf)
+            if symmetric:  # zero point 0
+                np.clip(buf, qmin, qmax, out=buf)
+            else:
+                zp = np.clip(np.round(qmin - lk[:, None] / scale), qmin, qmax)
+                buf += zp
+                np.clip(buf, qmin, qmax, out=buf)
+                buf -= zp
+            buf *= scale
+            buf -= x
+            np.square(buf, out=buf)
+            err[r0:r1, k] += buf.sum(axis=1)
+    return err
+
+
+def _minmse_estimate(m: np.ndarray, lo: np.ndarray, hi: np.ndarray, alphas: np.ndarray,
+                     levels: int, symmetric: bool) -> np.ndarray:
+    """Estimated squared error (rows x candidates) of every candidate, in float32: each row is
+    cut into `nseg` segments of `seg` values (a remainder of fewer than `nseg` values counts
+    whole); per segment, the `tail` values largest relative to the range count exactly and a
+    regular sample of `n_s` of the rest counts for all of the rest."""
+    rows, cols = m.shape
+    nseg = -(-cols // _MINMSE_SEGMENT)
+    seg = cols // nseg
+    main = nseg * seg
+    tail = max(1, seg // (4 * _MINMSE_SAMPLE))
+    n_s = max(1, seg // _MINMSE_SAMPLE - tail)
+    stride = (seg - tail) // n_s
+    qmin = -(levels // 2) if symmetric else 0
+    qmax = qmin + levels - 1
+    est = np.zeros((rows, alphas.size))
+    block = _MINMSE_BLOCK * 4  # of which 1 / _MINMSE_SAMPLE is evaluated
+    group = max(1, (_MINMSE_BLOCK * _MINMSE_SAMPLE) // block)  # candidates evaluated at once
+    if cols <= block:
+        step = max(1, block // cols)
+        blocks = [(r0, min(r0 + step, rows), 0, main) for r0 in range(0, rows, step)]
+    else:
+        step = max(1, block // seg) * seg
+        blocks = [(r, r + 1, c, min(c + step, main)) for r in range(rows) for c in range(0, main, step)]
+    if main < cols:  # the remainder (fewer than nseg values per row): every value
+        step = max(1, block // (_MINMSE_SAMPLE * (cols - main)))
+        blocks += [(r0, min(r0 + step, rows), main, cols) for r0 in range(0, rows, step)]
+    for r0, r1, c0, c1 in blocks:
+        x = m[r0:r1, c0:c1]
+        if c0 < main:
+            x = x.reshape(-1, seg)
+            rid = np.repeat(np.arange(r0, r1), (c1 - c0) // seg)
+            if symmetric:
+                rel = np.abs(x)
+            else:  # position in the range: values clip in this order as alpha shrinks
+                pos = np.where(hi[rid] > 0, hi[rid], 1.0)[:, None]
+                neg = np.where(lo[rid] < 0, lo[rid], -1.0)[:, None]
+                rel = np.where(x > 0, x / pos, x / neg)
+            idx = np.argpartition(rel, seg - tail, axis=1)
+            pick = np.concatenate([idx[:, seg - tail:], idx[:, :stride * n_s:stride]], axis=1)
+            x = np.take_along_axis(x, pick, axis=1)
+            wt = np.full(tail + n_s, (seg - tail) / n_s, np.float32)
+            wt[:tail] = 1.0
+        else:
+            rid = np.arange(r0, r1)
+            wt = np.ones(c1 - c0, np.float32)
+        x = x.astype(np.float32)
+        lo_r, hi_r = lo[rid], hi[rid]
+        for k0 in range(0, alphas.size, group):  # a few candidates per call: fewer, larger ops
+            a = alphas[k0:k0 + group, None]
+            lk, hk = lo_r * a, hi_r * a
+            scale = np.where(hk > lk, (hk - lk) / (levels - 1), 1.0)[:, :, None]
+            buf = x * (1.0 / scale).astype(np.float32)
+            np.rint(buf, out=buf)
+            if symmetric:
+                np.clip(buf, qmin, qmax, out=buf)
+            else:
+                zp = np.clip(np.round(qmin - lk[:, :, None] / scale), qmin, qmax).astype(np.float32)
+                buf += zp
+                np.clip(buf, qmin, qmax, out=buf)
+                buf -= zp
+            buf *= scale.astype(np.float32)
+            buf -= x
+            np.square(buf, out=buf)
+            seg_err = buf @ wt  # (candidates, segments)
+            for j in range(seg_err.shape[0]):
+                est[r0:r1, k0 + j] += np.bincount(rid - r0, weights=seg_err[j], minlength=r1 - r0)
+    return est

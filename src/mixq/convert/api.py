@@ -67,9 +67,9 @@ def _upgrade_opset(model: onnx.ModelProto, minimum: int, notes: list[str]) -> on
     if opset >= minimum:
         return model
     try:
-        from onnx import version_converter
+        from ..passes.prepare import convert_opset
 
-        up = version_converter.convert_version(model, minimum)
+        up = convert_opset(model, minimum)
     except Exception as exc:
         raise ModelError(f"the model uses opset {opset}; bfloat16 Casts need opset >= {minimum} and the "
                          f"automatic upgrade failed ({exc}). Re-export the model with opset >= {minimum}.") from exc

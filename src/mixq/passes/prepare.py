@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import ModelError
 
 #: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
@@ -77,6 +78,42 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
     return moved
 
 
+def _function_moves_with(fn: onnx.FunctionProto, target: int) -> bool:
+    """Whether no default-domain op of `fn`'s body changes meaning between its opset and `target`."""
+    have = next((int(i.version) for i in fn.opset_import if i.domain in ("", "ai.onnx")), target)
+    for node in fn.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            if (onnx.defs.get_schema(node.op_type, have).since_version
+                    != onnx.defs.get_schema(node.op_type, target).since_version):
+                return False
+        except onnx.defs.SchemaError:
+            return False
+    return True
+
+
+def convert_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
+    """onnx.version_converter.convert_version, keeping the model-local functions it drops.
+
+    onnxruntime and the checker want a function's default-domain opset to be the model's, so a
+    function moves to `target` with the model when no op of its body changes meaning on the way;
+    one whose body does is inlined first and converted with the graph."""
+    from onnx import inliner, version_converter
+
+    stale = [(f.domain, f.name) for f in model.functions if not _function_moves_with(f, target)]
+    if stale:
+        model = inliner.inline_selected_functions(model, stale)
+    new = version_converter.convert_version(model, target)
+    if model.functions and not new.functions:
+        new.functions.extend(model.functions)
+    for fn in new.functions:
+        for imp in fn.opset_import:
+            if imp.domain in ("", "ai.onnx"):
+                imp.version = target
+    return new
+
+
 #: Newest default-domain opset onnxruntime 1.31 (pinned in pyproject.toml) runs; newer models are
 #: converted down to it, since every model mixq writes must run in stock onnxruntime.
 MAX_RUNTIME_OPSET = 26
@@ -92,9 +129,7 @@ def downgrade_opset(model: onnx.ModelProto, target: int = MAX_RUNTIME_OPSET) -> 
     if cur <= target:
         return model
     try:
-        from onnx import version_converter
-
-        return version_converter.convert_version(model, target)
+        return convert_opset(model, target)
     except Exception as exc:  # the converter raises bare RuntimeErrors naming the op
         raise ModelError(
             f"the model uses opset {cur}, newer than onnxruntime runs (up to {target}), and "
@@ -107,9 +142,7 @@ def upgrade_opset(model: onnx.ModelProto, target: int = TARGET_OPSET) -> onnx.Mo
     if cur >= target:
         return downgrade_opset(model)
     try:
-        from onnx import version_converter
-
-        new = version_converter.convert_version(model, target)
+        new = convert_opset(model, target)
     except Exception as exc:  # the converter raises bare RuntimeErrors naming the op
         raise ModelError(
             f"cannot upgrade the model from opset {cur} to {target}, which quantization needs "
@@ -131,8 +164,9 @@ def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
     return default
 
 
-def fold_batchnorm(model: onnx.ModelProto) -> int:
-    """Fold BatchNormalization into a preceding Conv whose output only feeds it."""
+def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None) -> int:
+    """Fold BatchNormalization into a preceding Conv whose output only feeds it (deferred
+    initializers are read from `base_dir`)."""
     g = model.graph
     inits = _init_map(g)
     cons = _consumers(g)
@@ -152,15 +186,15 @@ def fold_batchnorm(model: onnx.ModelProto) -> int:
             continue
         if len(cons.get(conv.input[1], [])) != 1:
             continue  # weight shared with another node: folding would change that node
-        gamma, beta, mean, var = (numpy_helper.to_array(inits[x]).astype(np.float64) for x in bn.input[1:5])
+        gamma, beta, mean, var = (tensor_array(inits[x], base_dir).astype(np.float64) for x in bn.input[1:5])
         eps = float(_attr(bn, "epsilon", 1e-5))
         w_t = inits[conv.input[1]]
-        w = numpy_helper.to_array(w_t)
+        w = tensor_array(w_t, base_dir)
         if w.dtype != np.float32:
             continue
         factor = gamma / np.sqrt(var + eps)
         b = np.zeros(w.shape[0]) if len(conv.input) < 3 or not conv.input[2] else \
-            numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
+            tensor_array(inits[conv.input[2]], base_dir).astype(np.float64)
         new_w = (w.astype(np.float64) * factor.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
         new_b = ((b - mean) * factor + beta).astype(np.float32)
         w_t.CopyFrom(numpy_helper.from_array(new_w, w_t.name))
@@ -207,8 +241,9 @@ _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
                      "Multinomial", "Bernoulli", "Dropout"}
 
 
-def fold_constants(model: onnx.ModelProto) -> int:
-    """Evaluate nodes whose inputs are all initializers and replace them by initializers."""
+def fold_constants(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None) -> int:
+    """Evaluate nodes whose inputs are all initializers and replace them by initializers
+    (deferred initializers are read from `base_dir`)."""
     from onnx.reference import ReferenceEvaluator
 
     g = model.graph
@@ -232,7 +267,7 @@ def fold_constants(model: onnx.ModelProto) -> int:
         try:
             sub = helper.make_model(
                 helper.make_graph([n], "fold", [], [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in n.output if o],
-                                  [inits[i] for i in dict.fromkeys(x for x in n.input if x)]),
+                                  [_loaded(inits[i], base_dir) for i in dict.fromkeys(x for x in n.input if x)]),
                 opset_imports=[helper.make_opsetid("", opsets.get("", TARGET_OPSET))])
             outs = ReferenceEvaluator(sub).run(None, {})
         except Exception:  # an op the reference evaluator cannot run: just leave it in the graph
@@ -261,9 +296,24 @@ _SKELETON_MIN_TENSOR = 1 << 20
 _PLACEHOLDER = "mixq-skeleton-placeholder.bin"
 
 
+def _loaded(t: onnx.TensorProto, base_dir: str | os.PathLike | None) -> onnx.TensorProto:
+    """`t`, or for a deferred tensor a copy with its data loaded from `base_dir`."""
+    if base_dir is None or not has_external_data(t):
+        return t
+    c = onnx.TensorProto()
+    c.CopyFrom(t)
+    load_deferred_tensor(c, base_dir)
+    return c
+
+
+def _has_external(model: onnx.ModelProto) -> bool:
+    return any(has_external_data(t) for t in model.graph.initializer)
+
+
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` whose large main-graph initializers keep name, type and dims but no
-    data (marked external), so that it serializes small; shape inference needs no more."""
+    """A copy of `model` whose large (or deferred) main-graph initializers keep name, type and
+    dims but no data (marked external), so that it serializes small; shape inference needs no
+    more."""
     sk = onnx.ModelProto()
     for fld in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
         setattr(sk, fld, getattr(model, fld))
@@ -276,7 +326,7 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     sg.output.extend(g.output)
     sg.value_info.extend(g.value_info)
     for t in g.initializer:
-        if t.ByteSize() < _SKELETON_MIN_TENSOR:
+        if not has_external_data(t) and t.ByteSize() < _SKELETON_MIN_TENSOR:
             sg.initializer.append(t)
             continue
         st = sg.initializer.add()
@@ -292,11 +342,12 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference that tolerates models above 2 GB (returns the model unchanged if it fails).
 
-    Big models are inferred on a skeleton without the large tensors' data and the inferred
-    value_info is copied back, so the model is neither serialized whole nor copied."""
+    Big models (and deferred ones) are inferred on a skeleton without the large tensors' data
+    and the inferred value_info is copied back, so the model is neither serialized whole nor
+    copied."""
     from .._io import model_size
 
-    if model_size(model) > _SKELETON_BYTES:
+    if model_size(model) > _SKELETON_BYTES or _has_external(model):
         try:
             inferred = onnx.shape_inference.infer_shapes(_skeleton(model), data_prop=True)
         except Exception:
@@ -310,15 +361,19 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def check_graph(model: onnx.ModelProto, *, full_check: bool = False) -> None:
+def check_graph(model: onnx.ModelProto, *, full_check: bool = False, size: int | None = None) -> None:
     """onnx.checker.check_model that also works above 2 GiB: a big model is checked as a
     skeleton file whose large tensors point at an empty placeholder data file (their data is
-    not checked, everything else is). Raises the checker's own errors."""
+    not checked, everything else is); so is a model with deferred initializers. `size`: the
+    model's mixq._io.model_size when the caller has it (measuring a big model serializes it).
+    Raises the checker's own errors."""
     import tempfile
 
     from .._io import model_size
 
-    if model_size(model) <= _SKELETON_BYTES:
+    if size is None:
+        size = model_size(model)
+    if size <= _SKELETON_BYTES and not _has_external(model):
         onnx.checker.check_model(model, full_check=full_check)
         return
     with tempfile.TemporaryDirectory(prefix="mixq_check_") as tmp:
@@ -343,10 +398,12 @@ def check_input_model(model: onnx.ModelProto) -> None:
                          "to see every problem) and quantize again.") from exc
 
 
-def prepare(model: onnx.ModelProto, *, fold_bn: bool = True,
-            copy: bool = True) -> tuple[onnx.ModelProto, PrepareReport]:
+def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
+            base_dir: str | os.PathLike | None = None) -> tuple[onnx.ModelProto, PrepareReport]:
     """Run every preparation pass on a copy of `model` (on `model` itself with copy=False,
-    which saves a copy of every weight when the caller owns the model)."""
+    which saves a copy of every weight when the caller owns the model). `base_dir`: where the
+    model's deferred initializers are read from (see mixq._io.load_model_deferred); they stay
+    deferred unless a fold rewrites them."""
     if copy:
         m = onnx.ModelProto()
         m.CopyFrom(model)
@@ -361,8 +418,8 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True,
         rep.notes.append(f"opset {rep.opset_from} converted down to {rep.opset_to}, the newest "
                          "onnxruntime runs")
     if fold_bn:
-        rep.batchnorms_folded = fold_batchnorm(m)
-    rep.nodes_folded = fold_constants(m)
+        rep.batchnorms_folded = fold_batchnorm(m, base_dir)
+    rep.nodes_folded = fold_constants(m, base_dir)
     # graph inputs that shadow initializers (old exporters) make them overridable: drop that
     init_names = {t.name for t in m.graph.initializer}
     shadow = [i for i in m.graph.input if i.name in init_names]

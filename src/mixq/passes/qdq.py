@@ -6,12 +6,14 @@ quantized form; biases become int32 + DequantizeLinear when planned so.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .._io import tensor_array
 from ..formats import Emission, QParams, get_format
 from ..plan.plan import PrecisionPlan
 from ..plan.qparams import consumer_key
@@ -54,13 +56,38 @@ def _bias_qparams(node: onnx.NodeProto, plan: PrecisionPlan, qparams: dict[str, 
     return (np.float32(sx.reshape(())) * sw.reshape(-1)).astype(np.float32), ""
 
 
+def _static_shape(t: onnx.TypeProto | None) -> tuple[int | None, ...] | None:
+    """The dims of a tensor type (None where unknown), or None without a shape."""
+    if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else None for d in t.tensor_type.shape.dim)
+
+
+def _upgrade_for(m: onnx.ModelProto, plan: PrecisionPlan, rep: RewriteReport) -> onnx.ModelProto:
+    """`m` at the default-domain opset every planned format's ONNX needs (block formats: 25)."""
+    from .prepare import model_opset, upgrade_opset
+
+    names = {tp.format for tp in plan.tensors.values() if tp.format}
+    names |= {f for tp in plan.tensors.values() for f in tp.consumer_formats.values() if f}
+    need = max((get_format(f).onnx_opset for f in names), default=0)
+    have = model_opset(m)
+    if need <= have:
+        return m
+    rep.notes.append(f"model upgraded from opset {have} to {need}, which its formats' ONNX needs")
+    return upgrade_opset(m, need)
+
+
 def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QParams], *,
-               dual: bool = False, copy: bool = True) -> tuple[onnx.ModelProto, RewriteReport]:
+               dual: bool = False, copy: bool = True,
+               base_dir: str | os.PathLike | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
     """Return a new model with `plan` materialized using calibrated `qparams`.
 
     `dual`: at precision boundaries the consumer-format node reads the producer-format value
     (both quantization nodes in series) instead of the float tensor.
     `copy=False` rewrites `model` itself (and returns it): no second copy of the weights.
+    `base_dir`: where deferred initializers are read from (mixq._io.load_model_deferred), one
+    at a time; a deferred weight that is replaced is never loaded into the model, one left
+    float stays deferred.
     """
     rep = RewriteReport()
     if copy:
@@ -68,9 +95,12 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
         m.CopyFrom(model)
     else:
         m = model
+    m = _upgrade_for(m, plan, rep)
     g = m.graph
     inits = {t.name: t for t in g.initializer}
     graph_outputs = {o.name for o in g.output}
+    value_types = {v.name: v.type for v in [*g.input, *g.value_info, *g.output]}
+    block_outputs: dict[str, str] = {}  # block-function output -> the tensor whose shape it has
     producers = {o: n for n in g.node for o in n.output}
     emission = Emission()
     rename: dict[str, str] = {}          # tensor -> name its consumers read after the rewrite
@@ -92,17 +122,18 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
         prefix = _safe(name)
         qp = qparams.get(tp.group or name) if tp.role == "activation" else qparams.get(name)
         if tp.role in ("weight", "constant"):
-            w = numpy_helper.to_array(inits[name])
+            w = tensor_array(inits[name], base_dir)
             out = f"{name}__mq"
             axis = tp.block_axis if fmt.kind == "block" else (qp.axis if qp is not None else None)
             em = fmt.emit_weight(w, out, qparams=qp, axis=axis, prefix=prefix)
             replace_init[name] = em
             rename[name] = out
             rep.weights_quantized += 1
+            del w  # a deferred weight: only one float array in memory at a time
         elif tp.role == "bias":
             owner = bias_owner.get(name)
             scale, why = _bias_qparams(owner, plan, qparams) if owner is not None else (None, "no owner")
-            b = numpy_helper.to_array(inits[name]).astype(np.float64)
+            b = tensor_array(inits[name], base_dir).astype(np.float64)
             if scale is not None:
                 scale = np.broadcast_to(scale, b.shape).astype(np.float32)
                 q = np.rint(b / scale.astype(np.float64))
@@ -134,7 +165,9 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
             quant_name = name if is_output else f"{name}__mq"
             em = fmt.emit(float_name, quant_name, qparams=qp if fmt.needs_qparams else None,
                           axis=tp.block_axis if fmt.kind == "block" else (qp.axis if qp else None),
-                          prefix=prefix)
+                          prefix=prefix, shape=_static_shape(value_types.get(name)))
+            if fmt.kind == "block":
+                block_outputs[quant_name] = name
             if is_output:
                 prod.output[list(prod.output).index(name)] = float_name
             else:
@@ -155,7 +188,10 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
                 cem = cfmt.emit(quant_name if dual else float_name, cout,
                                 qparams=cqp if cfmt.needs_qparams else None,
                                 axis=tp.block_axis if cfmt.kind == "block" else (cqp.axis if cqp else None),
-                                prefix=f"{prefix}__{_safe(cfmt_name)}")
+                                prefix=f"{prefix}__{_safe(cfmt_name)}",
+                                shape=_static_shape(value_types.get(name)))
+                if cfmt.kind == "block":
+                    block_outputs[cout] = name
                 new_before[key].extend(cem.nodes)
                 emission.extend(Emission(initializers=cem.initializers, functions=cem.functions,
                                          opsets=cem.opsets))
@@ -202,4 +238,13 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
             m.opset_import.append(helper.make_opsetid(dom, ver))
     # value_info of renamed graph-output producers is stale: shape inference recomputes it
     del g.value_info[:]
+    # but a block function's output shape (its input's) is declared: onnxruntime cannot infer
+    # it through the function's Reshape to Shape(x), and unknown dims there would spread through
+    # the graph (slower memory planning and no shape-specialized kernels downstream)
+    for out, src in block_outputs.items():
+        t = value_types.get(src)
+        if t is not None and out not in graph_outputs and t.tensor_type.HasField("shape"):
+            vi = g.value_info.add()
+            vi.name = out
+            vi.type.CopyFrom(t)
     return m, rep
