@@ -227,3 +227,30 @@ def test_no_tensor_with_unknown_dims(name):
     # the sliced shape vector (planned once per call) and the Reshape back to x's rank (an alias:
     # never planned) are the only ones
     assert sorted(op for op, _ in unknown) == ["Reshape", "Slice"], unknown
+
+
+@pytest.mark.parametrize("element", sorted({get_format(n).element for n in BLOCK_FORMATS} - {"int"}))
+def test_element_rounding_on_whole_binades(element):
+    """The arithmetic element rounding of the block functions (_round_to_element: Veltkamp
+    splitting, no float8 Cast) against the NumPy reference on every float32 of the binades where
+    it can go wrong: half the smallest subnormal step (ties to zero), the binade below the
+    smallest normal, the smallest normal binade and the top binade (saturation), both signs."""
+    from mixq.formats._block_onnx import _Body, _round_to_element
+    from mixq.formats.floating import FP_FORMATS
+    from onnx import TensorProto, helper
+    import onnxruntime as ort
+
+    ef = FP_FORMATS[element]
+    b = _Body()
+    b.op("Identity", _round_to_element(b, "x", ef), out="y")
+    graph = helper.make_graph(b.nodes, "round", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    m = ef.mantissa_bits
+    for e in (ef.min_exp - m - 1, ef.min_exp - 1, ef.min_exp, ef.emax):
+        first = np.array(2.0 ** e, np.float32).view(np.uint32)
+        x = np.arange(first, first + (1 << 23), dtype=np.uint32).view(np.float32)
+        x = np.concatenate([x, -x[::3], np.float32([0.0, -0.0])])
+        (got,) = sess.run(None, {"x": x})
+        assert_same_bits(got, ef.round_elements(x).astype(np.float32))

@@ -19,10 +19,10 @@ BlockFormat.fake_quant. Design (why, not what):
 * NaN/Inf: onnxruntime's ReduceMax does not propagate NaN reliably, so a per-block
   ReduceSum(x * 0) (NaN iff the block holds NaN or inf) is added to the per-block step: any
   later product with the step is NaN.
-* Scaling by 2**k is done with Mul/Div by exact powers of two; elements are rounded with Round
-  (half to even) and clipped (saturation) for integer elements, with Cast to float8 (saturate,
-  round to nearest even; fp6 via an exponent-aligned float8 type) or a 2-step binade ladder
-  (fp4) for float elements.
+* Scaling by 2**k is done with Mul/Div by exact powers of two; integer elements are rounded
+  with Round (half to even) and clipped (saturation). Float elements (fp8/fp6/fp4) are rounded
+  by arithmetic alone, see `_round_to_element`: onnxruntime's Cast to float8 converts one
+  element at a time and cost 90 % of an MXFP8 call (bench/formats_bench.py).
 """
 from __future__ import annotations
 
@@ -38,16 +38,6 @@ from .onnx_util import const_node, make_function
 #: _POW2[i] = 2**(i - 149) in float32 (exact; the last entry, 2**128, is inf).
 _POW2_OFFSET = 149
 _POW2 = np.append(np.ldexp(1.0, np.arange(-149, 128)), np.inf).astype(np.float32)
-
-#: fp6 elements are rounded by a float8 Cast after scaling by 2**-shift, which aligns the fp6
-#: subnormal step with the float8 one (same mantissa width): (float8 type, shift).
-_CAST_ELEMENTS = {
-    "fp8_e4m3fn": (TensorProto.FLOAT8E4M3FN, 0),
-    "fp8_e5m2": (TensorProto.FLOAT8E5M2, 0),
-    "fp6_e2m3": (TensorProto.FLOAT8E4M3FN, 6),
-    "fp6_e3m2": (TensorProto.FLOAT8E5M2, 12),
-}
-
 
 class _Body:
     """Accumulates function-body nodes with unique value names."""
@@ -123,6 +113,25 @@ def _round(b: _Body, y: str, rounding: Rounding, sign_of: str) -> str:
     up = b.op("Cast", b.op("GreaterOrEqual", b.op("Sub", a, t), b.const(0.5)), to=TensorProto.FLOAT)
     return b.op("Mul", b.op("Sign", sign_of), b.op("Add", t, up))
 
+
+def _round_to_element(b: _Body, y: str, ef) -> str:
+    """`y` rounded to the float element grid `ef`, half to even, saturated to +-max_normal.
+
+    By arithmetic alone: y is rounded to its own grid step qs = 2**(max(e, emin) - m), where
+    e = floor(log2|y|), as Round(y / qs) * qs (exact: qs is a power of two; Round is half to
+    even and keeps the sign of zero). 2**e comes from Veltkamp splitting: g = a * (2**23 + 1),
+    g + (a - g) rounds a = |y| to one significant bit, i.e. to 2**e or 2**(e + 1), and the
+    larger is halved (test_formats_onnx_block.py runs it on whole binades). It cannot
+    overflow: |y| < 2**(emax + 1), the block's scale puts its maximum in the top binade.
+    Where only ever selects positive steps: onnxruntime's Where turns a selected -0.0 into +0.0."""
+    m = ef.mantissa_bits
+    a = b.op("Abs", y)
+    g = b.op("Mul", a, b.const(2.0 ** 23 + 1.0))
+    r1 = b.op("Add", g, b.op("Sub", a, g))
+    qs = b.op("Mul", r1, b.op("Where", b.op("Greater", r1, a), b.const(2.0 ** (-m - 1)), b.const(2.0 ** -m)))
+    qs = b.op("Max", qs, b.const(2.0 ** (ef.min_exp - m)))
+    r = b.op("Mul", b.op("Round", b.op("Div", y, qs)), qs)
+    return b.op("Clip", r, b.const(-float(ef.max_normal)), b.const(float(ef.max_normal)))
 
 def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False,
                    length: int | None = None) -> onnx.FunctionProto:
@@ -216,25 +225,9 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         ef = fmt.element_format
         # 2**s, s = clip(e - emax, lo, hi)
         sc = b.op("Clip", b.op("Mul", p, b.const(2.0 ** -ef.emax)), b.const(2.0 ** lo), b.const(2.0 ** hi))
-        if fmt.element in _CAST_ELEMENTS:
-            f8, shift = _CAST_ELEMENTS[fmt.element]
-            # inv = 2**-(s + shift) is in [2**-139, 2**127]: representable, unlike its inverse
-            inv = b.op("Add", b.op("Div", b.const(2.0 ** -shift), sc), flag)
-            y = b.op("Mul", v, inv)
-            r = b.op("Cast", b.op("Cast", y, to=f8, saturate=1), to=TensorProto.FLOAT)
-            if shift:
-                lim = float(ef.max_normal) * 2.0 ** -shift
-                r = b.op("Clip", r, b.const(-lim), b.const(lim))
-        elif fmt.element == "fp4_e2m1":
-            inv = b.op("Add", b.op("Div", b.const(1.0), sc), flag)
-            y = b.op("Mul", v, inv)
-            ay = b.op("Abs", y)
-            st = b.op("Where", b.op("GreaterOrEqual", ay, b.const(2.0)), b.const(1.0), b.const(0.5))
-            st = b.op("Where", b.op("GreaterOrEqual", ay, b.const(4.0)), b.const(2.0), st)
-            r = b.op("Mul", b.op("Round", b.op("Div", y, st)), st)
-            r = b.op("Clip", r, b.const(-float(ef.max_normal)), b.const(float(ef.max_normal)))
-        else:  # pragma: no cover - every OCP element is handled above
-            raise FormatError(f"no ONNX element rounding for {fmt.element}")
+        # inv = 2**-s is in [2**-127, 2**127]: representable, like s itself
+        inv = b.op("Add", b.op("Div", b.const(1.0), sc), flag)
+        r = _round_to_element(b, b.op("Mul", v, inv), ef)
         q = b.op("Div", r, inv)
     # back to x's layout (unpadded: (pre, nb * B, post) cut to d), then x's own shape
     if not aligned:
