@@ -222,3 +222,22 @@ def test_noise_coordinates_and_links():
     assert same.target_power() == pytest.approx(flip.target_power())
     with pytest.raises(ValueError):
         MetricModel(lambda v: v, 0.1, "cubic")
+
+
+@pytest.mark.parametrize("break_at", [20, 37, 50])
+def test_guided_does_not_creep_past_points_without_degradation(break_at):
+    """A coarse metric (no flip at all up to the break, then a drop), with a model that predicts
+    the break much too early: probes that measure no degradation carry no scale, so guided
+    bisects from them rather than creeping one point at a time (it spent 10 evaluations where
+    bisection spent 7 on the PP-OCR classifier before this rule)."""
+    n = 54
+    x = np.arange(n + 1.0)
+    drop = np.where(x <= break_at, 0.0, 0.0625 + 0.005 * (x - break_at))
+    sizes = np.arange(n, -1, -1.0)
+    ev = Evaluator(lambda k: (1.0 - float(drop[k]), bool(drop[k] <= 0.02), float(sizes[k])), None)
+    model = MetricModel(lambda v: 1.0 - v, 0.02, "flip", resolution=1.0 / 48)
+    k = guided(n, ev, (x / 2.0) ** 2, sizes, model, size_tol=0.0)  # noise grows 4x too fast
+    assert k == break_at
+    ev_b = Evaluator(ev.fn, None)
+    assert bisection(n, ev_b) == break_at
+    assert ev.count <= ev_b.count + 1, (sorted(ev.done), sorted(ev_b.done))

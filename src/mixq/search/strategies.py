@@ -224,12 +224,16 @@ def guided(n: int, ev: Evaluator, noise: Sequence[float], sizes: Sequence[float]
        power, interpolated linearly in noise space between the measured bracket ends, crosses the
        target power there (a one-parameter fit through the origin from hi alone when lo shows no
        degradation: zero flips say nothing about the scale);
-    3. safeguards: a prediction outside the bracket probes the point next to the end it passed
-       (the model is wrong about that end, and by little if it was right so far); when three
-       probes in a row did not halve the bracket, bisect in noise space (a poor model costs at
-       most about twice bisection's evaluations); a probe within `size_tol` of a bracket end (in
-       size) moves to the furthest point still within it, so that it either closes the bracket
-       or moves that end by the whole tolerance;
+    3. safeguards: a prediction outside the bracket right after one inside it that measured
+       some degradation probes the point next to the end it passed (that prediction was right,
+       or off by little: its neighbour likely closes the bracket); any other prediction outside
+       the bracket bisects in noise space (on a coarse metric, such as a top-1 drop counted on
+       few samples, a point that measured no degradation says nothing about the model's scale,
+       and creeping one point at a time would cost more than bisection); when three probes in a
+       row did not halve the bracket, bisect in noise space (a poor model costs at most about
+       twice bisection's evaluations); a probe within `size_tol` of a bracket end (in size)
+       moves to the furthest point still within it, so that it either closes the bracket or
+       moves that end by the whole tolerance;
     4. stop when the weight size still at stake, size[lo] - size[hi], is at most `size_tol` of
        the all-wide to all-narrow size range (where sizes do not change along the path, each move
        counts the same), or lo and hi are adjacent.
@@ -268,10 +272,19 @@ def guided(n: int, ev: Evaluator, noise: Sequence[float], sizes: Sequence[float]
         return n
     lo, hi = 0, n
     widths = [n]
+    last_pred: int | None = None  # the last probe, when it was a prediction inside the bracket
     while hi - lo > 1 and cost[lo] - cost[hi] > tol:
         stalled = len(widths) > _GUARD_PROBES and widths[-1] > widths[-1 - _GUARD_PROBES] / 2
         xs = None if stalled else crossing(lo, hi)
-        k = _last_at_most(x, 0.5 * (x[lo] + x[hi]) if xs is None else xs)
+        mid = 0.5 * (x[lo] + x[hi])
+        k = _last_at_most(x, mid if xs is None else xs)
+        inside = xs is not None and lo < k < hi
+        # a neighbour probe only right after a prediction that measured some degradation: one
+        # that measured none (a top-1 drop of zero flips) says nothing about the model's scale
+        near = last_pred is not None and power(last_pred) > 0.0
+        if xs is not None and not inside and not near:
+            k = _last_at_most(x, mid)  # the model is off about this end: bisect
+        last_pred = k if inside else None
         k = min(max(k, lo + 1), hi - 1)
         inner = np.arange(lo + 1, hi)
         if cost[lo] - cost[k] <= tol:
