@@ -73,7 +73,10 @@ class QuantConfig:
     share_concat_scales: Concat inputs and output share one scale (what NPU compilers want).
     quantize_outputs: quantize the outputs of quantized ops (graph outputs included).
     fuse_activations: the output of a Conv/ConvTranspose/Gemm/MatMul/Add read only by Relu/Clip
-        is not quantized: backends (and onnxruntime's QDQ fusions) run the pair as one kernel.
+        is not calibrated: backends run the pair as one kernel. Under integer formats it is
+        quantized with the activation output's parameters, which changes no value and gives
+        onnxruntime its DQ -> Conv -> Q pattern (QLinearConv); under block and float formats
+        it stays float.
     layer_rules: layer-wise precision, later rules win (see LayerRule).
     tensor_formats: tensor-wise precision: (tensor name, format) pairs; the tensor is in that
         format everywhere (weights and activations alike).

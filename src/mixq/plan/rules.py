@@ -58,14 +58,18 @@ _FUSE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"})
 _FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
 
 
-def _fuse_activations(g: onnx.GraphProto, produced: dict, consumed: dict, overrides: dict) -> None:
-    """Drop the quantization of a compute op's output that only a Relu/Clip reads."""
+def _fuse_activations(g: onnx.GraphProto, produced: dict, consumed: dict, overrides: dict
+                      ) -> dict[str, str]:
+    """Drop the calibration of a compute op's output that only a Relu/Clip reads; returns
+    {compute output: activation output} for the outputs read by a single Relu/Clip (see
+    `_requantize_fused`)."""
     producer = {o: n for n in g.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in g.node:
         for i in n.input:
             readers.setdefault(i, []).append(n)
     outputs = {o.name for o in g.output}
+    single: dict[str, str] = {}
     for name in list(produced):
         p = producer.get(name)
         rs = readers.get(name, [])
@@ -74,6 +78,31 @@ def _fuse_activations(g: onnx.GraphProto, produced: dict, consumed: dict, overri
         if rs and all(r.op_type in _FUSED_ACTIVATIONS and r.input[0] == name for r in rs):
             del produced[name]
             consumed.pop(name, None)
+            if len(rs) == 1 and rs[0].output and rs[0].output[0]:
+                single[name] = rs[0].output[0]
+    return single
+
+
+def _requantize_fused(tensors: dict[str, TensorPrecision], fused: dict[str, str],
+                      groups: "_Groups") -> None:
+    """Quantize a fused compute output with its activation's output parameters (integer formats).
+
+    With Q a monotone, idempotent quantizer and f a Relu or Clip, Q(f(Q(x))) = Q(f(x)): a Q/DQ
+    pair on the compute output with the activation output's parameters changes no value. It
+    gives backends the pattern they fuse: onnxruntime turns DQ -> Conv -> Q into QLinearConv,
+    while DQ -> Conv -> Relu -> Q stays a float Conv wherever the Relu cannot be absorbed
+    (any zero point above the type's minimum: symmetric activations). Block and float formats
+    are excluded: a Relu changes a block's shared exponent, so the identity does not hold."""
+    for pre, post in fused.items():
+        tp = tensors.get(post)
+        if tp is None or tp.role != "activation" or tp.format is None or tp.consumer_formats \
+                or get_format(tp.format).kind != "int":
+            continue
+        tensors[pre] = TensorPrecision(
+            tensor=pre, role="activation", format=tp.format, block_axis=tp.block_axis,
+            calibrate=False, reason=f"fused with the activation that reads it: quantized with "
+                                    f"{post}'s parameters (exact; lets backends fuse the pair)")
+        groups.union(groups.find(post), pre)
 
 
 def _node_formats(node: onnx.NodeProto, config: QuantConfig) -> tuple[str, str, str]:
@@ -195,8 +224,7 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
             for t in members[1:]:
                 groups.union(members[0], t)
 
-    if config.fuse_activations:
-        _fuse_activations(g, produced, consumed, overrides)
+    fused = _fuse_activations(g, produced, consumed, overrides) if config.fuse_activations else {}
     tensors: dict[str, TensorPrecision] = {}
     names = list(dict.fromkeys([i.name for i in g.input] + [o for n in g.node for o in n.output]))
     for name in names:
@@ -242,6 +270,7 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
         tensors[name] = TensorPrecision(tensor=name, role="activation", format=fmt, reason=why,
                                         block_axis=axis, calibrate=cal or needs_stats,
                                         consumer_formats=cformats)
+    _requantize_fused(tensors, fused, groups)
     tensors.update(weights)
     for name in float_scalars:
         tensors.setdefault(name, TensorPrecision(

@@ -11,7 +11,7 @@ strategy picks the index k of the plan to return, counting the full-model evalua
 - pareto: evaluate a spread of points along the path (log-spaced from both ends), refine by
   bisection between the last good and the first bad point, and return the front of accuracy vs
   size; with a size budget alone a single evaluation suffices;
-- guided (the default): predict where the target breaks from the cheap sensitivities and verify
+- guided: predict where the target breaks from the cheap sensitivities and verify
   with a few evaluations (see `guided`).
 Every strategy honours a deadline: when time runs out it returns the best plan found so far.
 """
