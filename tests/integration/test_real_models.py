@@ -47,6 +47,32 @@ def test_ppocr_classifier_static_int8_and_a16w8(cls, preset, min_sqnr):
     assert np.mean(pred == labels) >= 0.95  # upright vs rotated lines, default onnxruntime
 
 
+
+@needs_ppocr
+def test_ppocr_classifier_u8s8_runs_every_add_and_mul_in_integer_kernels(cls, tmp_path):
+    """Constant inputs of Add/Mul take the activation format between integer formats (uint8
+    here), so onnxruntime fuses every quantized Add and Mul (7 of the 44 Adds before: a uint8
+    activation plus an int8 constant has no integer kernel)."""
+    import collections
+
+    import onnxruntime as ort
+
+    path, calib, _, _ = cls
+    q = mixq.quantize(path, "U8S8", calib).model
+    inits = {t.name: t.data_type for t in q.graph.initializer}
+    prod = {o: n for n in q.graph.node for o in n.output}
+    consts = [prod[i].input[0] for n in q.graph.node if n.op_type in ("Add", "Mul")
+              for i in n.input if i in prod and prod[i].op_type == "DequantizeLinear"
+              and prod[i].input[0] in inits]
+    assert consts and all(inits[c] == onnx.TensorProto.UINT8 for c in consts)
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    ort.InferenceSession(q.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
+    mine = collections.Counter(n.op_type for n in q.graph.node)
+    assert (ops["QLinearAdd"], ops["QLinearMul"]) == (mine["Add"], mine["Mul"]) == (44, 27), ops
+
+
 @needs_ppocr
 @pytest.mark.parametrize("preset,min_acc", [("A16W8", 0.95), ("U8S8", 0.80)])
 def test_ppocr_recognizer_reads_text_after_quantization(rec, preset, min_acc):

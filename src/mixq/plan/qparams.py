@@ -81,9 +81,10 @@ def constant_qparams(model: onnx.ModelProto, plan: PrecisionPlan, config: QuantC
         w = numpy_helper.to_array(inits[name])
         axis = tp.channel_axis if tp.role == "weight" and w.ndim > 0 else None
         method = "minmse" if config.calibration == "minmse" and fmt.kind == "int" else "minmax"
-        lo, hi = compute_weight_range(w, axis=axis, method=method, symmetric=config.weight_symmetric,
-                                      fmt=fmt)
-        if config.reduce_range and fmt.kind == "int":
+        # a constant input of an activation slot is in the activation format: its symmetry too
+        symmetric = config.weight_symmetric if tp.role == "weight" else config.activation_symmetric
+        lo, hi = compute_weight_range(w, axis=axis, method=method, symmetric=symmetric, fmt=fmt)
+        if config.reduce_range and fmt.kind == "int" and tp.role == "weight":
             # one bit less: widen the range so that the codes used stay within half the scale
             widen = fmt.symmetric_limit / np.floor(fmt.symmetric_limit / 2)
             lo, hi = np.asarray(lo) * widen, np.asarray(hi) * widen
@@ -93,7 +94,7 @@ def constant_qparams(model: onnx.ModelProto, plan: PrecisionPlan, config: QuantC
             qp = _pof2_qparams(fmt, k, 0)
             out[name] = QParams(qp.scale, qp.zero_point, axis=axis if np.ndim(k) else None)
         else:
-            out[name] = fmt.qparams_from_range(lo, hi, symmetric=config.weight_symmetric, axis=axis)
+            out[name] = fmt.qparams_from_range(lo, hi, symmetric=symmetric, axis=axis)
     return out
 
 

@@ -172,7 +172,11 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
             if name in inits:
                 if sem.weight == i:
                     continue  # a weight, below
-                cfmt = overrides.get(name, wfmt)
+                # a constant where the op reads activations is a parameter (weight format),
+                # except between integer formats: integer kernels fuse an Add/Mul only when its
+                # inputs share a type (onnxruntime's QLinearAdd: a uint8 activation plus an int8
+                # constant ran as a float Add between DQ/Q), so it takes the activation format
+                cfmt = overrides.get(name, act if int_pair else wfmt)
                 if get_format(cfmt).kind != "int" and init_sizes[name] == 1:
                     # a single number: no storage to save, while a block / float format would
                     # round it to its few mantissa bits (MXFP8: 3), a systematic error on every
@@ -183,7 +187,8 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
                 weights.setdefault(name, TensorPrecision(
                     tensor=name, role="constant", format=cfmt,
                     reason="tensor override" if name in overrides else
-                    f"constant input of {node.op_type}: weight format ({why})", block_axis=-1))
+                    f"constant input of {node.op_type}: "
+                           f"{'activation' if int_pair else 'weight'} format ({why})", block_axis=-1))
                 continue
             block_axis = sem.activation_block_axis
             if block_axis is None:
@@ -271,6 +276,8 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
                                         block_axis=axis, calibrate=cal or needs_stats,
                                         consumer_formats=cformats)
     _requantize_fused(tensors, fused, groups)
+    position = {n: i for i, n in enumerate(names)}  # graph order, fused inputs included
+    tensors = dict(sorted(tensors.items(), key=lambda kv: position[kv[0]]))
     tensors.update(weights)
     for name in float_scalars:
         tensors.setdefault(name, TensorPrecision(
