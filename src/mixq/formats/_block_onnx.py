@@ -133,6 +133,7 @@ def _round_to_element(b: _Body, y: str, ef) -> str:
     r = b.op("Mul", b.op("Round", b.op("Div", y, qs)), qs)
     return b.op("Clip", r, b.const(-float(ef.max_normal)), b.const(float(ef.max_normal)))
 
+
 def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False,
                    length: int | None = None) -> onnx.FunctionProto:
     """The FunctionProto `fmt.function_name(axis, rounding)`: input x, output y.

@@ -84,7 +84,7 @@ def _fuse_activations(g: onnx.GraphProto, produced: dict, consumed: dict, overri
 
 
 def _requantize_fused(tensors: dict[str, TensorPrecision], fused: dict[str, str],
-                      groups: "_Groups") -> None:
+                      groups: _Groups) -> None:
     """Quantize a fused compute output with its activation's output parameters (integer formats).
 
     With Q a monotone, idempotent quantizer and f a Relu or Clip, Q(f(Q(x))) = Q(f(x)): a Q/DQ
@@ -188,7 +188,7 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
                     tensor=name, role="constant", format=cfmt,
                     reason="tensor override" if name in overrides else
                     f"constant input of {node.op_type}: "
-                           f"{'activation' if int_pair else 'weight'} format ({why})", block_axis=-1))
+                    f"{'activation' if int_pair else 'weight'} format ({why})", block_axis=-1))
                 continue
             block_axis = sem.activation_block_axis
             if block_axis is None:
