@@ -1,6 +1,7 @@
-"""Block presets on the PP-OCRv4 recognizer: every op's inputs quantized (what the presets do)
-against only the operands of the compute ops (Conv, MatMul, Gemm; the rest float), the scope MX
-hardware gives these formats (vector ops run in higher precision).
+"""Block presets on the PP-OCRv4 recognizer: the presets' scope, the operands of the compute ops
+(Conv, ConvTranspose, MatMul, Gemm; everything else float, as block-format hardware runs vector
+ops in higher precision), against the same format on every op's inputs and outputs (what the
+presets did before; what QuantConfig(activation=..., weight=...) does).
 
     python bench/mx_scope_bench.py [--presets MXFP8_E4M3,MXFP4,BFP16,MXINT8] [--lines 24]
 
@@ -19,8 +20,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-COMPUTE_OPS = frozenset({"Conv", "MatMul", "Gemm"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for preset in [p.strip().upper() for p in args.presets.split(",") if p.strip()]:
             base = mixq.get_default_config(preset)
-            for scope, cfg in (("every op", base), ("Conv/MatMul/Gemm", replace(base, op_types=COMPUTE_OPS))):
+            every = replace(base, op_types=None, quantize_outputs=True)
+            for scope, cfg in (("every op", every), ("compute operands (preset)", base)):
                 out = Path(tmp) / f"{preset}.onnx"
                 q = mixq.quantize(path, cfg, [{"x": calib}], output_path=out).model
                 calls = sum(1 for n in q.graph.node if n.domain == MIXQ_DOMAIN)
