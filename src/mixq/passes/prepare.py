@@ -29,6 +29,7 @@ class PrepareReport:
     opset_to: int = 0
     constants_to_initializers: int = 0
     batchnorms_folded: int = 0
+    pads_folded: int = 0
     nodes_folded: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -212,6 +213,57 @@ def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = 
         g.node.extend(keep)
         remove_unused_initializers(model)
     return folded
+
+
+def fold_pad_into_conv(model: onnx.ModelProto) -> int:
+    """Fold a zero, constant-mode Pad of the spatial dims into the Convs that alone read it.
+
+    Exporters write TF-style "same" padding as an explicit Pad before the Conv (EfficientNet).
+    Left in place it sits between the quantized tensor and the Conv, where a backend's QDQ
+    fusion cannot see through it (onnxruntime ran 17 Pads in float between DequantizeLinear
+    and QuantizeLinear on EfficientNet-Lite0); as Conv padding it is the same computation."""
+    g = model.graph
+    inits = _init_map(g)
+    cons = _consumers(g)
+    graph_outputs = {o.name for o in g.output}
+    removed: set[int] = set()
+    for pad in g.node:
+        if pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx") or len(pad.input) < 2:
+            continue
+        mode = next((a.s.decode() for a in pad.attribute if a.name == "mode"), "constant")
+        readers = cons.get(pad.output[0], [])
+        if mode != "constant" or pad.output[0] in graph_outputs or not readers or \
+                (len(pad.input) > 3 and pad.input[3]) or pad.input[1] not in inits:
+            continue
+        if len(pad.input) > 2 and pad.input[2]:
+            value = inits.get(pad.input[2])
+            if value is None or np.any(numpy_helper.to_array(value) != 0):
+                continue
+        pads = numpy_helper.to_array(inits[pad.input[1]]).astype(np.int64).reshape(-1)
+        rank = pads.size // 2
+        if rank < 3 or pads.size != 2 * rank or np.any(pads < 0) or np.any(pads[[0, 1, rank, rank + 1]]):
+            continue
+        extra = np.concatenate([pads[2:rank], pads[rank + 2:]])
+        if not all(r.op_type == "Conv" and r.domain in ("", "ai.onnx") and r.input[0] == pad.output[0]
+                   and pad.output[0] not in r.input[1:] for r in readers):
+            continue
+        if any(next((a.s.decode() for a in r.attribute if a.name == "auto_pad"), "NOTSET") != "NOTSET"
+               for r in readers):
+            continue
+        for conv in readers:
+            attr = next((a for a in conv.attribute if a.name == "pads"), None)
+            old = np.array(attr.ints if attr is not None else [0] * extra.size, dtype=np.int64)
+            if attr is not None:
+                conv.attribute.remove(attr)
+            conv.attribute.append(helper.make_attribute("pads", [int(v) for v in old + extra]))
+            conv.input[0] = pad.input[0]
+        removed.add(id(pad))
+    if removed:
+        keep = [n for n in g.node if id(n) not in removed]
+        del g.node[:]
+        g.node.extend(keep)
+        remove_unused_initializers(model)
+    return len(removed)
 
 
 def remove_unused_initializers(model: onnx.ModelProto) -> int:
@@ -420,6 +472,7 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     if fold_bn:
         rep.batchnorms_folded = fold_batchnorm(m, base_dir)
     rep.nodes_folded = fold_constants(m, base_dir)
+    rep.pads_folded = fold_pad_into_conv(m)  # after folding: exporters compute the pads
     # graph inputs that shadow initializers (old exporters) make them overridable: drop that
     init_names = {t.name for t in m.graph.initializer}
     shadow = [i for i in m.graph.input if i.name in init_names]

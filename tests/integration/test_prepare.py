@@ -1,0 +1,91 @@
+"""Preparation passes on small models written with onnx.helper: folding an explicit Pad into the
+Conv that reads it (the TF-style "same" padding exporters write, e.g. EfficientNet)."""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixq
+from mixq.passes.prepare import fold_pad_into_conv
+
+RNG = np.random.default_rng(0)
+
+
+def _pad_conv(pads=(0, 0, 0, 1, 0, 0, 1, 2), *, mode="constant", value=None, conv_pads=(1, 0, 1, 0),
+              auto_pad=None, extra_reader=False) -> onnx.ModelProto:
+    """x -> Pad -> Conv(3x3) -> Relu -> y (and optionally Pad -> Relu -> z)."""
+    inits = [numpy_helper.from_array(np.array(pads, np.int64), "pads"),
+             numpy_helper.from_array(RNG.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(RNG.standard_normal(4).astype(np.float32), "b")]
+    pad_inputs = ["x", "pads"]
+    if value is not None:
+        inits.append(numpy_helper.from_array(np.array(value, np.float32), "v"))
+        pad_inputs.append("v")
+    conv_attrs = {"auto_pad": auto_pad} if auto_pad else {"pads": list(conv_pads)}
+    nodes = [helper.make_node("Pad", pad_inputs, ["xp"], name="pad", mode=mode),
+             helper.make_node("Conv", ["xp", "w", "b"], ["c"], name="conv", **conv_attrs),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4, None, None])]
+    if extra_reader:
+        nodes.append(helper.make_node("Relu", ["xp"], ["z"], name="relu2"))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, 3, None, None]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 12, 12])],
+                          outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def _run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+
+def test_zero_pad_folds_into_the_conv_padding_exactly():
+    m = _pad_conv(value=0.0)
+    x = RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)
+    want = _run(m, x)
+    folded = onnx.ModelProto()
+    folded.CopyFrom(m)
+    assert fold_pad_into_conv(folded) == 1
+    ops = [n.op_type for n in folded.graph.node]
+    assert ops == ["Conv", "Relu"]
+    conv = folded.graph.node[0]
+    assert conv.input[0] == "x"
+    # Conv pads [h_begin, w_begin, h_end, w_end] = (1, 0, 1, 0) + the Pad's spatial (0, 1, 1, 2)
+    assert list(next(a for a in conv.attribute if a.name == "pads").ints) == [1, 1, 2, 2]
+    assert "pads" not in {t.name for t in folded.graph.initializer}
+    onnx.checker.check_model(folded, full_check=True)
+    np.testing.assert_allclose(_run(folded, x)[0], want[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", [
+    dict(mode="reflect"),
+    dict(value=0.5),                                    # padding with a non-zero value
+    dict(pads=(0, 1, 0, 0, 0, 0, 0, 0)),                # pads the channel dim
+    dict(auto_pad="SAME_UPPER"),                        # the Conv computes its own padding
+    dict(extra_reader=True),                            # another op reads the padded tensor
+])
+def test_pads_that_are_not_conv_padding_stay(case):
+    m = _pad_conv(**case)
+    before = m.SerializeToString()
+    assert fold_pad_into_conv(m) == 0
+    assert m.SerializeToString() == before
+
+
+def test_quantized_pad_conv_runs_as_one_integer_kernel(tmp_path):
+    """After quantization onnxruntime fuses the Conv into QLinearConv with no float Pad left
+    between DequantizeLinear and QuantizeLinear (17 such Pads on EfficientNet-Lite0 before)."""
+    m = _pad_conv()
+    x = RNG.standard_normal((8, 3, 12, 12)).astype(np.float32)
+    res = mixq.quantize(m, "U8S8", [{"x": x}])
+    assert res.prepare.pads_folded == 1
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    ort.InferenceSession(res.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
+    assert ops["QLinearConv"] == 1 and ops["Pad"] == 0, ops
