@@ -182,3 +182,18 @@ def test_s16s16_int32_biases_survive_onnxruntime_optimizations(cls):
     preds = [np.argmax(make_session(res.model, optimize=o).run(None, {"x": ev})[0], 1) for o in (True, False)]
     np.testing.assert_array_equal(preds[0], preds[1])
     assert np.mean(preds[0] == labels) >= 0.95
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "U8S8"])
+def test_embedded_model_entropy_calibration_within_a_point_of_minmax(preset):
+    samples = load_default_samples()
+    model = onnx.load(default_model_path())
+    name = model.graph.input[0].name
+
+    def top1(method: str) -> float:
+        cfg = mixq.get_default_config(preset).with_options(calibration=method)
+        q = mixq.quantize(model, cfg, [{name: samples.calib_images}]).model
+        y = make_session(q, optimize=False).run(None, {name: samples.test_images})[0]
+        return float(np.mean(np.argmax(y, 1) == samples.test_labels))
+
+    assert top1("entropy") >= top1("minmax") - 0.01

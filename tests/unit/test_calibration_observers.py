@@ -219,3 +219,15 @@ def test_weight_range_per_tensor_and_channel():
     with pytest.raises(ConfigError, match="MINMAX and MINMSE"):
         compute_weight_range(w, method="entropy")
     assert compute_weight_range(np.zeros((2, 3)), axis=0)[1].tolist() == [0.0, 0.0]
+
+
+def test_entropy_ignores_exact_zeros_of_a_relu6_output():
+    """A ReLU6 output that is mostly exact zeros with a spike at the clip (EfficientNet-Lite0:
+    78 % zeros): the zeros are exact under every threshold and must not pull the KL search to
+    its smallest candidate (it returned absmax / 16 and the model read 0 % top-1)."""
+    rng = np.random.default_rng(5)
+    x = np.clip(rng.normal(-1.5, 2.0, 400_000), 0.0, 6.0).astype(np.float32)
+    assert 0.7 < np.mean(x == 0) < 0.85
+    for symmetric in (True, False):
+        lo, hi = compute_range(TensorStats.from_array(x), CalibMethod.ENTROPY, symmetric=symmetric)
+        assert hi > 2.0, (symmetric, hi)

@@ -25,7 +25,11 @@ ENTROPY     TensorRT-style KL-divergence threshold on ``|x|``: the 65536-bin his
             evaluated in closed form from prefix sums, for all candidates at once
             (candidates x num_quant_bins work, a few ms). The threshold is symmetric; an asymmetric range
             is the symmetric one intersected with ``[min, max]`` (a ReLU output gives
-            ``(0, t)``) and a one-sided tensor uses all `levels` as quantization bins.
+            ``(0, t)``) and a one-sided tensor uses all `levels` as quantization bins. Exact
+            zeros (the histogram's zero bucket) are left out of P and Q: every candidate
+            represents them exactly, and a ReLU6 output that is 78 % zeros (EfficientNet-Lite0)
+            otherwise fills bin 0 so that spreading it over Q's first group outweighs
+            everything else, and the search returned its smallest candidate (0 % top-1).
 MINMSE      the range minimizing the expected quantization MSE = clipping error (exact on the
             histogram) + rounding error (``step**2 / 12`` per value, or ``x**2`` for values that
             round to 0), evaluated for all candidates at once with prefix sums of
@@ -229,6 +233,9 @@ def _entropy_threshold(stats: TensorStats, num_quant_bins: int, num_bins: int = 
     """TensorRT-style KL threshold on |x| (see module docstring)."""
     amax = stats.absmax
     alo, ahi, acnt = stats.abs_bins()
+    if alo.size and alo[0] == 0.0:  # exact zeros: exact under every threshold (module docstring)
+        acnt = acnt.copy()
+        acnt[0] = 0
     # re-bin: the CDF is piecewise linear inside each (log) bin
     xp = np.stack([alo, ahi], axis=1).reshape(-1)
     cum = np.cumsum(acnt).astype(np.float64)
@@ -329,7 +336,8 @@ def compute_range(stats: TensorStats, method: CalibMethod | str = CalibMethod.MI
     percentile: for PERCENTILE, in (0, 100].
     num_quant_bins: for ENTROPY, the number of quantization bins on ``|x|`` (default
         ``levels // 2``, or `levels` for an asymmetric range of a one-sided tensor).
-    num_bins: for ENTROPY, linear bins of the re-binned ``|x|`` histogram.
+    num_bins: for ENTROPY, linear bins of the re-binned ``|x|`` histogram (at least 16 per
+        quantization bin).
 
     Returns plain floats with ``lo <= 0 <= hi``; ``(0.0, 0.0)`` when there is no non-zero
     finite value (the caller maps a zero-width range to scale 1).
@@ -359,7 +367,10 @@ def compute_range(stats: TensorStats, method: CalibMethod | str = CalibMethod.MI
         nq = num_quant_bins or (g.levels if (one_sided and not symmetric) else g.levels // 2)
         if nq < 2:
             raise ConfigError(f"num_quant_bins must be >= 2, got {nq}")
-        t = _entropy_threshold(stats, nq, num_bins=int(num_bins))
+        # at least 16 histogram bins per quantization bin (TensorRT's 2048 for 128): with all
+        # 256 levels on a one-sided tensor and 2048 bins, data filling fewer bins than levels
+        # makes every candidate look lossless and the search keeps the outliers
+        t = _entropy_threshold(stats, nq, num_bins=max(int(num_bins), 16 * nq))
         if symmetric:
             return -t, t
         return _with_zero(max(stats.min, -t), min(stats.max, t))
