@@ -436,11 +436,23 @@ class MiniLM(Case):
                               ("input_ids", "attention_mask", "token_type_ids")})
             return feeds
 
+        class _Keywords(torch.nn.Module):
+            """The encoder called with keywords: transformers 5 reordered BertModel.forward's
+            positional parameters (the third collided with use_cache)."""
+
+            def __init__(self, inner: Any) -> None:
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+                return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                                  token_type_ids=token_type_ids).last_hidden_state
+
         ex = {k: torch.from_numpy(v) for k, v in encode(calib_s[:2])[0].items()}
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             dyn = {0: "N", 1: "T"}
-            torch.onnx.export(model, (ex["input_ids"], ex["attention_mask"], ex["token_type_ids"]),
+            torch.onnx.export(_Keywords(model), (ex["input_ids"], ex["attention_mask"], ex["token_type_ids"]),
                               str(d / "float.onnx"), opset_version=18, dynamo=False,
                               input_names=["input_ids", "attention_mask", "token_type_ids"],
                               output_names=["last_hidden_state"],
