@@ -66,8 +66,11 @@ def run_child(kind: str, spec: dict[str, Any], spec_path: Path, timeout: float) 
         p for p in (str(env.ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     t0 = time.time()
     try:
+        # cwd: the case's spec folder (under the ignored work dir): peers write stray files to
+        # the working directory (onnxruntime's quantize_static saved a 90 MB uuid-named
+        # external-data file of all-MiniLM-L6-v2 there)
         proc = subprocess.run([sys.executable, "-m", "bench.worker", kind, str(spec_path)],
-                              cwd=env.ROOT, env=child_env, capture_output=True, text=True,
+                              cwd=spec_path.parent, env=child_env, capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}, t0
@@ -122,7 +125,7 @@ class Suite:
         self.latency_runs = latency_runs
         self.reduce_range = reduce_range
         self.install = install
-        self.out_dir, self.doc, self.work_dir = Path(out_dir), doc, Path(work_dir)
+        self.out_dir, self.doc, self.work_dir = Path(out_dir), doc, Path(work_dir).resolve()
         self.timeout = timeout
         self.merge = merge
         self.command = command or (f"python -m bench --suite {suite} --models {','.join(self.models)} "
