@@ -50,6 +50,7 @@ class QuantizeResult:
                  "| what | value |", "|---|---|",
                  f"| opset | {self.prepare.opset_from} -> {self.prepare.opset_to} |",
                  f"| BatchNorms folded | {self.prepare.batchnorms_folded} |",
+                 f"| Pads folded into Conv | {self.prepare.pads_folded} |",
                  f"| activations quantized | {self.rewrite.activations_quantized} |",
                  f"| weights/constants quantized | {self.rewrite.weights_quantized} |",
                  f"| int32 biases | {self.rewrite.biases_int32} |",
