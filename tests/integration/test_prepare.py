@@ -89,3 +89,10 @@ def test_quantized_pad_conv_runs_as_one_integer_kernel(tmp_path):
     ort.InferenceSession(res.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
     assert ops["QLinearConv"] == 1 and ops["Pad"] == 0, ops
+
+
+def test_a_pad_mode_that_is_not_utf8_is_left_alone():
+    """A damaged model (the fuzz target flipped the mode's bytes): no raw UnicodeDecodeError."""
+    m = _pad_conv()
+    next(a for a in m.graph.node[0].attribute if a.name == "mode").s = b"\xf2\x00"
+    assert fold_pad_into_conv(m) == 0

@@ -61,6 +61,18 @@ def test_truncated_model(frac, tmp_path):
             input_path=p, output_path=tmp_path / "o.onnx", feed=FEEDS[0])
 
 
+
+@pytest.mark.parametrize("name", [b"mm1", b"add1", b"relu", b"softmax"])
+def test_node_name_that_is_not_utf8(name, tmp_path):
+    """The fuzz target flipped a node name's first byte (0x6d -> 0xed): Python's protobuf hands
+    such a name back as bytes and writing it back raised a raw UnicodeDecodeError."""
+    i = VALID_BYTES.index(name)
+    p = tmp_path / "m.onnx"
+    p.write_bytes(VALID_BYTES[:i] + bytes([name[0] | 0x80]) + VALID_BYTES[i + 1:])
+    with pytest.raises(ModelError, match=r"node\[\d\]\.name is not valid UTF-8.*re-export"):
+        mixq.quantize(p, "A8W8", FEEDS, output_path=tmp_path / "o.onnx")
+    assert not (tmp_path / "o.onnx").exists()
+
 @pytest.mark.parametrize("seed", range(25))
 def test_bit_flipped_model(seed, tmp_path):
     rng = np.random.default_rng(seed)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
 from .._io import has_external_data, load_deferred_tensor, tensor_array
@@ -230,9 +231,10 @@ def fold_pad_into_conv(model: onnx.ModelProto) -> int:
     for pad in g.node:
         if pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx") or len(pad.input) < 2:
             continue
-        mode = next((a.s.decode() for a in pad.attribute if a.name == "mode"), "constant")
+        # string attributes compared as bytes: a damaged model's need not be UTF-8
+        mode = next((a.s for a in pad.attribute if a.name == "mode"), b"constant")
         readers = cons.get(pad.output[0], [])
-        if mode != "constant" or pad.output[0] in graph_outputs or not readers or \
+        if mode != b"constant" or pad.output[0] in graph_outputs or not readers or \
                 (len(pad.input) > 3 and pad.input[3]) or pad.input[1] not in inits:
             continue
         if len(pad.input) > 2 and pad.input[2]:
@@ -247,7 +249,7 @@ def fold_pad_into_conv(model: onnx.ModelProto) -> int:
         if not all(r.op_type == "Conv" and r.domain in ("", "ai.onnx") and r.input[0] == pad.output[0]
                    and pad.output[0] not in r.input[1:] for r in readers):
             continue
-        if any(next((a.s.decode() for a in r.attribute if a.name == "auto_pad"), "NOTSET") != "NOTSET"
+        if any(next((a.s for a in r.attribute if a.name == "auto_pad"), b"NOTSET") != b"NOTSET"
                for r in readers):
             continue
         for conv in readers:
@@ -436,10 +438,39 @@ def check_graph(model: onnx.ModelProto, *, full_check: bool = False, size: int |
         onnx.checker.check_model(path, full_check=full_check)
 
 
+def _damaged_string(msg: Message, path: str = "model") -> str | None:
+    """The path of the first string field in `msg` (or a message inside it) that is not valid
+    UTF-8, else None. The ONNX checker never looks; Python's protobuf hands such a field back
+    as bytes, and writing it back into any message then raises UnicodeDecodeError deep inside a
+    pass (the fuzz target found a node name). Tensors contribute their names only, so that no
+    weight is copied."""
+    if isinstance(msg, onnx.TensorProto):
+        if isinstance(msg.name, bytes):
+            return f"{path}.name"
+        return None
+    for fd, value in msg.ListFields():
+        if fd.type == fd.TYPE_STRING:
+            if isinstance(value, bytes) or (not isinstance(value, str)
+                                            and any(isinstance(v, bytes) for v in value)):
+                return f"{path}.{fd.name}"
+        elif fd.type == fd.TYPE_MESSAGE:
+            items = [value] if isinstance(value, Message) else list(value)  # one, or repeated
+            for i, v in enumerate(items):
+                where = f"{path}.{fd.name}" if isinstance(value, Message) else f"{path}.{fd.name}[{i}]"
+                bad = _damaged_string(v, where)
+                if bad:
+                    return bad
+    return None
+
+
 def check_input_model(model: onnx.ModelProto) -> None:
     """Run the ONNX checker on an input model (on a skeleton without the large tensors' data
     for big models); raises ModelError naming the problem instead of failing later, deep
     inside a pass."""
+    bad = _damaged_string(model)
+    if bad:
+        raise ModelError(f"{bad} is not valid UTF-8: the file is damaged; re-export "
+                         "it and quantize again.")
     try:
         check_graph(model)
     except Exception as exc:  # ValidationError, and the C++ checker's other errors
