@@ -11,17 +11,14 @@ from typing import Any
 
 import onnx
 
-from ._io import (has_external_data, load_deferred, load_model, load_model_deferred, model_size,
-                  same_path, save_model)
-from .check import custom_op_problems
+from ._io import load_deferred, model_size, same_path, save_model
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
-from .passes.prepare import PrepareReport, check_graph, prepare
-from .passes.qdq import RewriteReport, apply_plan
+from .passes.prepare import PrepareReport, check_graph
+from .passes.qdq import RewriteReport
+from .pipeline import Pipeline, config_of_plan
 from .plan.plan import PrecisionPlan
-from .plan.qparams import activation_qparams, constant_qparams
-from .plan.rules import build_plan
 
 
 @dataclass
@@ -56,6 +53,7 @@ class QuantizeResult:
                  f"| int32 biases | {self.rewrite.biases_int32} |",
                  f"| tensors calibrated | {self.calibrated} |",
                  f"| nodes left float | {len(self.plan.float_nodes)} |",
+                 f"| float tensors not planned | {len(self.plan.skipped)} (reasons: `mixq plan`) |",
                  f"| size | {self.float_bytes / 1e6:.3f} MB -> {self.quant_bytes / 1e6:.3f} MB |",
                  f"| time | {sum(self.timings.values()):.2f} s ("
                  + ", ".join(f"{k} {v:.2f}" for k, v in self.timings.items()) + ") |"]
@@ -68,14 +66,13 @@ class QuantizeResult:
             lines += ["", "Left float: " + "; ".join(f"{n} x {r}" for r, n in sorted(why.items()))]
         for name, r in self.rewrite.biases_kept_float.items():
             lines.append(f"- bias {name}: {r}")
-        for w in [*self.rewrite.notes, *self.warnings, *(f"not calibrated: {k}: {v}" for k, v in self.skipped.items())]:
+        for w in [*self.prepare.notes, *self.rewrite.notes, *self.warnings,
+                  *(f"not calibrated: {k}: {v}" for k, v in self.skipped.items())]:
             lines.append(f"- {w}")
         return "\n".join(lines)
 
 
-def _resolve_config(config: QuantConfig | str | None) -> QuantConfig:
-    if config is None:
-        return get_default_config("A8W8")
+def _resolve_config(config: Any) -> QuantConfig:
     if isinstance(config, str):
         return get_default_config(config)
     if isinstance(config, QuantConfig):
@@ -91,11 +88,14 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
              calibration_data: Any = None, *, output_path: str | os.PathLike | None = None,
              plan: PrecisionPlan | None = None, progress: Callable[[int], None] | None = None,
              check_kernels: bool = True, finetune: Any = None) -> QuantizeResult:
-    """Quantize `model` with `config` (a QuantConfig or a preset name), calibrating activations on
-    `calibration_data` (a data reader, an iterable of feed dicts, a .npz/.npy file or a folder).
+    """Quantize `model` with `config` (a QuantConfig or a preset name; default A8W8),
+    calibrating activations on `calibration_data` (a data reader, an iterable of feed dicts, a
+    .npz/.npy file or a folder).
 
-    `plan` replays a saved precision plan instead of building one from the config. The result
-    holds the quantized ModelProto; with `output_path` it is also written (atomically).
+    `plan` replays a saved precision plan instead of building one: it is replayed with the
+    config it carries (a different `config` beside it is an error), so it gives the same bytes
+    as the config that made it. The result holds the quantized ModelProto; with `output_path`
+    it is also written (atomically).
     `check_kernels` runs the integer model on a few calibration batches with onnxruntime's
     default optimizations and with them disabled, and warns when the fused kernels disagree
     with the QDQ semantics (int8 saturation on x86 CPUs without VNNI).
@@ -104,78 +104,50 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
-    cfg = _resolve_config(config)
-    ft_config = finetune if finetune is not None else getattr(config, "finetune_config", None)
-    base_dir = None  # where deferred weights are read from (None: the model is all in memory)
-    if isinstance(model, (str, os.PathLike)) and ft_config is None:
-        # a big model's weights stay in its external data file: onnxruntime maps them during
-        # calibration, and the rewrite reads and quantizes one tensor at a time
-        src, base_dir = load_model_deferred(model)
+    given = None if config is None else _resolve_config(config)
+    if plan is not None:
+        cfg = config_of_plan(plan, given)
     else:
-        src = load_model(model)
-    if base_dir is None:
-        unloaded = [t.name for t in src.graph.initializer if has_external_data(t)]
-        if unloaded:
-            raise ModelError(f"initializer {unloaded[0]!r} refers to external data that is not "
-                             f"loaded ({len(unloaded)} such initializers); pass the .onnx path, or "
-                             "load the model with its data (onnx.load(path) without "
-                             "load_external_data=False).")
-    # a model mixq loaded itself (from a path or bytes) is prepared and rewritten in place:
-    # no copies of the weights (what keeps > 2 GB models within memory)
-    owned = not isinstance(model, onnx.ModelProto)
-    float_bytes = model_size(src)
+        cfg = given if given is not None else get_default_config("A8W8")
+    ft_config = finetune if finetune is not None else getattr(config, "finetune_config", None)
     out_path = Path(output_path) if output_path is not None else None
     protect = None if isinstance(model, (onnx.ModelProto, bytes)) else model
     if out_path is not None and protect is not None and same_path(out_path, protect):
         # checked before any work, and again by save_model
         raise OutputError(f"output path {str(out_path)!r} is the input model; choose another "
                           "path (mixq never overwrites its input).")
-    prepared, prep = prepare(src, copy=not owned, base_dir=base_dir)
-    _ensure_node_names(prepared)
+    # a big model's weights stay in their external data file: onnxruntime maps them for
+    # calibration, and the rewrite reads and quantizes one tensor at a time (finetuning needs
+    # the weights in memory)
+    pipe = Pipeline.load(model, defer=ft_config is None)
+    float_bytes = model_size(pipe.model)
     timings["prepare"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    the_plan = plan if plan is not None else build_plan(prepared, cfg)
-    _check_plan(the_plan, prepared)
-    the_plan = _skip_empty_block_tensors(the_plan, prepared)
+    the_plan = plan if plan is not None else pipe.plan(cfg)
+    pipe.check_plan(the_plan)
     timings["plan"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    needed = the_plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
-    stats: dict = {}
-    skipped: dict[str, str] = {}
-    unknown_ops = {d: why for d, why in custom_op_problems(prepared).items() if "custom op library" in why}
-    if needed and unknown_ops:
-        raise ModelError(f"calibration runs the model in onnxruntime, but {next(iter(unknown_ops.values()))}. "
-                         "Replace the op with standard ONNX ops (or a model-local function), or "
-                         "use a preset that needs no calibration (BF16, FP16, block formats).")
-    if needed:
-        if calibration_data is None:
-            raise ConfigError(f"format {cfg.activation} needs calibration data for "
-                              f"{len(needed)} activations; pass calibration_data (a data reader, "
-                              "feeds, a .npz/.npy file or a folder).")
-        from .calibration.collect import collect_stats
-
-        res = collect_stats(prepared, needed, calibration_data, progress=progress, base_dir=base_dir)
-        stats, skipped = res.stats, dict(res.skipped)
+    pipe.calibrate(the_plan, calibration_data, progress=progress)
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    qparams = activation_qparams(the_plan, stats, cfg)
-    qparams.update(_constant_qparams(prepared, the_plan, cfg, base_dir))
+    qparams = pipe.qparams(the_plan, cfg)
     ft_report = None
+    target = pipe.model
     if ft_config is not None:  # AdaRound / AdaQuant: adjusted weights, same qparams (mixq.finetune)
-        from .finetune import run_finetune
+        from .finetune.core import run_finetune
 
-        prepared, ft_report = run_finetune(prepared, the_plan, qparams, calibration_data, ft_config,
-                                           lambda m: apply_plan(m, the_plan, qparams, dual=cfg.dual_quant_nodes)[0])
+        target, ft_report = run_finetune(
+            pipe.model, the_plan, qparams, calibration_data, ft_config,
+            lambda m: pipe.rewrite(the_plan, qparams, cfg, model=m)[0])
         timings["finetune"] = ft_report.total_seconds
-    qmodel, rew = apply_plan(prepared, the_plan, qparams, dual=cfg.dual_quant_nodes, copy=False,
-                             base_dir=base_dir)
+    qmodel, rew = pipe.rewrite(the_plan, qparams, cfg, model=target, copy=False)
     # weights left float: the result holds the whole model. A rewrite that returned a new model
     # (an opset conversion) rebuilt every tensor, and loaded ones would have lost their
     # data_location field on the way: so do these, for the bytes of a model loaded whole
-    load_deferred(qmodel, base_dir, rebuilt=qmodel is not prepared)
+    load_deferred(qmodel, pipe.base_dir, rebuilt=qmodel is not target)
     quant_bytes = model_size(qmodel)
     try:
         # full check (which serializes) only below 2 GiB; the graph alone above
@@ -190,82 +162,23 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         saved = save_model(qmodel, out_path, protect=protect, size=quant_bytes)
         save_s = time.perf_counter() - t
     t = time.perf_counter()
-    warnings = _check_optimized_kernels(prepared, qmodel, cfg, calibration_data, saved) if check_kernels else []
+    warnings = _check_optimized_kernels(pipe.model, qmodel, cfg, calibration_data, saved) \
+        if check_kernels else []
     timings["kernel check"] = time.perf_counter() - t
-    warnings += [f"{why}; the quantized model runs only where that library is registered"
-                 for why in unknown_ops.values()]
+    from .check import custom_op_problems
 
-    result = QuantizeResult(warnings=warnings, finetune=ft_report, model=qmodel, plan=the_plan, config=cfg, prepare=prep, rewrite=rew,
-                            calibrated=len(stats), skipped=skipped, timings=timings,
-                            float_bytes=float_bytes, quant_bytes=quant_bytes)
+    warnings += [f"{why}; the quantized model runs only where that library is registered"
+                 for why in custom_op_problems(pipe.model).values() if "custom op library" in why]
+    warnings += [f"prepare: {n}" for n in pipe.prepare_report.notes if "shape inference failed" in n]
+
+    result = QuantizeResult(warnings=warnings, finetune=ft_report, model=qmodel, plan=the_plan,
+                            config=cfg, prepare=pipe.prepare_report, rewrite=rew,
+                            calibrated=len(pipe.stats), skipped=dict(pipe.calib_skipped),
+                            timings=timings, float_bytes=float_bytes, quant_bytes=quant_bytes)
     if saved is not None:
         result.output_path = saved
         timings["save"] = save_s
     return result
-
-
-def _constant_qparams(model: onnx.ModelProto, plan: PrecisionPlan, cfg: QuantConfig,
-                      base_dir: Path | None) -> dict:
-    """constant_qparams, reading deferred weights one at a time: each is loaded into a
-    one-tensor model that is dropped once its parameters are known, so the float weights are
-    never all in memory (protobuf never gives back the memory of a cleared field)."""
-    from dataclasses import replace
-
-    inits = {t.name: t for t in model.graph.initializer}
-    deferred = [n for n, tp in plan.tensors.items()
-                if n in inits and has_external_data(inits[n]) and tp.role in ("weight", "constant")]
-    if base_dir is None or not deferred:
-        return constant_qparams(model, plan, cfg)
-    skip = set(deferred)
-    out = constant_qparams(model, replace(plan, tensors={
-        n: tp for n, tp in plan.tensors.items() if n not in skip}), cfg)
-    for name in deferred:
-        one = onnx.ModelProto()
-        one.graph.initializer.add().CopyFrom(inits[name])  # no data yet: a small copy
-        load_deferred(one, base_dir)
-        out.update(constant_qparams(one, replace(plan, tensors={name: plan.tensors[name]}), cfg))
-        del one
-    return {n: out[n] for n in plan.tensors if n in out}  # constant_qparams' (plan) order
-
-
-def _ensure_node_names(model: onnx.ModelProto) -> None:
-    seen: set[str] = set()
-    for i, n in enumerate(model.graph.node):
-        name = n.name or f"{n.op_type}_{i}"
-        while name in seen:
-            name = f"{name}_{i}"
-        n.name = name
-        seen.add(name)
-
-
-def _check_plan(plan: PrecisionPlan, model: onnx.ModelProto) -> None:
-    names = {i for n in model.graph.node for i in [*n.input, *n.output]} | \
-        {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
-    unknown = [t for t in plan.tensors if t not in names]
-    if unknown:
-        from .errors import did_you_mean
-
-        raise ConfigError(f"the plan names tensor {unknown[0]!r}, which the model does not have."
-                          + did_you_mean(unknown[0], names))
-
-
-def _skip_empty_block_tensors(plan: PrecisionPlan, model: onnx.ModelProto) -> PrecisionPlan:
-    """Leave float the activations whose inferred shape has a zero dim: there is nothing to
-    quantize, and the block formats' reshapes cannot run on zero-size tensors."""
-    from dataclasses import replace
-
-    empty = {v.name for v in [*model.graph.value_info, *model.graph.output]
-             if v.type.tensor_type.HasField("shape")
-             and any(d.HasField("dim_value") and d.dim_value == 0 for d in v.type.tensor_type.shape.dim)}
-    hit = [n for n, tp in plan.tensors.items() if n in empty and tp.role == "activation" and any(
-        f is not None and get_format(f).kind == "block" for f in [tp.format, *tp.consumer_formats.values()])]
-    if not hit:
-        return plan
-    tensors = dict(plan.tensors)
-    for n in hit:
-        tensors[n] = replace(tensors[n], format=None, consumer_formats={},
-                             reason="zero-size tensor: nothing to quantize, left float")
-    return replace(plan, tensors=tensors)
 
 
 def cpu_has_vnni() -> bool | None:

@@ -7,11 +7,12 @@ translated into these objects once, in `mixq.compat`.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import InitVar, asdict, dataclass, fields, replace
 from typing import Any
 
 from .errors import ConfigError, did_you_mean
 from .formats import get_format
+from .granularity import Granularity, PerChannel, PerTensor, granularity_from
 
 CALIB_METHODS = ("minmax", "percentile", "entropy", "minmse")
 POF2_METHODS = ("nonoverflow", "minmse")
@@ -63,7 +64,10 @@ class QuantConfig:
     activation / weight: format names (see `mixq.formats.list_formats()`), chosen independently.
     calibration: range method for activations: minmax | percentile | entropy | minmse.
     power_of_two: None, or 'nonoverflow' | 'minmse' to use power-of-two scales (NPU presets).
-    per_channel: per-output-channel weight scales for integer weights.
+    granularity: how finely integer weight scales vary: PerTensor(), PerChannel() (the
+        default: one scale per output channel) or PerBlock(size) (one per block of `size`
+        elements along the reduction axis, opset-21 blocked DequantizeLinear).
+    per_channel: shorthand accepted at construction: True = PerChannel(), False = PerTensor().
     activation_symmetric / weight_symmetric: zero point 0 (or the unsigned midpoint).
     bias: 'auto' (int32 when activations and weights are integer, else float), 'int32', 'float'.
     op_types: op types to quantize (None: every op type mixq knows); exclude_op_types and
@@ -90,7 +94,7 @@ class QuantConfig:
     calibration: str = "minmax"
     percentile: float = 99.999
     power_of_two: str | None = None
-    per_channel: bool = True
+    granularity: Granularity = PerChannel()
     activation_symmetric: bool = False
     weight_symmetric: bool = True
     bias: str = "auto"
@@ -105,8 +109,21 @@ class QuantConfig:
     tensor_formats: tuple[tuple[str, str], ...] = ()
     dual_quant_nodes: bool = False
     name: str = "custom"
+    per_channel: InitVar[bool | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, per_channel: bool | None = None) -> None:
+        if per_channel is not None:
+            if not isinstance(per_channel, bool):
+                raise ConfigError(f"per_channel={per_channel!r} must be True or False.")
+            object.__setattr__(self, "granularity", PerChannel() if per_channel else PerTensor())
+        object.__setattr__(self, "granularity", granularity_from(self.granularity))
+        for opt in ("reduce_range", "share_concat_scales", "quantize_outputs", "fuse_activations",
+                    "dual_quant_nodes", "activation_symmetric", "weight_symmetric"):
+            if not isinstance(getattr(self, opt), bool):
+                raise ConfigError(f"{opt}={getattr(self, opt)!r} must be True or False.")
+        if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)):
+            raise ConfigError(f"percentile={self.percentile!r} must be a number in (50, 100], "
+                              "e.g. 99.999.")
         # canonicalize names so that equal configs compare equal
         object.__setattr__(self, "activation", get_format(self.activation).name)
         object.__setattr__(self, "weight", get_format(self.weight).name)
@@ -140,6 +157,11 @@ class QuantConfig:
             pairs[str(tensor)] = name
         object.__setattr__(self, "tensor_formats", tuple(sorted(pairs.items())))
 
+    @property
+    def per_channel_weights(self) -> bool:
+        """Whether integer weights get more than one scale (per channel or per block)."""
+        return not isinstance(self.granularity, PerTensor)
+
     def formats_for(self, op_type: str, node_name: str) -> tuple[str, str, str]:
         """(activation format, weight format, reason) of one node under the layer rules."""
         act, w, why = self.activation, self.weight, f"preset {self.name}" if self.name != "custom" else "config"
@@ -153,6 +175,7 @@ class QuantConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (`from_dict` inverts it)."""
         d = asdict(self)
+        d["granularity"] = self.granularity.to_dict()
         for k in ("op_types", "exclude_op_types", "exclude_nodes"):
             if d[k] is not None:
                 d[k] = sorted(d[k])
@@ -180,12 +203,18 @@ class QuantConfig:
                 rules.append(LayerRule(**r))
             d["layer_rules"] = tuple(rules)
         if "tensor_formats" in d and isinstance(d["tensor_formats"], list):
-            d["tensor_formats"] = tuple(tuple(p) for p in d["tensor_formats"])
+            pairs = d["tensor_formats"]
+            if not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+                raise ConfigError("tensor_formats must be a list of [tensor name, format] pairs.")
+            d["tensor_formats"] = tuple(tuple(p) for p in pairs)
+        for k in ("op_types", "exclude_op_types", "exclude_nodes"):
+            if isinstance(d.get(k), list):
+                d[k] = frozenset(d[k])
         return base.with_options(**d)
 
     def with_options(self, **changes: Any) -> "QuantConfig":
         """A copy with some options changed; unknown option names raise ConfigError."""
-        known = [f.name for f in fields(self)]
+        known = [f.name for f in fields(self)] + ["per_channel"]
         for k in changes:
             if k not in known:
                 raise ConfigError(f"unknown config option {k!r}." + did_you_mean(k, known)

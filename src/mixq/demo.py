@@ -28,18 +28,15 @@ def _configs(presets: list[str] | None) -> list[tuple[str, QuantConfig]]:
 
 def run_demo(presets: list[str] | None = None, *, out=print) -> int:
     """Quantize the embedded model with each preset; print the table; return an exit code."""
-    from ._io import load_model
-    from .api import _ensure_node_names, quantize
+    from .api import quantize
     from .data import default_model_path, load_default_samples
     from .evaluate import make_session
-    from .passes.prepare import prepare
-    from .plan.plan import deployed_weight_bytes
+    from .pipeline import Pipeline
 
     samples = load_default_samples()
     model_path = str(default_model_path())
-    prepared, _ = prepare(load_model(model_path))
-    _ensure_node_names(prepared)
-    elems = {t.name: int(np.prod(t.dims)) for t in prepared.graph.initializer}
+    pipe = Pipeline.load(model_path)
+    elems = pipe.weight_elems
     fsess = make_session(model_path)
     ref = fsess.run(None, {"image": samples.test_images})[0]
     float_top1 = float(np.mean(np.argmax(ref, 1) == samples.test_labels))
@@ -65,7 +62,7 @@ def run_demo(presets: list[str] | None = None, *, out=print) -> int:
         agree = float(np.mean(np.argmax(got, 1) == np.argmax(ref, 1)))
         out(f"| {label} | {cfg.activation} | {cfg.weight} | {100 * top1:.2f} % | {100 * top1_q:.2f} % | "
             f"{100 * (top1_q - float_top1):+.2f} | {100 * agree:.2f} % | "
-            f"{deployed_weight_bytes(elems, res.plan) / 1024:.1f} | {res.quant_bytes / 1024:.1f} | {dt:.2f} |")
+            f"{pipe.size_bytes(res.plan) / 1024:.1f} | {res.quant_bytes / 1024:.1f} | {dt:.2f} |")
         if res.warnings:
             notes.append(f"- {label}: {res.warnings[0]}")
     out("\nweights KB: what a backend stores (each weight at its format's bits, shared scales "

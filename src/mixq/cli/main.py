@@ -39,6 +39,12 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exclude-op-types", default="", help="comma-separated op types to keep float")
 
 
+def _config_given(args: argparse.Namespace) -> bool:
+    """Whether any config flag was given (a replayed plan carries its own config)."""
+    return bool(args.config or args.preset or args.activation or args.weight or args.calib_method
+                or args.per_channel is not None or args.reduce_range or args.exclude_op_types)
+
+
 def _config_from_args(args: argparse.Namespace):
     import json
 
@@ -80,8 +86,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from ..api import quantize
     from ..plan.plan import PrecisionPlan
 
-    cfg = _config_from_args(args)
     plan = _read_plan(args.plan) if args.plan else None
+    # a replayed plan carries the config that made it; flags beside it must agree with it
+    cfg = _config_from_args(args) if plan is None or _config_given(args) else None
     res = quantize(args.input, cfg, args.calib, output_path=args.output, plan=plan,
                    progress=_progress("calibrating"))
     if sys.stderr.isatty():
@@ -114,16 +121,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .._io import load_model
-    from ..api import _ensure_node_names
-    from ..passes.prepare import prepare
-    from ..plan.rules import build_plan
+    from ..pipeline import Pipeline
 
     cfg = _config_from_args(args)
-    model, _ = prepare(load_model(args.model))
-    _ensure_node_names(model)
-    plan = build_plan(model, cfg)
+    plan = Pipeline.load(args.model).plan(cfg)
     print(plan.table())
+    print(f"\n{sum(tp.format is not None for tp in plan.tensors.values())} tensors quantized, "
+          f"{sum(tp.format is None for tp in plan.tensors.values()) + len(plan.skipped)} float "
+          f"tensors left float (each with its reason above), {len(plan.float_nodes)} nodes left float")
     if args.output:
         from .._io import _atomic_write
 

@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 
 from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import ModelError
+from ..graph import PassResult
 
 #: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
 TARGET_OPSET = 21
@@ -33,6 +34,7 @@ class PrepareReport:
     pads_folded: int = 0
     nodes_folded: int = 0
     notes: list[str] = field(default_factory=list)
+    passes: list[PassResult] = field(default_factory=list)
 
 
 def model_opset(model: onnx.ModelProto) -> int:
@@ -393,26 +395,128 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return sk
 
 
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference that tolerates models above 2 GB (returns the model unchanged if it fails).
+def infer_shapes(model: onnx.ModelProto, result: PassResult | None = None) -> onnx.ModelProto:
+    """Shape inference that tolerates models above 2 GB. A failure is recorded in `result` (the
+    model is returned unchanged: tensors without an inferred type are then left float, each
+    with that reason in the plan), never swallowed.
 
     Big models (and deferred ones) are inferred on a skeleton without the large tensors' data
     and the inferred value_info is copied back, so the model is neither serialized whole nor
     copied."""
     from .._io import model_size
 
+    res = result if result is not None else PassResult("infer shapes")
     if model_size(model) > _SKELETON_BYTES or _has_external(model):
         try:
             inferred = onnx.shape_inference.infer_shapes(_skeleton(model), data_prop=True)
-        except Exception:
+        except Exception as exc:
+            res.notes.append(f"shape inference failed ({_first_line(exc)}); tensors without a "
+                             "known type are left float")
             return model
         have = {v.name for v in model.graph.value_info}
         model.graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in have)
         return model
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:
+    except Exception as exc:
+        res.notes.append(f"shape inference failed ({_first_line(exc)}); tensors without a "
+                         "known type are left float")
         return model
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return " ".join(lines[:2])[:300] or type(exc).__name__
+
+
+def repair_output_shapes(model: onnx.ModelProto) -> PassResult:
+    """Replace declared graph-output shapes that shape inference contradicts (a different rank,
+    or a different static dim) by the inferred ones. Exporters sometimes declare a wrong output
+    shape; onnxruntime runs such a model, but any rewrite that adds a node before the output
+    makes the checker reject it. In place; declared shapes that agree are kept as they are."""
+    res = PassResult("repair output shapes")
+    g = model.graph
+    declared = {o.name: o.type for o in g.output if o.type.tensor_type.HasField("shape")}
+    if not declared:
+        return res
+    probe = onnx.ModelProto()
+    for fld in ("ir_version", "opset_import", "functions"):
+        if fld == "ir_version":
+            probe.ir_version = model.ir_version
+        else:
+            getattr(probe, fld).extend(getattr(model, fld))
+    pg = probe.graph
+    pg.node.extend(g.node)
+    pg.input.extend(g.input)
+    pg.initializer.extend(_shape_only(t) for t in g.initializer)
+    pg.sparse_initializer.extend(g.sparse_initializer)
+    for o in g.output:
+        v = pg.output.add()
+        v.name = o.name
+        if o.type.HasField("tensor_type"):
+            v.type.tensor_type.elem_type = o.type.tensor_type.elem_type
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    except Exception as exc:
+        res.decline("model", f"shape inference failed: {_first_line(exc)}")
+        return res
+    got = {o.name: o.type for o in inferred.graph.output}
+    got.update({v.name: v.type for v in inferred.graph.value_info})
+    for o in g.output:
+        want, inf = declared.get(o.name), got.get(o.name)
+        if want is None or inf is None or not inf.tensor_type.HasField("shape"):
+            continue
+        a = [d.dim_value if d.HasField("dim_value") else None for d in want.tensor_type.shape.dim]
+        b = [d.dim_value if d.HasField("dim_value") else None for d in inf.tensor_type.shape.dim]
+        if len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b)):
+            continue
+        o.type.tensor_type.shape.CopyFrom(inf.tensor_type.shape)
+        res.changed += 1
+        res.notes.append(f"graph output {o.name!r} was declared with shape {_dims(a)}, but the "
+                         f"graph computes {_dims(b)}: the declaration is repaired")
+    return res
+
+
+def _dims(d: list[int | None]) -> str:
+    return "(" + ", ".join("?" if x is None else str(x) for x in d) + ")"
+
+
+def _shape_only(t: onnx.TensorProto) -> onnx.TensorProto:
+    """Name, type and dims of `t` without its data (shape inference needs no more), except
+    small integer tensors, whose values data propagation may need (Reshape targets)."""
+    if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and int(np.prod(t.dims)) <= 64 \
+            and not has_external_data(t):
+        return t
+    c = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+    c.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", _PLACEHOLDER), ("offset", "0"), ("length", "0")):
+        e = c.external_data.add()
+        e.key, e.value = k, v
+    return c
+
+
+def densify_sparse_initializers(model: onnx.ModelProto) -> PassResult:
+    """Turn sparse initializers of the main graph into dense ones (in place): the rewrite and
+    onnx's converter work on dense tensors, and a quantized weight is stored dense anyway."""
+    res = PassResult("densify sparse initializers")
+    g = model.graph
+    if not len(g.sparse_initializer):
+        return res
+    from onnx import numpy_helper as nh
+
+    for sp in g.sparse_initializer:
+        values = nh.to_array(sp.values)
+        idx = nh.to_array(sp.indices).astype(np.int64)
+        dims = tuple(int(d) for d in sp.dims)
+        dense = np.zeros(int(np.prod(dims)), dtype=values.dtype)
+        if idx.ndim == 2:  # COO coordinates: one row per value
+            idx = np.ravel_multi_index(tuple(idx.T), dims) if idx.size else idx.reshape(-1)
+        dense[idx.reshape(-1)] = values.reshape(-1)
+        g.initializer.append(nh.from_array(dense.reshape(dims), sp.values.name))
+        res.changed += 1
+    del g.sparse_initializer[:]
+    res.notes.append(f"{res.changed} sparse initializers stored dense")
+    return res
 
 
 def check_graph(model: onnx.ModelProto, *, full_check: bool = False, size: int | None = None) -> None:
@@ -494,16 +598,27 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
         m = model
     check_input_model(m)
     rep = PrepareReport(opset_from=model_opset(m))
-    rep.constants_to_initializers = constants_to_initializers(m)
+
+    def counted(name: str, n: int) -> int:
+        rep.passes.append(PassResult(name, changed=n))
+        return n
+
+    for r in (densify_sparse_initializers(m), repair_output_shapes(m)):
+        rep.passes.append(r)
+        rep.notes += r.notes
+    rep.constants_to_initializers = counted("constants to initializers", constants_to_initializers(m))
     m = upgrade_opset(m)
     rep.opset_to = model_opset(m)
+    rep.passes.append(PassResult("opset", in_place=rep.opset_to == rep.opset_from,
+                                 changed=int(rep.opset_to != rep.opset_from)))
     if rep.opset_to < rep.opset_from:
         rep.notes.append(f"opset {rep.opset_from} converted down to {rep.opset_to}, the newest "
                          "onnxruntime runs")
     if fold_bn:
-        rep.batchnorms_folded = fold_batchnorm(m, base_dir)
-    rep.nodes_folded = fold_constants(m, base_dir)
-    rep.pads_folded = fold_pad_into_conv(m)  # after folding: exporters compute the pads
+        rep.batchnorms_folded = counted("fold BatchNorm", fold_batchnorm(m, base_dir))
+    rep.nodes_folded = counted("fold constants", fold_constants(m, base_dir))
+    # after folding: exporters compute the pads
+    rep.pads_folded = counted("fold Pad into Conv", fold_pad_into_conv(m))
     # graph inputs that shadow initializers (old exporters) make them overridable: drop that
     init_names = {t.name for t in m.graph.initializer}
     shadow = [i for i in m.graph.input if i.name in init_names]
@@ -512,7 +627,10 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
         del m.graph.input[:]
         m.graph.input.extend(keep)
         rep.notes.append(f"{len(shadow)} initializers were also listed as graph inputs; treated as constants")
-    m = infer_shapes(m)
+    inference = PassResult("infer shapes", in_place=False)
+    m = infer_shapes(m, inference)
+    rep.passes.append(inference)
+    rep.notes += inference.notes
     return m, rep
 
 

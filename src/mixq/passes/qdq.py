@@ -15,7 +15,8 @@ from onnx import helper, numpy_helper
 
 from .._io import tensor_array
 from ..formats import Emission, QParams, get_format
-from ..plan.plan import PrecisionPlan
+from ..graph import GraphIndex, NameAllocator, PassResult, outer_scope_reads, static_shape, subgraphs
+from ..plan.plan import PrecisionPlan, TensorPrecision
 from ..plan.qparams import consumer_key
 
 _INT32_MAX = 2**31 - 1
@@ -31,10 +32,7 @@ class RewriteReport:
     biases_kept_float: dict[str, str] = field(default_factory=dict)
     boundary_conversions: int = 0
     notes: list[str] = field(default_factory=list)
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "_." else "_" for c in name)
+    passes: list[PassResult] = field(default_factory=list)
 
 
 def _bias_qparams(node: onnx.NodeProto, plan: PrecisionPlan, qparams: dict[str, QParams]
@@ -73,31 +71,266 @@ def _int32_bias(b: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return scale, np.rint(b / scale.astype(np.float64)), int(k.max(initial=0))
 
 
-def _static_shape(t: onnx.TypeProto | None) -> tuple[int | None, ...] | None:
-    """The dims of a tensor type (None where unknown), or None without a shape."""
-    if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
-        return None
-    return tuple(d.dim_value if d.HasField("dim_value") else None for d in t.tensor_type.shape.dim)
+@dataclass
+class _Rewrite:
+    """The state the rewrite passes share: what each pass decided, applied once by `_assemble`
+    (so the node order and names are the same whatever order the passes ran in)."""
+
+    model: onnx.ModelProto
+    plan: PrecisionPlan
+    qparams: dict[str, QParams]
+    dual: bool
+    base_dir: str | os.PathLike | None
+    report: RewriteReport
+    index: GraphIndex = field(init=False)
+    names: NameAllocator = field(init=False)
+    rename: dict[str, str] = field(default_factory=dict)       # tensor -> name consumers read
+    node_rename: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, tensor) -> name
+    replace_init: dict[str, Emission] = field(default_factory=dict)
+    new_after: dict[int, list[onnx.NodeProto]] = field(default_factory=dict)  # producer index
+    emission: Emission = field(default_factory=Emission)
+    block_outputs: dict[str, str] = field(default_factory=dict)  # block output -> source tensor
+    prefixes: dict[str, str] = field(default_factory=dict)
+
+    def reindex(self) -> None:
+        self.index = GraphIndex.of(self.model)
+        self.names = NameAllocator.for_model(self.model)
+
+    def prefix(self, tensor: str) -> str:
+        """The namespace of the nodes and initializers emitted for `tensor` (one per tensor)."""
+        if tensor not in self.prefixes:
+            self.prefixes[tensor] = self.names.prefix(tensor)
+        return self.prefixes[tensor]
 
 
-def _upgrade_for(m: onnx.ModelProto, plan: PrecisionPlan, rep: RewriteReport) -> onnx.ModelProto:
-    """`m` at the default-domain opset every planned format's ONNX needs (block formats: 25)."""
+def _pass_opset(rw: _Rewrite) -> PassResult:
+    """Upgrade the model to the default-domain opset every planned format's ONNX needs (block
+    formats: 25). Not in place when it converts: the converter returns a new model."""
     from .prepare import model_opset, upgrade_opset
 
-    names = {tp.format for tp in plan.tensors.values() if tp.format}
-    names |= {f for tp in plan.tensors.values() for f in tp.consumer_formats.values() if f}
-    need = max((get_format(f).onnx_opset for f in names), default=0)
-    have = model_opset(m)
+    res = PassResult("opset", in_place=True)
+    need = max((get_format(f).onnx_opset for f in rw.plan.formats()), default=0)
+    have = model_opset(rw.model)
     if need <= have:
-        return m
-    rep.notes.append(f"model upgraded from opset {have} to {need}, which its formats' ONNX needs")
-    return upgrade_opset(m, need)
+        res.decline("model", f"opset {have} already runs every planned format")
+        return res
+    rw.report.notes.append(f"model upgraded from opset {have} to {need}, which its formats' ONNX needs")
+    rw.model = upgrade_opset(rw.model, need)
+    res.in_place, res.changed = False, 1
+    return res
+
+
+def _pass_constants(rw: _Rewrite) -> PassResult:
+    """Weights and constant inputs: each replaced by its stored quantized form (an integer
+    payload + DequantizeLinear, or the float weight plus a constant-foldable function)."""
+    res = PassResult("constants")
+    inits = rw.index.initializers
+    for name, tp in rw.plan.tensors.items():
+        if tp.role not in ("weight", "constant") or tp.format is None:
+            continue
+        fmt = get_format(tp.format)
+        qp = rw.qparams.get(name)
+        if fmt.needs_qparams and qp is None:
+            res.decline(name, "no parameters were computed; left float")
+            continue
+        w = tensor_array(inits[name], rw.base_dir)
+        if w.size == 0:
+            res.decline(name, "zero-size constant: nothing to quantize, left float")
+            rw.report.notes.append(f"{name}: zero-size constant left float")
+            continue
+        out = rw.names.value(name, "mq")
+        axis = tp.block_axis if fmt.kind == "block" else (qp.axis if qp is not None else None)
+        rw.replace_init[name] = fmt.emit_weight(w, out, qparams=qp, axis=axis, prefix=rw.prefix(name))
+        rw.rename[name] = out
+        rw.report.weights_quantized += 1
+        res.changed += 1
+        del w  # a deferred weight: only one float array in memory at a time
+    return res
+
+
+def _pass_biases(rw: _Rewrite) -> PassResult:
+    """Biases planned int32: stored at input scale x weight scale (x 2**k where the product
+    alone would overflow), read through DequantizeLinear."""
+    res = PassResult("biases")
+    inits = rw.index.initializers
+    for name, tp in rw.plan.tensors.items():
+        if tp.role != "bias":
+            continue
+        if tp.format is None:
+            rw.report.biases_kept_float[name] = tp.reason
+            continue
+        owner = next((n for n in rw.index.consumers(name)
+                      if n.op_type in ("Conv", "ConvTranspose", "Gemm") and len(n.input) > 2
+                      and n.input[2] == name), None)
+        scale, why = _bias_qparams(owner, rw.plan, rw.qparams) if owner is not None else (None, "no owner")
+        b = tensor_array(inits[name], rw.base_dir).astype(np.float64)
+        if scale is not None and not np.all(np.isfinite(b)):
+            scale, why = None, "the bias holds NaN or inf; kept float"
+        if scale is not None and scale.size not in (1, b.size):
+            scale, why = None, f"bias of shape {b.shape} does not match the {scale.size} weight channels; kept float"
+        if scale is not None:
+            scale, q, shift = _int32_bias(b, np.broadcast_to(scale, b.shape).astype(np.float32))
+            if shift:
+                rw.report.notes.append(f"bias {name}: int32 at input scale x weight scale x 2**{shift} "
+                                       "(the product alone would overflow int32)")
+        if scale is None:
+            rw.report.biases_kept_float[name] = why
+            res.decline(name, why)
+            continue
+        prefix = rw.prefix(name)
+        qname, sname = rw.names.value(prefix, "q"), rw.names.value(prefix, "scale")
+        out, dq = rw.names.value(name, "mq"), rw.names.value(prefix, "dq")
+        rw.replace_init[name] = Emission(
+            nodes=[helper.make_node("DequantizeLinear", [qname, sname], [out], name=dq, axis=0)],
+            initializers=[numpy_helper.from_array(q.astype(np.int32), qname),
+                          numpy_helper.from_array(scale, sname)],
+            opsets={"": 21})
+        rw.rename[name] = out
+        rw.report.biases_int32 += 1
+        res.changed += 1
+    return res
+
+
+def _pass_activations(rw: _Rewrite) -> PassResult:
+    """Activations: the format's run-time quantize-dequantize right after the producer;
+    consumers in another format read a conversion node (precision boundaries), fed by the
+    float tensor or, with dual quant nodes, by the producer-format value."""
+    res = PassResult("activations")
+    outputs = set(rw.index.outputs)
+    for name, tp in rw.plan.tensors.items():
+        if tp.role != "activation" or tp.format is None:
+            continue
+        fmt = get_format(tp.format)
+        qp = rw.qparams.get(tp.group or name)
+        if fmt.needs_qparams and qp is None:
+            rw.report.notes.append(f"{name}: no statistics were collected; left float")
+            res.decline(name, "no statistics were collected; left float")
+            continue
+        shape = static_shape(rw.index.types.get(name))
+        if fmt.kind == "block" and shape is not None and 0 in shape:
+            res.decline(name, "zero-size tensor: nothing to quantize, left float")
+            continue
+        prod = rw.index.producer(name)
+        is_output = name in outputs
+        if is_output and prod is None:  # a graph input that is also an output: leave it
+            res.decline(name, "a graph input that is also a graph output")
+            continue
+        prefix = rw.prefix(name)
+        float_name = rw.names.value(name, "f") if is_output else name
+        quant_name = name if is_output else rw.names.value(name, "mq")
+        em = fmt.emit(float_name, quant_name, qparams=qp if fmt.needs_qparams else None,
+                      axis=tp.block_axis if fmt.kind == "block" else (qp.axis if qp else None),
+                      prefix=prefix, shape=shape)
+        if fmt.kind == "block":
+            rw.block_outputs[quant_name] = name
+        if is_output:
+            assert prod is not None
+            prod.output[list(prod.output).index(name)] = float_name
+        else:
+            rw.rename[name] = quant_name
+        key = rw.index.order(prod) if prod is not None else -1
+        rw.new_after.setdefault(key, []).extend(em.nodes)
+        rw.emission.extend(Emission(initializers=em.initializers, functions=em.functions, opsets=em.opsets))
+        rw.report.activations_quantized += 1
+        res.changed += 1
+        for cfmt_name in sorted(set(tp.consumer_formats.values())):
+            _boundary(rw, name, tp, cfmt_name, key, quant_name if rw.dual else float_name, shape)
+    return res
+
+
+def _boundary(rw: _Rewrite, name: str, tp: TensorPrecision, cfmt_name: str, key: int,
+              source: str, shape: tuple[int | None, ...] | None) -> None:
+    """One conversion node for the consumers of `name` that read it in `cfmt_name`."""
+    cfmt = get_format(cfmt_name)
+    cqp = rw.qparams.get(consumer_key(name, cfmt_name))
+    if cfmt.needs_qparams and cqp is None:
+        rw.report.notes.append(f"{name} ({cfmt_name} consumers): no statistics; left float")
+        return
+    safe = "".join(c if c.isalnum() or c in "_." else "_" for c in cfmt_name)
+    cout = rw.names.value(name, f"mq_{safe}")
+    cem = cfmt.emit(source, cout, qparams=cqp if cfmt.needs_qparams else None,
+                    axis=tp.block_axis if cfmt.kind == "block" else (cqp.axis if cqp else None),
+                    prefix=rw.names.prefix(f"{rw.prefix(name)}__{safe}"), shape=shape)
+    if cfmt.kind == "block":
+        rw.block_outputs[cout] = name
+    rw.new_after[key].extend(cem.nodes)
+    rw.emission.extend(Emission(initializers=cem.initializers, functions=cem.functions,
+                                opsets=cem.opsets))
+    for node_name, f in tp.consumer_formats.items():
+        if f == cfmt_name:
+            rw.node_rename[(node_name, name)] = cout
+    rw.report.boundary_conversions += 1
+
+
+def _assemble(rw: _Rewrite) -> None:
+    """Apply what the passes decided: rewire consumers, swap initializers, order nodes (each
+    inserted node right after its producer, weight nodes first), add functions and opsets,
+    and leave value_info to shape inference (block outputs excepted)."""
+    m, plan = rw.model, rw.plan
+    g = m.graph
+    inserted = {id(n) for ns in rw.new_after.values() for n in ns}
+    for n in g.node:
+        if id(n) in inserted:
+            continue
+        for i, inp in enumerate(n.input):
+            if (n.name, inp) in rw.node_rename:
+                n.input[i] = rw.node_rename[(n.name, inp)]
+            elif inp in rw.rename:
+                n.input[i] = rw.rename[inp]
+    # weights and biases: drop float initializers nothing reads any more (subgraphs that read
+    # a weight from the outer scope keep it), add the stored forms, in plan order
+    still_used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    for n in g.node:
+        for sg in subgraphs(n):
+            still_used |= outer_scope_reads(sg)
+    weight_nodes: list[onnx.NodeProto] = []
+    for name in plan.tensors:
+        em = rw.replace_init.get(name)
+        if em is None:
+            continue
+        weight_nodes += em.nodes
+        rw.emission.extend(Emission(initializers=em.initializers, functions=em.functions, opsets=em.opsets))
+    still_used |= {i for n in weight_nodes for i in n.input}  # block weights read the float one
+    keep_inits = [t for t in g.initializer if t.name not in rw.replace_init or t.name in still_used]
+    del g.initializer[:]
+    g.initializer.extend(keep_inits)
+    g.initializer.extend(rw.emission.initializers)
+
+    ordered: list[onnx.NodeProto] = list(weight_nodes) + list(rw.new_after.get(-1, []))
+    for i, n in enumerate(g.node):
+        ordered.append(n)
+        ordered.extend(rw.new_after.get(i, []))
+    del g.node[:]
+    g.node.extend(ordered)
+    known = {(f.domain, f.name) for f in m.functions}
+    m.functions.extend([f for f in rw.emission.functions if (f.domain, f.name) not in known])
+    have = {imp.domain for imp in m.opset_import}
+    for dom, ver in rw.emission.opsets.items():
+        if dom not in ("", "ai.onnx") and dom not in have:
+            m.opset_import.append(helper.make_opsetid(dom, ver))
+    value_types = {v.name: v.type for v in [*g.input, *g.value_info, *g.output]}
+    outputs = {o.name for o in g.output}
+    # value_info of renamed graph-output producers is stale: shape inference recomputes it
+    del g.value_info[:]
+    # but a block function's output shape (its input's) is declared: onnxruntime cannot infer
+    # it through the function's Reshape to Shape(x), and unknown dims there would spread through
+    # the graph (slower memory planning and no shape-specialized kernels downstream)
+    for out, src in rw.block_outputs.items():
+        t = value_types.get(src)
+        if t is not None and out not in outputs and t.tensor_type.HasField("shape"):
+            vi = g.value_info.add()
+            vi.name = out
+            vi.type.CopyFrom(t)
+
+
+#: The rewrite, in order; each pass declares whether it worked in place and what it changed.
+REWRITE_PASSES = (_pass_constants, _pass_biases, _pass_activations)
 
 
 def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QParams], *,
                dual: bool = False, copy: bool = True,
                base_dir: str | os.PathLike | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
-    """Return a new model with `plan` materialized using calibrated `qparams`.
+    """Return a model with `plan` materialized using calibrated `qparams`.
 
     `dual`: at precision boundaries the consumer-format node reads the producer-format value
     (both quantization nodes in series) instead of the float tensor.
@@ -106,162 +339,17 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
     at a time; a deferred weight that is replaced is never loaded into the model, one left
     float stays deferred.
     """
-    rep = RewriteReport()
     if copy:
         m = onnx.ModelProto()
         m.CopyFrom(model)
     else:
         m = model
-    m = _upgrade_for(m, plan, rep)
-    g = m.graph
-    inits = {t.name: t for t in g.initializer}
-    graph_outputs = {o.name for o in g.output}
-    value_types = {v.name: v.type for v in [*g.input, *g.value_info, *g.output]}
-    block_outputs: dict[str, str] = {}  # block-function output -> the tensor whose shape it has
-    producers = {o: n for n in g.node for o in n.output}
-    emission = Emission()
-    rename: dict[str, str] = {}          # tensor -> name its consumers read after the rewrite
-    node_rename: dict[tuple[str, str], str] = {}  # (consumer node, tensor) -> boundary conversion
-    replace_init: dict[str, Emission] = {}
-    new_before: dict[int, list[onnx.NodeProto]] = {}  # insert after producer node index
-    node_index = {id(n): i for i, n in enumerate(g.node)}
-    bias_owner = {}
-    for n in g.node:
-        if n.op_type in ("Conv", "ConvTranspose", "Gemm") and len(n.input) > 2 and n.input[2]:
-            bias_owner[n.input[2]] = n
+    rw = _Rewrite(m, plan, qparams, dual, base_dir, RewriteReport())
+    rw.report.passes.append(_pass_opset(rw))
+    rw.reindex()
+    for p in REWRITE_PASSES:
+        rw.report.passes.append(p(rw))
+    _assemble(rw)
+    return rw.model, rw.report
 
-    for name, tp in plan.tensors.items():
-        if tp.format is None:
-            if tp.role == "bias":
-                rep.biases_kept_float[name] = tp.reason
-            continue
-        fmt = get_format(tp.format)
-        prefix = _safe(name)
-        qp = qparams.get(tp.group or name) if tp.role == "activation" else qparams.get(name)
-        if tp.role in ("weight", "constant"):
-            w = tensor_array(inits[name], base_dir)
-            out = f"{name}__mq"
-            axis = tp.block_axis if fmt.kind == "block" else (qp.axis if qp is not None else None)
-            em = fmt.emit_weight(w, out, qparams=qp, axis=axis, prefix=prefix)
-            replace_init[name] = em
-            rename[name] = out
-            rep.weights_quantized += 1
-            del w  # a deferred weight: only one float array in memory at a time
-        elif tp.role == "bias":
-            owner = bias_owner.get(name)
-            scale, why = _bias_qparams(owner, plan, qparams) if owner is not None else (None, "no owner")
-            b = tensor_array(inits[name], base_dir).astype(np.float64)
-            if scale is not None and not np.all(np.isfinite(b)):
-                scale, why = None, "the bias holds NaN or inf; kept float"
-            if scale is not None:
-                scale, q, shift = _int32_bias(b, np.broadcast_to(scale, b.shape).astype(np.float32))
-                if shift:
-                    rep.notes.append(f"bias {name}: int32 at input scale x weight scale x 2**{shift} "
-                                     "(the product alone would overflow int32)")
-            if scale is None:
-                rep.biases_kept_float[name] = why
-                continue
-            qname, sname, out = f"{prefix}__q", f"{prefix}__scale", f"{name}__mq"
-            em = Emission(
-                nodes=[helper.make_node("DequantizeLinear", [qname, sname], [out], name=f"{prefix}__dq", axis=0)],
-                initializers=[numpy_helper.from_array(q.astype(np.int32), qname),
-                              numpy_helper.from_array(scale, sname)],
-                opsets={"": 21})
-            replace_init[name] = em
-            rename[name] = out
-            rep.biases_int32 += 1
-        else:  # activation
-            if fmt.needs_qparams and qp is None:
-                rep.notes.append(f"{name}: no statistics were collected; left float")
-                continue
-            is_output = name in graph_outputs
-            prod = producers.get(name)
-            if is_output and prod is None:  # a graph input that is also an output: leave it
-                continue
-            float_name = f"{name}__f" if is_output else name
-            quant_name = name if is_output else f"{name}__mq"
-            em = fmt.emit(float_name, quant_name, qparams=qp if fmt.needs_qparams else None,
-                          axis=tp.block_axis if fmt.kind == "block" else (qp.axis if qp else None),
-                          prefix=prefix, shape=_static_shape(value_types.get(name)))
-            if fmt.kind == "block":
-                block_outputs[quant_name] = name
-            if is_output:
-                prod.output[list(prod.output).index(name)] = float_name
-            else:
-                rename[name] = quant_name
-            key = node_index[id(prod)] if prod is not None else -1
-            new_before.setdefault(key, []).extend(em.nodes)
-            emission.extend(Emission(initializers=em.initializers, functions=em.functions, opsets=em.opsets))
-            rep.activations_quantized += 1
-            # precision boundaries: consumers in another format read a conversion node, fed by
-            # the float tensor, or with dual quant nodes by the producer-format value
-            for cfmt_name in sorted(set(tp.consumer_formats.values())):
-                cfmt = get_format(cfmt_name)
-                cqp = qparams.get(consumer_key(name, cfmt_name))
-                if cfmt.needs_qparams and cqp is None:
-                    rep.notes.append(f"{name} ({cfmt_name} consumers): no statistics; left float")
-                    continue
-                cout = f"{name}__mq_{_safe(cfmt_name)}"
-                cem = cfmt.emit(quant_name if dual else float_name, cout,
-                                qparams=cqp if cfmt.needs_qparams else None,
-                                axis=tp.block_axis if cfmt.kind == "block" else (cqp.axis if cqp else None),
-                                prefix=f"{prefix}__{_safe(cfmt_name)}",
-                                shape=_static_shape(value_types.get(name)))
-                if cfmt.kind == "block":
-                    block_outputs[cout] = name
-                new_before[key].extend(cem.nodes)
-                emission.extend(Emission(initializers=cem.initializers, functions=cem.functions,
-                                         opsets=cem.opsets))
-                for node_name, f in tp.consumer_formats.items():
-                    if f == cfmt_name:
-                        node_rename[(node_name, name)] = cout
-                rep.boundary_conversions += 1
 
-    # rewire consumers (the inserted nodes read the original names)
-    inserted = {id(n) for ns in new_before.values() for n in ns}
-    for n in g.node:
-        if id(n) in inserted:
-            continue
-        for i, inp in enumerate(n.input):
-            if (n.name, inp) in node_rename:
-                n.input[i] = node_rename[(n.name, inp)]
-            elif inp in rename:
-                n.input[i] = rename[inp]
-    # weights and biases: drop float initializers no other node reads, add stored forms
-    still_used = {i for n in g.node for i in n.input} | graph_outputs
-    weight_nodes: list[onnx.NodeProto] = []
-    for name, em in replace_init.items():
-        weight_nodes += em.nodes
-        emission.extend(Emission(initializers=em.initializers, functions=em.functions, opsets=em.opsets))
-    still_used |= {i for n in weight_nodes for i in n.input}  # block weights read the float one
-    keep_inits = [t for t in g.initializer if t.name not in replace_init or t.name in still_used]
-    del g.initializer[:]
-    g.initializer.extend(keep_inits)
-    g.initializer.extend(emission.initializers)
-
-    ordered: list[onnx.NodeProto] = list(weight_nodes) + list(new_before.get(-1, []))
-    for i, n in enumerate(g.node):
-        ordered.append(n)
-        ordered.extend(new_before.get(i, []))
-    del g.node[:]
-    g.node.extend(ordered)
-    known = {(f.domain, f.name) for f in m.functions}
-    m.functions.extend([f for f in emission.functions if (f.domain, f.name) not in known])
-    have = {imp.domain: imp for imp in m.opset_import}
-    for dom, ver in emission.opsets.items():
-        if dom in ("", "ai.onnx"):
-            continue
-        if dom not in have:
-            m.opset_import.append(helper.make_opsetid(dom, ver))
-    # value_info of renamed graph-output producers is stale: shape inference recomputes it
-    del g.value_info[:]
-    # but a block function's output shape (its input's) is declared: onnxruntime cannot infer
-    # it through the function's Reshape to Shape(x), and unknown dims there would spread through
-    # the graph (slower memory planning and no shape-specialized kernels downstream)
-    for out, src in block_outputs.items():
-        t = value_types.get(src)
-        if t is not None and out not in graph_outputs and t.tensor_type.HasField("shape"):
-            vi = g.value_info.add()
-            vi.name = out
-            vi.type.CopyFrom(t)
-    return m, rep

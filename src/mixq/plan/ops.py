@@ -25,6 +25,7 @@ class OpSemantics:
         max-like ops), so they reuse its parameters instead of being calibrated.
     quantize_output: the first output is quantized too.
     shared_scale: all activation inputs and the output share one scale (Concat on NPUs).
+    variadic: every input is an activation (Concat, Sum, Max...), however many there are.
     """
 
     activations: tuple[int, ...] = (0,)
@@ -36,6 +37,13 @@ class OpSemantics:
     quantize_output: bool = True
     shared_scale: bool = False
     activation_block_axis: int | None = None  # None: the tensor's own channel axis rule
+    variadic: bool = False
+
+    def activation_indices(self, node: onnx.NodeProto) -> tuple[int, ...]:
+        """The input indices of `node` that are activations."""
+        if self.variadic:
+            return tuple(range(len(node.input)))
+        return tuple(i for i in self.activations if i < len(node.input))
 
 
 def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
@@ -63,7 +71,7 @@ OP_TABLE: dict[str, OpSemantics] = {
     "Gemm": OpSemantics(activations=(0,), weight=1, weight_channel_axis=1, weight_block_axis=0,
                         bias=2, activation_block_axis=-1),
     "Add": _BINARY, "Mul": _BINARY, "Sub": _BINARY, "Div": OpSemantics(activations=(0,)),
-    "Concat": OpSemantics(activations=tuple(range(64)), shared_scale=True),
+    "Concat": OpSemantics(activations=(), variadic=True, shared_scale=True),
     "AveragePool": _UNARY, "GlobalAveragePool": _UNARY,
     "Relu": _UNARY, "Clip": _UNARY, "LeakyRelu": _UNARY, "Sigmoid": _UNARY, "Tanh": _UNARY,
     "HardSigmoid": _UNARY, "HardSwish": _UNARY, "Softmax": _UNARY, "Gelu": _UNARY, "Erf": _UNARY,
@@ -98,11 +106,20 @@ def semantics(node: onnx.NodeProto) -> OpSemantics | None:
     if sem is None:
         return None
     if node.op_type == "Gemm":
-        trans_b = _attr(node, "transB", 0)
-        # B is (K, N) or, with transB, (N, K): the output channel is N, the reduction axis K
+        trans_a, trans_b = _attr(node, "transA", 0), _attr(node, "transB", 0)
+        # B is (K, N) or, with transB, (N, K): the output channel is N, the reduction axis K;
+        # A is (M, K) or, with transA, (K, M): its blocks run along K
         sem = OpSemantics(activations=(0,), weight=1, weight_channel_axis=0 if trans_b else 1,
-                          weight_block_axis=1 if trans_b else 0, bias=2, activation_block_axis=-1)
+                          weight_block_axis=1 if trans_b else 0, bias=2,
+                          activation_block_axis=0 if trans_a else -1)
     return sem
+
+
+def float_attr(node: onnx.NodeProto, name: str, default: float) -> float:
+    for a in node.attribute:
+        if a.name == name:
+            return float(a.f) if a.type == onnx.AttributeProto.FLOAT else float(a.i)
+    return default
 
 
 def unsupported_reason(node: onnx.NodeProto) -> str:

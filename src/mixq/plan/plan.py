@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import ConfigError
 
@@ -22,7 +23,9 @@ class TensorPrecision:
     format: the format where the tensor is produced (None: stays float).
     role: activation (run time), weight (per-channel capable constant), bias, constant.
     channel_axis: per-channel axis of an integer weight (None: per tensor).
-    block_axis: axis that blocks of a block format run along.
+    block_axis: axis that blocks of a block format run along (and of a per-block integer
+        weight, with `block_size`).
+    block_size: elements per scale of a per-block integer weight (None: not per block).
     group: tensors of one group share quantization parameters (pass-through ops, NPU Concat);
         the group name is the tensor whose parameters are used.
     calibrate: whether this tensor's statistics are collected (False for pass-through outputs).
@@ -40,17 +43,25 @@ class TensorPrecision:
     group: str | None = None
     calibrate: bool = True
     consumer_formats: dict[str, str] = field(default_factory=dict)
+    block_size: int | None = None
 
 
 @dataclass(frozen=True)
 class PrecisionPlan:
-    """Formats for the tensors of one model, plus the nodes left float and why."""
+    """Formats for the tensors of one model, plus the nodes left float and why.
+
+    Every float tensor of the graph (subgraphs included) is either in `tensors` (with a format,
+    or None and the reason it stays float) or in `skipped` with the reason. `config` is the
+    whole config that made the plan (`QuantConfig.to_dict()`): replaying the plan uses it, so a
+    saved plan gives the same bytes as the config that wrote it."""
 
     tensors: dict[str, TensorPrecision]
     float_nodes: dict[str, str] = field(default_factory=dict)
     config_name: str = "custom"
+    skipped: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
 
-    def calibrated_tensors(self, needs_qparams) -> list[str]:
+    def calibrated_tensors(self, needs_qparams: Callable[[str], bool]) -> list[str]:
         """Activation tensors whose statistics must be collected (`needs_qparams(format)`)."""
         out = []
         for t in self.tensors.values():
@@ -61,22 +72,35 @@ class PrecisionPlan:
                 out.append(t.tensor)
         return out
 
-    def format_counts(self) -> Counter:
+    def format_counts(self) -> Counter[tuple[str, str]]:
         return Counter((t.role, t.format or "float") for t in self.tensors.values())
 
+    def formats(self) -> set[str]:
+        """Every format the plan uses (producer and consumer formats)."""
+        out = {t.format for t in self.tensors.values() if t.format}
+        out |= {f for t in self.tensors.values() for f in t.consumer_formats.values()}
+        return out
+
     def to_json(self) -> str:
-        return json.dumps({"version": 1, "config_name": self.config_name,
+        return json.dumps({"version": 2, "config_name": self.config_name, "config": self.config,
                            "tensors": [asdict(t) for t in self.tensors.values()],
-                           "float_nodes": self.float_nodes}, indent=1, sort_keys=True)
+                           "float_nodes": self.float_nodes, "skipped": self.skipped},
+                          indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "PrecisionPlan":
         try:
             d = json.loads(text)
+            if not isinstance(d, dict) or d.get("version") not in (1, 2):
+                raise ValueError("no 'version' 1 or 2: not written by `mixq plan -o`")
             tensors = {t["tensor"]: TensorPrecision(**t) for t in d["tensors"]}
+            config = d.get("config")
+            if config is not None and not isinstance(config, dict):
+                raise ValueError("'config' must be an object")
             return cls(tensors=tensors, float_nodes=dict(d.get("float_nodes", {})),
-                       config_name=d.get("config_name", "custom"))
-        except (KeyError, TypeError, ValueError) as exc:
+                       config_name=d.get("config_name", "custom"),
+                       skipped=dict(d.get("skipped", {})), config=config)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"not a valid mixq plan JSON: {exc}") from exc
 
     def table(self) -> str:
@@ -89,6 +113,8 @@ class PrecisionPlan:
             rows.append(f"| {t.tensor} | {t.role} | {fmt} | {t.reason} |")
         for n, why in self.float_nodes.items():
             rows.append(f"| (node {n}) | - | float | {why} |")
+        for name, why in self.skipped.items():
+            rows.append(f"| {name} | - | float (not planned) | {why} |")
         return "\n".join(rows)
 
 

@@ -2,6 +2,8 @@
 and constants from their values. Pure: numpy only."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -83,6 +85,10 @@ def constant_qparams(model: onnx.ModelProto, plan: PrecisionPlan, config: QuantC
         method = "minmse" if config.calibration == "minmse" and fmt.kind == "int" else "minmax"
         # a constant input of an activation slot is in the activation format: its symmetry too
         symmetric = config.weight_symmetric if tp.role == "weight" else config.activation_symmetric
+        if tp.block_size and tp.block_axis is not None and fmt.kind == "int" and w.ndim > 0:
+            out[name] = _block_qparams(w, fmt, tp.block_axis, tp.block_size, method, symmetric,
+                                       config)
+            continue
         lo, hi = compute_weight_range(w, axis=axis, method=method, symmetric=symmetric, fmt=fmt)
         if config.reduce_range and fmt.kind == "int" and tp.role == "weight":
             # one bit less: widen the range so that the codes used stay within half the scale
@@ -96,6 +102,31 @@ def constant_qparams(model: onnx.ModelProto, plan: PrecisionPlan, config: QuantC
         else:
             out[name] = fmt.qparams_from_range(lo, hi, symmetric=symmetric, axis=axis)
     return out
+
+
+def _block_qparams(w: np.ndarray, fmt: Any, axis: int, size: int, method: str, symmetric: bool,
+                   config: QuantConfig) -> QParams:
+    """Per-block parameters of a constant: one scale per `size` consecutive elements along
+    `axis` (the last block may be partial), per element on the other axes; the layout of opset
+    21's blocked DequantizeLinear (scale shape = w's shape with ceil(n / size) along `axis`)."""
+    moved = np.moveaxis(w, axis, 0)
+    n = moved.shape[0]
+    nb = -(-n // size)
+    pad = nb * size - n
+    if pad:  # zeros pad the last block: they are exact on every grid and widen no range
+        moved = np.concatenate([moved, np.zeros((pad, *moved.shape[1:]), moved.dtype)])
+    rest = moved.shape[1:]
+    rows = moved.reshape(nb, size, -1).transpose(0, 2, 1).reshape(-1, size)
+    lo, hi = compute_weight_range(rows, axis=0, method=method, symmetric=symmetric, fmt=fmt)
+    if config.reduce_range:
+        widen = fmt.symmetric_limit / np.floor(fmt.symmetric_limit / 2)
+        lo, hi = np.asarray(lo) * widen, np.asarray(hi) * widen
+    qp = fmt.qparams_from_range(lo, hi, symmetric=symmetric or bool(config.power_of_two),
+                                power_of_two=bool(config.power_of_two), axis=0)
+    shape = (nb, *rest)
+    scale = np.moveaxis(np.asarray(qp.scale).reshape(shape), 0, axis)
+    zp = np.moveaxis(np.asarray(qp.zero_point).reshape(shape), 0, axis)
+    return QParams(np.ascontiguousarray(scale), np.ascontiguousarray(zp), axis=axis, block_size=size)
 
 
 def _pof2_scale(absmax, fmt):

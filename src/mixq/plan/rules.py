@@ -1,32 +1,47 @@
-"""Build a precision plan from a config and the op semantics table."""
+"""Build a precision plan from a config and the op semantics table, in three stages:
+
+1. requests: every quantized node asks for its activation format on its activation inputs
+   (and its output, where the config quantizes outputs) and its weight format on its weights;
+2. resolve: a tensor takes the format its producer asks for (or, with no quantized producer,
+   its first consumer's); consumers that ask for another format become consumer formats
+   (precision boundaries the rewrite materializes); tensor overrides win over everything;
+3. policies: small ordered functions that adjust the result (activation fusion, single-element
+   constants), each writing its reason into the plan.
+
+Every float tensor of the graph (subgraphs included) ends in the plan or in `skipped`, with a
+reason.
+"""
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
 
 from ..config import QuantConfig
+from ..errors import ConfigError, did_you_mean
 from ..formats import get_format
+from ..granularity import PerBlock, PerChannel
+from ..graph import GraphIndex, is_float_type, subgraphs, walk_graphs
 from .ops import semantics, unsupported_reason
 from .plan import PrecisionPlan, TensorPrecision
 
-_FLOAT_TYPES = {onnx.TensorProto.FLOAT}
+__all__ = ["build_plan", "float_tensors", "tensor_ranks"]
 
 
 def float_tensors(model: onnx.ModelProto) -> set[str]:
     """Names of float32 tensors (from shape inference, graph inputs/outputs and initializers)."""
     g = model.graph
     names = {v.name for v in [*g.value_info, *g.input, *g.output]
-             if v.type.tensor_type.elem_type in _FLOAT_TYPES}
-    names |= {t.name for t in g.initializer if t.data_type in _FLOAT_TYPES}
+             if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    names |= {t.name for t in g.initializer if t.data_type == onnx.TensorProto.FLOAT}
     return names
 
 
 def tensor_ranks(model: onnx.ModelProto) -> dict[str, int]:
-    g = model.graph
-    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*g.value_info, *g.input, *g.output]
-             if v.type.tensor_type.HasField("shape")}
-    ranks.update({t.name: len(t.dims) for t in g.initializer})
-    return ranks
+    ix = GraphIndex.of(model)
+    return {n: r for n in ix.types if (r := ix.rank(n)) is not None}
 
 
 class _Groups:
@@ -54,59 +69,24 @@ def _norm_axis(axis: int | None, rank: int | None) -> int | None:
     return axis + rank if axis < 0 else axis
 
 
-_FUSE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"})
-_FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
+def _default_block_axis(rank: int | None) -> int | None:
+    return _norm_axis(1 if rank in (3, 4, 5) else -1, rank)
 
 
-def _fuse_activations(g: onnx.GraphProto, produced: dict, consumed: dict, overrides: dict
-                      ) -> dict[str, str]:
-    """Drop the calibration of a compute op's output that only a Relu/Clip reads; returns
-    {compute output: activation output} for the outputs read by a single Relu/Clip (see
-    `_requantize_fused`)."""
-    producer = {o: n for n in g.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in g.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
-    outputs = {o.name for o in g.output}
-    single: dict[str, str] = {}
-    for name in list(produced):
-        p = producer.get(name)
-        rs = readers.get(name, [])
-        if p is None or p.op_type not in _FUSE_PRODUCERS or name in outputs or name in overrides:
-            continue
-        if rs and all(r.op_type in _FUSED_ACTIVATIONS and r.input[0] == name for r in rs):
-            del produced[name]
-            consumed.pop(name, None)
-            if len(rs) == 1 and rs[0].output and rs[0].output[0]:
-                single[name] = rs[0].output[0]
-    return single
+@dataclass
+class _Requests:
+    """What the nodes ask for (stage 1), before formats are resolved per tensor."""
 
-
-def _requantize_fused(tensors: dict[str, TensorPrecision], fused: dict[str, str],
-                      groups: _Groups) -> None:
-    """Quantize a fused compute output with its activation's output parameters (integer formats).
-
-    With Q a monotone, idempotent quantizer and f a Relu or Clip, Q(f(Q(x))) = Q(f(x)): a Q/DQ
-    pair on the compute output with the activation output's parameters changes no value. It
-    gives backends the pattern they fuse: onnxruntime turns DQ -> Conv -> Q into QLinearConv,
-    while DQ -> Conv -> Relu -> Q stays a float Conv wherever the Relu cannot be absorbed
-    (any zero point above the type's minimum: symmetric activations). Block and float formats
-    are excluded: a Relu changes a block's shared exponent, so the identity does not hold."""
-    for pre, post in fused.items():
-        tp = tensors.get(post)
-        if tp is None or tp.role != "activation" or tp.format is None or tp.consumer_formats \
-                or get_format(tp.format).kind != "int":
-            continue
-        tensors[pre] = TensorPrecision(
-            tensor=pre, role="activation", format=tp.format, block_axis=tp.block_axis,
-            calibrate=False, reason=f"fused with the activation that reads it: quantized with "
-                                    f"{post}'s parameters (exact; lets backends fuse the pair)")
-        groups.union(groups.find(post), pre)
-
-
-def _node_formats(node: onnx.NodeProto, config: QuantConfig) -> tuple[str, str, str]:
-    return config.formats_for(node.op_type, node.name)
+    produced: dict[str, tuple[str, str, int | None]] = field(default_factory=dict)
+    consumed: dict[str, list[tuple[str, str, str, int | None]]] = field(default_factory=dict)
+    constants: dict[str, TensorPrecision] = field(default_factory=dict)
+    passthrough_of: dict[str, str] = field(default_factory=dict)
+    float_scalars: list[str] = field(default_factory=list)
+    float_nodes: dict[str, str] = field(default_factory=dict)
+    untyped: dict[str, str] = field(default_factory=dict)
+    fused: dict[str, str] = field(default_factory=dict)   # compute output -> activation output
+    left: dict[str, str] = field(default_factory=dict)    # tensor -> why a policy left it float
+    groups: _Groups = field(default_factory=_Groups)
 
 
 def _why_float(node: onnx.NodeProto, config: QuantConfig) -> str | None:
@@ -121,53 +101,71 @@ def _why_float(node: onnx.NodeProto, config: QuantConfig) -> str | None:
     return None
 
 
-def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
-    """Decide the formats of every tensor of a prepared model (shapes inferred, names unique).
+def _weight_precision(ix: GraphIndex, node: onnx.NodeProto, w: str, fmt: str, why: str,
+                      config: QuantConfig, overridden: bool) -> TensorPrecision:
+    """The plan entry of a weight: its format, per-channel axis or blocks, and the reason."""
+    sem = semantics(node)
+    assert sem is not None  # only quantized nodes have weights
+    rank = ix.rank(w)
+    reason = "tensor override" if overridden else f"weight of {node.op_type} ({why})"
+    channel = _norm_axis(sem.weight_channel_axis, rank)
+    block = _norm_axis(sem.weight_block_axis, rank)
+    if rank == 1:
+        block = 0
+    if node.op_type == "MatMul" and rank != 2:
+        # onnxruntime's integer MatMul kernels take per-column scales only for a 2-D B
+        # (QLinearMatMul: "zero point must be a scalar, 1D tensor of size 1..."): per tensor
+        channel = None
+        if config.per_channel_weights and get_format(fmt).kind == "int":
+            reason += f"; per tensor: a {rank}-D MatMul weight has no per-column form in onnxruntime"
+    g = config.granularity
+    block_size = None
+    if isinstance(g, PerChannel):
+        if g.axis is not None and rank:
+            channel = _norm_axis(g.axis, rank)
+    elif isinstance(g, PerBlock) and get_format(fmt).kind == "int" and channel is not None:
+        block_size = g.size
+        if g.axis is not None and rank:
+            block = _norm_axis(g.axis, rank)
+        channel = None
+    else:
+        channel = None
+    return TensorPrecision(tensor=w, role="weight", format=fmt, reason=reason,
+                           channel_axis=channel, block_axis=block, block_size=block_size)
 
-    Each quantized node asks for its activation format on its activation inputs (and on its
-    output, where it quantizes outputs) and its weight format on its weights. A tensor takes
-    the format its producer asks for (or, with no quantized producer, its first consumer's);
-    consumers that ask for another format are recorded as consumer formats: precision
-    boundaries the rewrite materializes. Tensor overrides win over everything.
-    """
-    g = model.graph
-    floats = float_tensors(model)
-    ranks = tensor_ranks(model)
-    inits = {t.name for t in g.initializer}
-    init_sizes = {t.name: int(np.prod(t.dims)) for t in g.initializer}  # dims only: no data read
+
+def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
+    """Stage 1: per node, the formats it asks for on its inputs, weights, bias and output."""
+    req = _Requests()
     overrides = dict(config.tensor_formats)
-    known = floats | {t.name for t in g.initializer}
-    for t in overrides:
-        if t not in known:
-            from ..errors import ConfigError, did_you_mean
-
-            raise ConfigError(f"tensor_formats / MixedPrecisionTensor names tensor {t!r}, which the "
-                              f"model does not have (as a float tensor)." + did_you_mean(t, sorted(known)))
-    float_nodes: dict[str, str] = {}
-    groups = _Groups()
-    # per tensor: producer request (format, reason), consumer requests [(node, format, reason)]
-    produced: dict[str, tuple[str, str, int | None]] = {}
-    consumed: dict[str, list[tuple[str, str, str, int | None]]] = {}
-    weights: dict[str, TensorPrecision] = {}
-    passthrough_of: dict[str, str] = {}
-    float_scalars: set[str] = set()
-
-    for node in g.node:
+    inits = ix.initializers
+    for node in ix.graph.node:
         why_not = _why_float(node, config)
         if why_not is not None:
             if node.op_type != "Constant":
-                float_nodes[node.name] = why_not
+                req.float_nodes[node.name] = why_not
             continue
         sem = semantics(node)
         assert sem is not None  # _why_float returned None
-        act, wfmt, why = _node_formats(node, config)
+        act, wfmt, why = config.formats_for(node.op_type, node.name)
         int_pair = get_format(act).kind == "int" and get_format(wfmt).kind == "int"
-        act_inputs = [node.input[i] for i in sem.activations if i < len(node.input) and node.input[i]]
-        for i in sem.activations:
-            if i >= len(node.input):
-                continue
+        indices = sem.activation_indices(node)
+        act_inputs = [node.input[i] for i in indices if node.input[i]]
+        for i in indices:
             name = node.input[i]
-            if not name or name not in floats:
+            if not name:
+                continue
+            et = ix.elem_type(name)
+            if et == 0:
+                p = ix.producer(name)
+                req.untyped[name] = (
+                    f"type unknown: shape inference could not infer it"
+                    + (f" (produced by {p.domain + '.' if p.domain else ''}{p.op_type} node "
+                       f"{p.name!r})" if p is not None else "")
+                    + f"; {node.op_type} node {node.name!r} reads it unquantized. Declare its "
+                    "type and shape in the model's value_info to quantize it.")
+                continue
+            if et != onnx.TensorProto.FLOAT:
                 continue
             if name in inits:
                 if sem.weight == i:
@@ -177,14 +175,15 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
                 # inputs share a type (onnxruntime's QLinearAdd: a uint8 activation plus an int8
                 # constant ran as a float Add between DQ/Q), so it takes the activation format
                 cfmt = overrides.get(name, act if int_pair else wfmt)
-                if get_format(cfmt).kind != "int" and init_sizes[name] == 1:
+                if get_format(cfmt).kind != "int" and int(np.prod(inits[name].dims)) == 1:
                     # a single number: no storage to save, while a block / float format would
                     # round it to its few mantissa bits (MXFP8: 3), a systematic error on every
                     # element it scales (PP-OCRv4 rec: 0% accuracy); deployment compilers fold
                     # such scalars into the neighbouring scales
-                    float_scalars.add(name)
+                    if name not in req.float_scalars:
+                        req.float_scalars.append(name)
                     continue
-                weights.setdefault(name, TensorPrecision(
+                req.constants.setdefault(name, TensorPrecision(
                     tensor=name, role="constant", format=cfmt,
                     reason="tensor override" if name in overrides else
                     f"constant input of {node.op_type}: "
@@ -192,71 +191,164 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
                 continue
             block_axis = sem.activation_block_axis
             if block_axis is None:
-                block_axis = 1 if ranks.get(name, 0) in (3, 4, 5) else -1
-            consumed.setdefault(name, []).append(
-                (node.name, act, f"activation of {node.op_type} ({why})", _norm_axis(block_axis, ranks.get(name))))
+                block_axis = 1 if ix.rank(name) in (3, 4, 5) else -1
+            req.consumed.setdefault(name, []).append(
+                (node.name, act, f"activation of {node.op_type} ({why})",
+                 _norm_axis(block_axis, ix.rank(name))))
         if sem.weight is not None and sem.weight < len(node.input):
             w = node.input[sem.weight]
-            if w in inits and w in floats:
-                rank = ranks.get(w)
-                weights.setdefault(w, TensorPrecision(
-                    tensor=w, role="weight", format=overrides.get(w, wfmt),
-                    reason="tensor override" if w in overrides else f"weight of {node.op_type} ({why})",
-                    channel_axis=_norm_axis(sem.weight_channel_axis, rank) if config.per_channel else None,
-                    block_axis=_norm_axis(sem.weight_block_axis, rank)))
+            if w in inits and ix.elem_type(w) == onnx.TensorProto.FLOAT:
+                req.constants.setdefault(w, _weight_precision(
+                    ix, node, w, overrides.get(w, wfmt), why, config, w in overrides))
         if sem.bias is not None and sem.bias < len(node.input) and node.input[sem.bias] in inits:
             b = node.input[sem.bias]
-            use_int = int_pair and config.bias in ("auto", "int32")
-            weights.setdefault(b, TensorPrecision(
-                tensor=b, role="bias", format="int32" if use_int else None,
-                reason=("int32 bias, scale = input scale x weight scale" if use_int else
-                        "bias kept float by config" if config.bias == "float" else
-                        "bias kept float: the activation/weight formats are not both integer")))
+            req.constants.setdefault(b, _bias_precision(ix, node, b, int_pair, config))
         if not (config.quantize_outputs or sem.passthrough):
             continue
         for o in node.output[:1]:
-            if not o or o not in floats:
+            if not o or ix.elem_type(o) != onnx.TensorProto.FLOAT:
                 continue
             if sem.passthrough:
                 if act_inputs:
-                    passthrough_of[o] = act_inputs[0]
+                    req.passthrough_of[o] = act_inputs[0]
                 continue
-            rank = ranks.get(o)
-            produced[o] = (act, f"output of {node.op_type} ({why})",
-                           _norm_axis(1 if rank in (3, 4, 5) else -1, rank))
+            req.produced[o] = (act, f"output of {node.op_type} ({why})",
+                               _default_block_axis(ix.rank(o)))
         if sem.shared_scale and config.share_concat_scales:
-            members = [t for t in [*act_inputs, *node.output[:1]] if t in floats and t not in inits]
+            members = [t for t in [*act_inputs, *node.output[:1]]
+                       if ix.elem_type(t) == onnx.TensorProto.FLOAT and t not in inits]
             for t in members[1:]:
-                groups.union(members[0], t)
+                req.groups.union(members[0], t)
+    return req
 
-    fused = _fuse_activations(g, produced, consumed, overrides) if config.fuse_activations else {}
+
+def _bias_precision(ix: GraphIndex, node: onnx.NodeProto, b: str, int_pair: bool,
+                    config: QuantConfig) -> TensorPrecision:
+    """int32 bias at input scale x weight scale, or float with the reason."""
+    from .ops import float_attr
+
+    if not int_pair or config.bias == "float":
+        return TensorPrecision(tensor=b, role="bias", format=None, reason=(
+            "bias kept float by config" if config.bias == "float" else
+            "bias kept float: the activation/weight formats are not both integer"))
+    shape = ix.shape(b)
+    if shape is None or len(shape) != 1:
+        return TensorPrecision(tensor=b, role="bias", format=None, reason=(
+            f"bias of shape {shape} is broadcast, not one value per output channel: kept float"))
+    if node.op_type == "Gemm" and (float_attr(node, "alpha", 1.0) != 1.0
+                                   or float_attr(node, "beta", 1.0) != 1.0):
+        return TensorPrecision(tensor=b, role="bias", format=None, reason=(
+            "Gemm with alpha or beta != 1 scales its bias apart from the product: kept float"))
+    return TensorPrecision(tensor=b, role="bias", format="int32",
+                           reason="int32 bias, scale = input scale x weight scale")
+
+
+# ----------------------------------------------------------------------------- policies
+_FUSE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"})
+_FUSED_ACTIVATIONS = frozenset({"Relu", "Clip"})
+
+
+def _fuse_activations(ix: GraphIndex, config: QuantConfig, req: _Requests) -> None:
+    """Drop the calibration of a compute op's output that only a Relu/Clip reads; remember
+    {compute output: activation output} for the outputs read by a single Relu/Clip (see
+    `_requantize_fused`)."""
+    if not config.fuse_activations:
+        return
+    overrides = dict(config.tensor_formats)
+    outputs = set(ix.outputs)
+    for name in list(req.produced):
+        p = ix.producer(name)
+        rs = ix.consumers(name)
+        if p is None or p.op_type not in _FUSE_PRODUCERS or name in outputs or name in overrides:
+            continue
+        if rs and all(r.op_type in _FUSED_ACTIVATIONS and r.input[0] == name for r in rs):
+            del req.produced[name]
+            req.consumed.pop(name, None)
+            req.left[name] = (f"fused with the {rs[0].op_type} that reads it: backends run the "
+                              "pair as one kernel")
+            if len(rs) == 1 and rs[0].output and rs[0].output[0]:
+                req.fused[name] = rs[0].output[0]
+
+
+def _requantize_fused(tensors: dict[str, TensorPrecision], req: _Requests) -> None:
+    """Quantize a fused compute output with its activation's output parameters (integer formats).
+
+    With Q a monotone, idempotent quantizer and f a Relu or Clip, Q(f(Q(x))) = Q(f(x)): a Q/DQ
+    pair on the compute output with the activation output's parameters changes no value. It
+    gives backends the pattern they fuse: onnxruntime turns DQ -> Conv -> Q into QLinearConv,
+    while DQ -> Conv -> Relu -> Q stays a float Conv wherever the Relu cannot be absorbed
+    (any zero point above the type's minimum: symmetric activations). Block and float formats
+    are excluded: a Relu changes a block's shared exponent, so the identity does not hold."""
+    for pre, post in req.fused.items():
+        tp = tensors.get(post)
+        if tp is None or tp.role != "activation" or tp.format is None or tp.consumer_formats \
+                or get_format(tp.format).kind != "int":
+            continue
+        tensors[pre] = TensorPrecision(
+            tensor=pre, role="activation", format=tp.format, block_axis=tp.block_axis,
+            calibrate=False, reason=f"fused with the activation that reads it: quantized with "
+                                    f"{post}'s parameters (exact; lets backends fuse the pair)")
+        req.left.pop(pre, None)
+        req.groups.union(req.groups.find(post), pre)
+
+
+def _leave_empty_block_tensors(ix: GraphIndex, tensors: dict[str, TensorPrecision]) -> None:
+    """Activations whose inferred shape has a zero dim stay float under block formats: there is
+    nothing to quantize, and the block functions' reshapes cannot run on zero-size tensors."""
+    for name, tp in list(tensors.items()):
+        shape = ix.shape(name)
+        if tp.role != "activation" or shape is None or 0 not in shape:
+            continue
+        if any(f is not None and get_format(f).kind == "block"
+               for f in [tp.format, *tp.consumer_formats.values()]):
+            tensors[name] = replace(tp, format=None, consumer_formats={},
+                                    reason="zero-size tensor: nothing to quantize, left float")
+
+
+#: Policies on the requests, before formats are resolved (each may drop or change requests).
+REQUEST_POLICIES: tuple[Callable[[GraphIndex, QuantConfig, _Requests], None], ...] = (
+    _fuse_activations,
+)
+
+
+# ----------------------------------------------------------------------------- resolve
+def _resolve(ix: GraphIndex, config: QuantConfig, req: _Requests) -> dict[str, TensorPrecision]:
+    """Stage 2: one producer format per tensor, plus consumer formats at boundaries."""
+    overrides = dict(config.tensor_formats)
     tensors: dict[str, TensorPrecision] = {}
-    names = list(dict.fromkeys([i.name for i in g.input] + [o for n in g.node for o in n.output]))
+    names = ix.values()
     for name in names:
-        reqs = consumed.get(name, [])
-        if name in passthrough_of:
-            src = tensors.get(passthrough_of[name])
-            # integer formats re-quantize idempotently with the input's parameters; block and cast
-            # formats need no node there (the values are already on their grid)
-            if src is None or src.format is None or get_format(src.format).kind != "int" \
-                    or name in overrides:
-                if src is not None and src.format is not None:
-                    # values moved by a pass-through op are already on the block/cast grid
-                    reqs = [r for r in reqs if r[1] != src.format]
+        reqs = req.consumed.get(name, [])
+        cal = True
+        if name in req.passthrough_of:
+            src = tensors.get(req.passthrough_of[name])
+            kind = get_format(src.format).kind if src is not None and src.format else None
+            if kind == "int" and name not in overrides:
+                # integer formats re-quantize idempotently with the input's parameters
+                fmt, why, axis, cal = (src.format, "output of a pass-through op: input's parameters",
+                                       src.block_axis, False)
+                req.groups.union(req.groups.find(req.passthrough_of[name]), name)
+            else:
+                if kind == "float" and src is not None and name not in overrides:
+                    # bf16/fp16 values moved by data movement stay on their grid; a consumer
+                    # asking for the same cast format needs no second conversion. Block formats
+                    # do not survive data movement (a Transpose or Slice moves elements across
+                    # blocks), so their consumers keep their own requests.
+                    kept = [r for r in reqs if r[1] != src.format]
+                    if len(kept) < len(reqs):
+                        req.left.setdefault(name, f"output of a pass-through op: carries its "
+                                                  f"input's {src.format} values unchanged")
+                    reqs = kept
                 if not reqs and name not in overrides:
                     continue
-                fmt, why, axis, cal = None, "", None, True
-            else:
-                fmt, why, axis, cal = src.format, "output of a pass-through op: input's parameters", src.block_axis, False
-                groups.union(groups.find(passthrough_of[name]), name)
-        elif name in produced:
-            fmt, why, axis = produced[name]
-            cal = True
+                fmt, why, axis = None, "", None
+        elif name in req.produced:
+            fmt, why, axis = req.produced[name]
         elif reqs:
             _, fmt, why, axis = reqs[0]
-            cal = True
         else:
             continue
+        cformats: dict[str, str]
         if name in overrides:
             fmt, why, cal = overrides[name], "tensor override", True
             cformats = {}
@@ -266,8 +358,7 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
             if not cformats:
                 continue
             # no quantized producer: the first consumer format becomes the producer's
-            first = next(iter(cformats.values()))
-            fmt, why = first, reqs[0][2]
+            fmt, why = next(iter(cformats.values())), reqs[0][2]
             cformats = {n: f for n, f in cformats.items() if f != fmt}
         if axis is None:
             axis = next((a for _, _, _, a in reqs if a is not None), None)
@@ -275,17 +366,120 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig) -> PrecisionPlan:
         tensors[name] = TensorPrecision(tensor=name, role="activation", format=fmt, reason=why,
                                         block_axis=axis, calibrate=cal or needs_stats,
                                         consumer_formats=cformats)
-    _requantize_fused(tensors, fused, groups)
-    position = {n: i for i, n in enumerate(names)}  # graph order, fused inputs included
+    return tensors
+
+
+def _check_overrides(ix: GraphIndex, config: QuantConfig) -> None:
+    known = {n for n in ix.types if ix.elem_type(n) == onnx.TensorProto.FLOAT} | set(ix.initializers)
+    for t, _ in config.tensor_formats:
+        if t not in known:
+            raise ConfigError(f"tensor_formats / MixedPrecisionTensor names tensor {t!r}, which the "
+                              f"model does not have (as a float tensor)." + did_you_mean(t, sorted(known)))
+
+
+def _unplanned(ix: GraphIndex, req: _Requests, tensors: dict[str, TensorPrecision]
+               ) -> dict[str, str]:
+    """Every float tensor of the model that is not in the plan, with the reason."""
+    skipped: dict[str, str] = {}
+    node_of = {n.name: n for n in ix.graph.node}
+
+    def float_reason(n: onnx.NodeProto) -> str:
+        return req.float_nodes.get(n.name, "")
+
+    for name, why in req.untyped.items():
+        if name not in tensors:
+            skipped[name] = why
+    candidates = list(ix.inputs) + [o for n in ix.graph.node for o in n.output if o] + \
+        list(ix.initializers)
+    for name in dict.fromkeys(candidates):
+        if name in tensors or name in skipped:
+            continue
+        et = ix.elem_type(name)
+        if et == 0:
+            p = ix.producer(name)
+            if p is not None and any(is_float_type(ix.elem_type(i)) for i in p.input if i):
+                skipped[name] = ("type unknown: shape inference could not infer it (produced by "
+                                 f"{p.op_type} node {p.name!r}); left float")
+            continue
+        if not is_float_type(et):
+            continue
+        if name in req.left:
+            skipped[name] = req.left[name]
+            continue
+        if et != onnx.TensorProto.FLOAT:
+            skipped[name] = (f"{onnx.TensorProto.DataType.Name(et).lower()} tensor: mixq quantizes "
+                             "float32 tensors (convert the model to float32 first)")
+            continue
+        p = ix.producer(name)
+        users = ix.consumers(name)
+        quantized_users = [u for u in users if u.name not in req.float_nodes]
+        if name in ix.initializers:
+            if users and not quantized_users:
+                u = users[0]
+                skipped[name] = (f"constant read only by nodes left float ({u.op_type} "
+                                 f"{u.name!r}: {float_reason(u) or 'left float'})")
+            elif not users:
+                skipped[name] = "initializer no node reads"
+            else:
+                u = quantized_users[0]
+                skipped[name] = (f"constant input of {u.op_type} {u.name!r} that its semantics "
+                                 "leave float (a shape, scale or index operand)")
+            continue
+        if p is not None and p.name in req.float_nodes and not quantized_users:
+            skipped[name] = f"produced by {p.op_type} {p.name!r}, left float: {float_reason(p)}"
+        elif p is None and not quantized_users:
+            skipped[name] = ("graph input read only by nodes left float"
+                             + (f" ({users[0].op_type} {users[0].name!r}: "
+                                f"{float_reason(users[0])})" if users else ""))
+        elif p is not None and p.name not in req.float_nodes:
+            sem = semantics(p)
+            if sem is not None and sem.passthrough:
+                skipped[name] = (f"output of pass-through {p.op_type} {p.name!r} whose input is "
+                                 "not quantized")
+            else:
+                skipped[name] = (f"output of {p.op_type} {p.name!r}: this config quantizes "
+                                 "operands, not outputs (quantize_outputs=False), and no "
+                                 "consumer asks for a format")
+        else:
+            skipped[name] = "no quantized op reads or writes it as an activation"
+    # subgraph tensors: the bodies of If/Loop/Scan are left float
+    for node in ix.graph.node:
+        for sg in subgraphs(node):
+            for g in walk_graphs(sg):
+                names = [v.name for v in g.input] + [o for n in g.node for o in n.output if o] + \
+                    [t.name for t in g.initializer]
+                for name in names:
+                    skipped.setdefault(name, f"inside the body of {node.op_type} node "
+                                             f"{node.name!r}: subgraphs are left float")
+    del node_of
+    return skipped
+
+
+def build_plan(model: onnx.ModelProto, config: QuantConfig, *,
+               index: GraphIndex | None = None) -> PrecisionPlan:
+    """Decide the formats of every tensor of a prepared model (shapes inferred, names unique).
+
+    See the module docstring for the stages. Tensor overrides win over everything."""
+    ix = index if index is not None else GraphIndex.of(model)
+    _check_overrides(ix, config)
+    req = _requests(ix, config)
+    for policy in REQUEST_POLICIES:
+        policy(ix, config, req)
+    tensors = _resolve(ix, config, req)
+    _requantize_fused(tensors, req)
+    _leave_empty_block_tensors(ix, tensors)
+    position = {n: i for i, n in enumerate(ix.values())}  # graph order, fused inputs included
     tensors = dict(sorted(tensors.items(), key=lambda kv: position[kv[0]]))
-    tensors.update(weights)
-    for name in float_scalars:
+    tensors.update(req.constants)
+    for name in req.float_scalars:
         tensors.setdefault(name, TensorPrecision(
             tensor=name, role="constant", format=None,
             reason="single-element constant kept float: nothing to save, and a block or float "
                    "format would round it"))
     # every name the union-find knows belongs to a group of two or more tensors
-    final = {name: TensorPrecision(**{**tp.__dict__, "group": groups.find(name)})
-             if name in groups.parent and tp.role == "activation" else tp
+    final = {name: replace(tp, group=req.groups.find(name))
+             if name in req.groups.parent and tp.role == "activation" else tp
              for name, tp in tensors.items()}
-    return PrecisionPlan(tensors=final, float_nodes=float_nodes, config_name=config.name)
+    skipped = _unplanned(ix, req, final)
+    return PrecisionPlan(tensors=final, float_nodes=req.float_nodes, config_name=config.name,
+                         skipped=skipped, config=config.to_dict())

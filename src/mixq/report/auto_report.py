@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .._io import _atomic_write
 
-if TYPE_CHECKING:
-    from ..search.auto import AutoResult
+#: A mixq.search.AutoResult; read by attribute here, so that report depends on no search code
+#: (search calls the report, never the other way around).
+AutoResult = Any
 
 
 def _fmt(v: float | None) -> str:

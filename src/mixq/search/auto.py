@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .._io import load_model, save_model
+from .._io import save_model
 from ..calibration.stats import TensorStats
 from ..config import LayerRule, QuantConfig, get_default_config
 from ..errors import ConfigError, DataError
 from ..formats import get_format
-from ..passes.prepare import prepare
+from ..pipeline import Pipeline
 from ..plan.plan import PrecisionPlan
 from .objectives import L2Objective, Objective, Top1Objective
 from .sensitivity import Candidate, SensitivityTable, candidate_layers, measure_sensitivity
@@ -258,11 +258,8 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     t_start = time.perf_counter()
     deadline = time.monotonic() + auto.time_budget_s if auto.time_budget_s else None
     timings: dict[str, float] = {}
-    src = load_model(model)
-    prepared, _ = prepare(src)
-    from ..api import _ensure_node_names
-
-    _ensure_node_names(prepared)
+    pipe = Pipeline.load(model, defer=False)
+    prepared = pipe.model
     cache = _Cache(auto.cache_dir)
 
     t = time.perf_counter()
@@ -279,9 +276,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     needed: set[str] = set()
     for c in cands:
         cfg = base.with_options(activation=c.activation, weight=c.weight)
-        from ..plan.rules import build_plan
-
-        needed |= set(build_plan(prepared, cfg).calibrated_tensors(lambda f: get_format(f).needs_qparams))
+        needed |= set(pipe.plan(cfg).calibrated_tensors(lambda f: get_format(f).needs_qparams))
     stats_key = _key("stats", model_digest, sorted(needed), feeds_digest(calib))
     cached = cache.get(stats_key)
     if cached is not None:
@@ -296,7 +291,8 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    wb = Workbench(prepared, stats, held, output_index=auto.output_index)
+    pipe.stats.update(stats)
+    wb = Workbench(pipe, held, output_index=auto.output_index)
     objective: Objective | None
     if auto.l2_target is not None:
         objective = L2Objective(auto.l2_target)

@@ -14,10 +14,8 @@ import onnx
 from onnx import helper
 
 from ..config import QuantConfig
+from ..pipeline import Pipeline
 from ..plan.ops import semantics
-from ..plan.qparams import activation_qparams, constant_qparams
-from ..plan.rules import build_plan
-from ..passes.qdq import apply_plan
 from .workbench import Workbench, relative_l2
 
 
@@ -127,10 +125,7 @@ def _layer_error(wb: Workbench, tiny: onnx.ModelProto, config: QuantConfig,
                  cached: dict[str, np.ndarray], ref: np.ndarray) -> float:
     from ..evaluate import make_session
 
-    plan = build_plan(tiny, config)
-    qp = activation_qparams(plan, wb.stats, config)
-    qp.update(constant_qparams(tiny, plan, config))
-    qmodel, _ = apply_plan(tiny, plan, qp, dual=config.dual_quant_nodes)
+    qmodel, _ = Pipeline.of_prepared(tiny, wb.pipeline.stats).materialize(config)
     # QDQ semantics: with full optimizations a non-VNNI CPU's saturating u8s8 kernels made int8
     # weights measure worse than int4 ones (which no integer kernel takes)
     sess = make_session(qmodel, optimize="basic")

@@ -14,12 +14,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..calibration.stats import TensorStats
 from ..config import QuantConfig
-from ..passes.qdq import apply_plan
-from ..plan.plan import PrecisionPlan, deployed_weight_bytes
-from ..plan.qparams import activation_qparams, constant_qparams
-from ..plan.rules import build_plan
+from ..pipeline import Pipeline
+from ..plan.plan import PrecisionPlan
 
 Feeds = list[dict[str, np.ndarray]]
 
@@ -49,15 +46,14 @@ def relative_l2(pairs) -> float:
 
 @dataclass
 class Workbench:
-    """A prepared float model with everything a search needs to try plans quickly."""
+    """A pipeline (the prepared float model and its statistics) with the held-out data and
+    float outputs a search measures plans on."""
 
-    model: onnx.ModelProto
-    stats: dict[str, TensorStats]
+    pipeline: Pipeline
     eval_feeds: Feeds
     output_index: int = 0
     float_outputs: list[np.ndarray] = field(default_factory=list)
     model_digest: str = ""
-    _weight_elems: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from ..evaluate import make_session
@@ -67,27 +63,26 @@ class Workbench:
             name = sess.get_outputs()[self.output_index].name
             self.float_outputs = [sess.run([name], f)[0] for f in self.eval_feeds]
         self.model_digest = hashlib.sha256(self.model.SerializeToString()).hexdigest()
-        self._weight_elems = {t.name: int(np.prod(t.dims)) for t in self.model.graph.initializer}
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        return self.pipeline.model
 
     # -- plans -------------------------------------------------------------------------------
     def plan(self, config: QuantConfig) -> PrecisionPlan:
-        return build_plan(self.model, config)
+        return self.pipeline.plan(config)
 
     def materialize(self, config: QuantConfig, plan: PrecisionPlan | None = None
                     ) -> tuple[onnx.ModelProto, PrecisionPlan]:
         """The quantized model of `config` (or of a given plan made from it)."""
-        plan = plan or self.plan(config)
-        qparams = activation_qparams(plan, self.stats, config)
-        qparams.update(constant_qparams(self.model, plan, config))
-        model, _ = apply_plan(self.model, plan, qparams, dual=config.dual_quant_nodes)
-        return model, plan
+        return self.pipeline.materialize(config, plan)
 
     def size_bytes(self, plan: PrecisionPlan) -> float:
         """Deployed weight bytes of a plan (see `deployed_weight_bytes`)."""
-        return deployed_weight_bytes(self._weight_elems, plan)
+        return self.pipeline.size_bytes(plan)
 
     def avg_weight_bits(self, plan: PrecisionPlan) -> float:
-        n = sum(self._weight_elems.values()) or 1
+        n = sum(self.pipeline.weight_elems.values()) or 1
         return 8.0 * self.size_bytes(plan) / n
 
     # -- metrics -------------------------------------------------------------------------------

@@ -1,0 +1,263 @@
+"""The graph layer: def-use over an ONNX model, subgraph-aware, and one name allocator.
+
+Every stage that reads or rewrites a graph (prepare, plan, rewrite, calibration) asks a
+`GraphIndex` instead of building its own producer/consumer maps, and takes new names from a
+`NameAllocator`, which knows every name in the model (all graphs, nodes, functions) and every
+name it handed out, so a new name can never collide with one the model already has.
+
+The storage stays `onnx.ModelProto`: the format emitters produce protos, big models keep their
+weights deferred in external data (mixq._io) and outputs stay byte-identical to what the
+protos serialize to. The index is a view: it is rebuilt (cheaply, O(nodes)) after a pass that
+changes the graph, never kept stale (`GraphIndex.of` is the one constructor).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import onnx
+
+__all__ = ["GraphIndex", "NameAllocator", "subgraphs", "walk_graphs", "outer_scope_reads",
+           "all_names", "tensor_type", "static_shape", "is_float_type", "PassResult"]
+
+FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                         onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE})
+
+
+def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs held in `node`'s attributes (If branches, Loop/Scan bodies)."""
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def walk_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph` and every subgraph inside it, at any depth (depth first)."""
+    yield graph
+    for n in graph.node:
+        for sg in subgraphs(n):
+            yield from walk_graphs(sg)
+
+
+def outer_scope_reads(graph: onnx.GraphProto) -> set[str]:
+    """Names a (sub)graph reads that it does not define itself: values of an enclosing scope."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    reads: set[str] = set()
+    for n in graph.node:
+        reads.update(i for i in n.input if i and i not in defined)
+        for sg in subgraphs(n):
+            reads.update(r for r in outer_scope_reads(sg) if r not in defined)
+        defined.update(o for o in n.output if o)
+    reads.update(o.name for o in graph.output if o.name not in defined)
+    return reads
+
+
+def all_names(model: onnx.ModelProto) -> set[str]:
+    """Every name used anywhere in `model`: values, initializers, nodes, in every graph and in
+    the model-local functions."""
+    names: set[str] = set()
+    for g in walk_graphs(model.graph):
+        names.update(v.name for v in [*g.input, *g.output, *g.value_info])
+        names.update(t.name for t in g.initializer)
+        names.update(t.values.name for t in g.sparse_initializer)
+        for n in g.node:
+            names.add(n.name)
+            names.update(n.input)
+            names.update(n.output)
+    for f in model.functions:
+        names.add(f.name)
+        for n in f.node:
+            names.add(n.name)
+            names.update(n.input)
+            names.update(n.output)
+    names.discard("")
+    return names
+
+
+_UNSAFE = re.compile(r"[^0-9A-Za-z_.]")
+
+
+class NameAllocator:
+    """Fresh names that collide with nothing in the model nor with each other.
+
+    `fresh("conv1.weight", "q")` -> "conv1.weight__q", or "conv1.weight__q_2" when taken. The
+    base is kept readable (only characters unsafe in file names are replaced) but uniqueness is
+    checked against the real set of names, so `a:b` and `a_b` (which sanitize alike) still get
+    different names, and a model that already has `x__mq` gets `x__mq_2`."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self._taken = set(taken)
+        # the part before the first "/" of every name: a prefix whose emitted names are
+        # f"{prefix}/..." must not be one of them
+        self._heads = {n.split("/", 1)[0] for n in taken if "/" in n}
+        self._prefixes: set[str] = set()
+
+    @classmethod
+    def for_model(cls, model: onnx.ModelProto) -> "NameAllocator":
+        return cls(all_names(model))
+
+    def fresh(self, base: str, suffix: str = "") -> str:
+        stem = _UNSAFE.sub("_", base) if base else "t"
+        name = f"{stem}__{suffix}" if suffix else stem
+        candidate, i = name, 2
+        while candidate in self._taken:
+            candidate = f"{name}_{i}"
+            i += 1
+        self._taken.add(candidate)
+        return candidate
+
+    def prefix(self, base: str) -> str:
+        """A fresh namespace for emitted names `f"{prefix}/..."`: no name of the model starts
+        with it, and no earlier prefix is the same (so `a:b` and `a_b` get two)."""
+        stem = _UNSAFE.sub("_", base) if base else "t"
+        candidate, i = stem, 2
+        while candidate in self._prefixes or candidate in self._heads:
+            candidate = f"{stem}_{i}"
+            i += 1
+        self._prefixes.add(candidate)
+        return candidate
+
+    def value(self, base: str, suffix: str) -> str:
+        """A fresh value or node name `f"{base}__{suffix}"` (base kept verbatim: ONNX names may
+        hold any character), numbered when taken."""
+        name = f"{base}__{suffix}"
+        candidate, i = name, 2
+        while candidate in self._taken:
+            candidate = f"{name}_{i}"
+            i += 1
+        self._taken.add(candidate)
+        return candidate
+
+    def reserve(self, name: str) -> None:
+        """Mark `name` as used (a name the caller creates itself)."""
+        self._taken.add(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._taken
+
+
+def tensor_type(t: onnx.TypeProto | None) -> int:
+    """The element type of a tensor type, 0 when unknown or not a tensor."""
+    if t is None or not t.HasField("tensor_type"):
+        return 0
+    return int(t.tensor_type.elem_type)
+
+
+def static_shape(t: onnx.TypeProto | None) -> tuple[int | None, ...] | None:
+    """The dims of a tensor type (None where unknown), or None without a shape."""
+    if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else None for d in t.tensor_type.shape.dim)
+
+
+def is_float_type(elem_type: int) -> bool:
+    return elem_type in FLOAT_TYPES
+
+
+@dataclass
+class GraphIndex:
+    """Def-use of a model's main graph.
+
+    producer(v): the node that produces v (None for graph inputs and initializers);
+    consumers(v): the main-graph nodes that read v, including control-flow nodes (If, Loop,
+    Scan) whose subgraphs read v from the outer scope: a value used across a subgraph boundary
+    is a use like any other (a weight shared by the main graph and an If branch is never
+    replaced behind the branch's back).
+    """
+
+    model: onnx.ModelProto
+    producers: dict[str, onnx.NodeProto] = field(default_factory=dict)
+    readers: dict[str, list[onnx.NodeProto]] = field(default_factory=dict)
+    subgraph_readers: dict[str, list[onnx.NodeProto]] = field(default_factory=dict)
+    types: dict[str, onnx.TypeProto] = field(default_factory=dict)
+    initializers: dict[str, onnx.TensorProto] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    position: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto) -> "GraphIndex":
+        g = model.graph
+        ix = cls(model)
+        ix.initializers = {t.name: t for t in g.initializer}
+        ix.inputs = [i.name for i in g.input if i.name not in ix.initializers]
+        ix.outputs = [o.name for o in g.output]
+        for v in [*g.input, *g.value_info, *g.output]:
+            if v.HasField("type"):
+                ix.types[v.name] = v.type
+        for t in g.initializer:
+            tp = onnx.TypeProto()
+            tp.tensor_type.elem_type = t.data_type
+            tp.tensor_type.shape.dim.extend(onnx.TensorShapeProto.Dimension(dim_value=d) for d in t.dims)
+            ix.types[t.name] = tp
+        for i, n in enumerate(g.node):
+            ix.position[id(n)] = i
+            for o in n.output:
+                if o:
+                    ix.producers[o] = n
+            for name in dict.fromkeys(x for x in n.input if x):
+                ix.readers.setdefault(name, []).append(n)
+            sub_reads: set[str] = set()
+            for sg in subgraphs(n):
+                sub_reads |= outer_scope_reads(sg)
+            for name in sub_reads:
+                ix.subgraph_readers.setdefault(name, []).append(n)
+        return ix
+
+    @property
+    def graph(self) -> onnx.GraphProto:
+        return self.model.graph
+
+    def producer(self, name: str) -> onnx.NodeProto | None:
+        return self.producers.get(name)
+
+    def consumers(self, name: str) -> list[onnx.NodeProto]:
+        """Every main-graph node that uses `name`, directly or inside its subgraphs."""
+        direct = self.readers.get(name, [])
+        sub = [n for n in self.subgraph_readers.get(name, []) if all(n is not d for d in direct)]
+        return direct + sub
+
+    def used_in_subgraph(self, name: str) -> bool:
+        return bool(self.subgraph_readers.get(name))
+
+    def elem_type(self, name: str) -> int:
+        return tensor_type(self.types.get(name))
+
+    def shape(self, name: str) -> tuple[int | None, ...] | None:
+        return static_shape(self.types.get(name))
+
+    def rank(self, name: str) -> int | None:
+        s = self.shape(name)
+        return None if s is None else len(s)
+
+    def is_initializer(self, name: str) -> bool:
+        return name in self.initializers
+
+    def order(self, node: onnx.NodeProto) -> int:
+        return self.position[id(node)]
+
+    def values(self) -> list[str]:
+        """Every value of the main graph in graph order: inputs, then node outputs."""
+        out = list(self.inputs)
+        for n in self.graph.node:
+            out.extend(o for o in n.output if o)
+        return list(dict.fromkeys(out))
+
+
+@dataclass
+class PassResult:
+    """What one pass did: whether it worked in place, how many things it changed, notes for the
+    report, and the matches it declined with why (in the manner of a rewrite rule's check)."""
+
+    name: str
+    in_place: bool = True
+    changed: int = 0
+    notes: list[str] = field(default_factory=list)
+    declined: list[tuple[str, str]] = field(default_factory=list)
+
+    def decline(self, where: str, why: str) -> None:
+        self.declined.append((where, why))

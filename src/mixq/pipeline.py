@@ -1,0 +1,240 @@
+"""One pipeline object: a model loaded and prepared once, with the stages every client runs.
+
+`mixq.quantize`, the automatic mixed-precision search, the CLI, fast finetuning and the demo
+all go through a `Pipeline`; none assembles load / prepare / plan / calibrate / parameters /
+rewrite on its own. Statistics are collected once per tensor and kept, so a search that tries
+many plans runs onnxruntime's calibration pass once.
+
+    pipe = Pipeline.load("model.onnx")
+    plan = pipe.plan(config)
+    stats = pipe.calibrate(plan, data)
+    model, report = pipe.rewrite(plan, pipe.qparams(plan, config), config)
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ._io import has_external_data, load_deferred, load_model, load_model_deferred
+from .calibration.stats import TensorStats
+from .config import QuantConfig
+from .errors import ConfigError, ModelError, did_you_mean
+from .formats import QParams, get_format
+from .graph import GraphIndex
+from .passes.prepare import PrepareReport, prepare
+from .passes.qdq import RewriteReport, apply_plan
+from .plan.plan import PrecisionPlan, deployed_weight_bytes
+from .plan.qparams import activation_qparams, constant_qparams
+from .plan.rules import build_plan
+
+__all__ = ["Pipeline", "ensure_node_names", "config_of_plan"]
+
+
+def ensure_node_names(model: onnx.ModelProto) -> int:
+    """Give every main-graph node a unique name (plans and layer rules refer to nodes by name);
+    returns how many were named or renamed."""
+    seen: set[str] = set()
+    changed = 0
+    for i, n in enumerate(model.graph.node):
+        name = n.name or f"{n.op_type}_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        if name != n.name:
+            n.name = name
+            changed += 1
+        seen.add(name)
+    return changed
+
+
+def config_of_plan(plan: PrecisionPlan, config: QuantConfig | None) -> QuantConfig:
+    """The config a plan is replayed with: the one it carries. A different `config` given
+    beside it is an error (the plan is authoritative); a plan without one (version 1) needs
+    `config`."""
+    if plan.config is None:
+        if config is None:
+            raise ConfigError("this plan does not carry the config that made it (an old plan "
+                              "file): pass the preset or config it was made with.")
+        return config
+    carried = QuantConfig.from_dict(plan.config)
+    if config is not None and config.to_dict() != carried.to_dict():
+        theirs, ours = carried.to_dict(), config.to_dict()
+        diff = [k for k in ours if ours[k] != theirs.get(k)]
+        raise ConfigError(f"the plan was made with config {carried.name!r}, and the config given "
+                          f"beside it differs ({', '.join(diff[:4])}): a plan is replayed with "
+                          "its own config. Drop --preset/--config (or the config argument), or "
+                          "make a new plan with `mixq plan`.")
+    return carried
+
+
+@dataclass
+class Pipeline:
+    """A prepared model and what the stages need from it, built once.
+
+    model: the prepared model (shapes inferred, nodes named, opset upgraded);
+    base_dir: where its deferred initializers live (big models), None when loaded whole;
+    source: the input file, when the model came from one;
+    stats: calibration statistics collected so far, by tensor name.
+    """
+
+    model: onnx.ModelProto
+    prepare_report: PrepareReport
+    base_dir: Path | None = None
+    source: Path | None = None
+    stats: dict[str, TensorStats] = field(default_factory=dict)
+    calib_skipped: dict[str, str] = field(default_factory=dict)
+    _index: GraphIndex | None = field(default=None, repr=False)
+    _elems: dict[str, int] | None = field(default=None, repr=False)
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def load(cls, model: onnx.ModelProto | str | os.PathLike | bytes, *,
+             defer: bool = True) -> "Pipeline":
+        """Load (a path: big weights stay in their external data file when `defer`) and prepare
+        `model`. A ModelProto given by the caller is copied, never changed."""
+        base_dir = None
+        source = Path(model) if isinstance(model, (str, os.PathLike)) else None
+        if isinstance(model, (str, os.PathLike)) and defer:
+            src, base_dir = load_model_deferred(model)
+        else:
+            src = load_model(model)
+        if base_dir is None:
+            unloaded = [t.name for t in src.graph.initializer if has_external_data(t)]
+            if unloaded:
+                raise ModelError(f"initializer {unloaded[0]!r} refers to external data that is not "
+                                 f"loaded ({len(unloaded)} such initializers); pass the .onnx path, or "
+                                 "load the model with its data (onnx.load(path) without "
+                                 "load_external_data=False).")
+        # a model mixq loaded itself is prepared in place: no copy of the weights
+        owned = not isinstance(model, onnx.ModelProto)
+        prepared, rep = prepare(src, copy=not owned, base_dir=base_dir)
+        ensure_node_names(prepared)
+        return cls(prepared, rep, base_dir=base_dir, source=source)
+
+    @classmethod
+    def of_prepared(cls, model: onnx.ModelProto,
+                    stats: dict[str, TensorStats] | None = None) -> "Pipeline":
+        """A pipeline over a model that is already prepared (a search's sub-model)."""
+        return cls(model, PrepareReport(), stats=dict(stats or {}))
+
+    # -- views -----------------------------------------------------------------------------
+    @property
+    def index(self) -> GraphIndex:
+        if self._index is None:
+            self._index = GraphIndex.of(self.model)
+        return self._index
+
+    def invalidate(self) -> None:
+        """Forget the views after the prepared model was changed (finetuned weights)."""
+        self._index = None
+        self._elems = None
+
+    @property
+    def weight_elems(self) -> dict[str, int]:
+        """Elements per initializer (from dims: no data read)."""
+        if self._elems is None:
+            self._elems = {t.name: int(np.prod(t.dims)) for t in self.model.graph.initializer}
+        return self._elems
+
+    def size_bytes(self, plan: PrecisionPlan) -> float:
+        """Weight bytes a backend stores for `plan` (see `deployed_weight_bytes`)."""
+        return deployed_weight_bytes(self.weight_elems, plan)
+
+    # -- stages ----------------------------------------------------------------------------
+    def plan(self, config: QuantConfig) -> PrecisionPlan:
+        """The precision plan of `config` (pure: reads the graph only)."""
+        return build_plan(self.model, config, index=self.index)
+
+    def check_plan(self, plan: PrecisionPlan) -> None:
+        """A replayed plan must name tensors of this model and formats mixq knows."""
+        ix = self.index
+        names = set(ix.types) | set(ix.producers) | set(ix.initializers) | set(ix.inputs)
+        unknown = [t for t in plan.tensors if t not in names]
+        if unknown:
+            raise ConfigError(f"the plan names tensor {unknown[0]!r}, which the model does not have."
+                              + did_you_mean(unknown[0], names))
+        for f in plan.formats():
+            get_format(f)
+
+    def calibrate(self, plan: PrecisionPlan, data: Any, *,
+                  progress: Callable[[int], None] | None = None) -> dict[str, TensorStats]:
+        """Statistics of every tensor `plan` calibrates, collected in one onnxruntime pass over
+        `data` (tensors collected before are not collected again)."""
+        from .check import custom_op_problems
+
+        needed = plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
+        missing = [n for n in needed if n not in self.stats and n not in self.calib_skipped]
+        if not missing:
+            return self.stats
+        unknown_ops = {d: why for d, why in custom_op_problems(self.model).items()
+                       if "custom op library" in why}
+        if unknown_ops:
+            raise ModelError(f"calibration runs the model in onnxruntime, but "
+                             f"{next(iter(unknown_ops.values()))}. Replace the op with standard "
+                             "ONNX ops (or a model-local function), or use a preset that needs "
+                             "no calibration (BF16, FP16, block formats).")
+        if data is None:
+            raise ConfigError(f"the plan's formats need calibration data for {len(missing)} "
+                              "activations; pass calibration_data (a data reader, feeds, a "
+                              ".npz/.npy file or a folder).")
+        from .calibration.collect import collect_stats
+
+        res = collect_stats(self.model, missing, data, progress=progress, base_dir=self.base_dir)
+        self.stats.update(res.stats)
+        self.calib_skipped.update(res.skipped)
+        return self.stats
+
+    def qparams(self, plan: PrecisionPlan, config: QuantConfig) -> dict[str, QParams]:
+        """Activation parameters from the statistics, constant parameters from the weights
+        (deferred weights read one at a time)."""
+        out = activation_qparams(plan, self.stats, config)
+        out.update(self._constant_qparams(plan, config))
+        return out
+
+    def _constant_qparams(self, plan: PrecisionPlan, config: QuantConfig) -> dict[str, QParams]:
+        """constant_qparams, reading deferred weights one at a time: each is loaded into a
+        one-tensor model that is dropped once its parameters are known, so the float weights
+        are never all in memory (protobuf never gives back the memory of a cleared field)."""
+        from dataclasses import replace
+
+        inits = self.index.initializers
+        deferred = [n for n, tp in plan.tensors.items()
+                    if n in inits and has_external_data(inits[n]) and tp.role in ("weight", "constant")]
+        if self.base_dir is None or not deferred:
+            return constant_qparams(self.model, plan, config)
+        skip = set(deferred)
+        out = constant_qparams(self.model, replace(plan, tensors={
+            n: tp for n, tp in plan.tensors.items() if n not in skip}), config)
+        for name in deferred:
+            one = onnx.ModelProto()
+            one.graph.initializer.add().CopyFrom(inits[name])  # no data yet: a small copy
+            load_deferred(one, self.base_dir)
+            out.update(constant_qparams(one, replace(plan, tensors={name: plan.tensors[name]}), config))
+            del one
+        return {n: out[n] for n in plan.tensors if n in out}  # constant_qparams' (plan) order
+
+    def rewrite(self, plan: PrecisionPlan, qparams: dict[str, QParams], config: QuantConfig, *,
+                model: onnx.ModelProto | None = None, copy: bool = True
+                ) -> tuple[onnx.ModelProto, RewriteReport]:
+        """The quantized model (`model`: another version of the prepared model, e.g. with
+        finetuned weights). `copy=False` rewrites the prepared model itself (the pipeline is
+        spent afterwards: what keeps a > 2 GB model within memory)."""
+        m = self.model if model is None else model
+        out, rep = apply_plan(m, plan, qparams, dual=config.dual_quant_nodes, copy=copy,
+                              base_dir=self.base_dir)
+        if not copy and m is self.model:
+            self.invalidate()
+        return out, rep
+
+    def materialize(self, config: QuantConfig, plan: PrecisionPlan | None = None
+                    ) -> tuple[onnx.ModelProto, PrecisionPlan]:
+        """The quantized model of `config` (or of a plan made from it) from the statistics
+        collected so far; the prepared model is left as it is."""
+        plan = plan or self.plan(config)
+        model, _ = self.rewrite(plan, self.qparams(plan, config), config)
+        return model, plan
