@@ -102,7 +102,7 @@ def _why_float(node: onnx.NodeProto, config: QuantConfig) -> str | None:
 
 
 def _weight_precision(ix: GraphIndex, node: onnx.NodeProto, w: str, fmt: str, why: str,
-                      config: QuantConfig, overridden: bool) -> TensorPrecision:
+                      config: QuantConfig, overridden: bool, act: str) -> TensorPrecision:
     """The plan entry of a weight: its format, per-channel axis or blocks, and the reason."""
     sem = semantics(node)
     assert sem is not None  # only quantized nodes have weights
@@ -123,6 +123,12 @@ def _weight_precision(ix: GraphIndex, node: onnx.NodeProto, w: str, fmt: str, wh
     if isinstance(g, PerChannel):
         if g.axis is not None and rank:
             channel = _norm_axis(g.axis, rank)
+    elif isinstance(g, PerBlock) and get_format(fmt).kind == "int" and channel is not None and \
+            get_format(fmt).bits == 8 and get_format(act).kind == "int" and get_format(act).bits == 8 \
+            and node.op_type in ("MatMul", "Conv"):
+        # onnxruntime fuses an 8-bit blocked weight with 8-bit activations into QLinearMatMul /
+        # QLinearConv, which reject blocked parameters at run time: per channel instead
+        reason += "; per channel, not per block: onnxruntime's 8-bit integer MatMul/Conv kernels take no blocked weights"
     elif isinstance(g, PerBlock) and get_format(fmt).kind == "int" and channel is not None:
         block_size = g.size
         if g.axis is not None and rank:
@@ -199,7 +205,7 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
             w = node.input[sem.weight]
             if w in inits and ix.elem_type(w) == onnx.TensorProto.FLOAT:
                 req.constants.setdefault(w, _weight_precision(
-                    ix, node, w, overrides.get(w, wfmt), why, config, w in overrides))
+                    ix, node, w, overrides.get(w, wfmt), why, config, w in overrides, act))
         if sem.bias is not None and sem.bias < len(node.input) and node.input[sem.bias] in inits:
             b = node.input[sem.bias]
             req.constants.setdefault(b, _bias_precision(ix, node, b, int_pair, config))
