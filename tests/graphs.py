@@ -75,17 +75,19 @@ def operand(qmodel: onnx.ModelProto, op_type: str, index: int, feed: dict[str, n
     return s.run([name], {k: v for k, v in feed.items() if k in names})[0]
 
 
-def assert_in_format(values: np.ndarray, fmt_name: str, axis: int | None = None) -> None:
-    """`values` are exactly representable in `fmt_name` (blocks along `axis`)."""
+def assert_in_format(values: np.ndarray, fmt_name: str, axis: int | None = None,
+                     scale: float | None = None) -> None:
+    """`values` are exactly representable in `fmt_name` (blocks along `axis`; integer formats:
+    at most 2**bits distinct values, and multiples of `scale` when it is given)."""
     fmt = get_format(fmt_name)
     v = np.asarray(values, np.float32)
     if fmt.kind == "int":
         u = np.unique(v)
         assert u.size <= 2 ** fmt.bits, f"{u.size} distinct values: not {fmt_name}"
-        if u.size > 2:
-            step = np.min(np.diff(u))
-            k = (u - u[0]) / step
-            assert np.allclose(k, np.rint(k), atol=1e-3), f"values are not on a uniform {fmt_name} grid"
+        if scale is not None:
+            k = v.astype(np.float64) / np.float64(scale)
+            assert np.allclose(k, np.rint(k), atol=1e-3), f"values are not on the {fmt_name} grid of scale {scale}"
+            assert np.ptp(np.rint(k)) < 2 ** fmt.bits, f"values span more codes than {fmt_name} has"
         return
     if fmt.kind == "block":
         q = fmt.fake_quant(v, axis=axis)
@@ -101,3 +103,15 @@ def assert_not_in_format(values: np.ndarray, fmt_name: str, axis: int | None = N
     except AssertionError:
         return
     raise AssertionError(f"values are already in {fmt_name}")
+
+
+def dq_scale(qmodel: onnx.ModelProto, value: str) -> float | None:
+    """The per-tensor scale of the DequantizeLinear that produces `value`, if any."""
+    inits = {t.name: t for t in qmodel.graph.initializer}
+    for n in qmodel.graph.node:
+        if n.op_type == "DequantizeLinear" and n.output[0] == value and n.input[1] in inits:
+            sc = numpy_helper.to_array(inits[n.input[1]])
+            zp = numpy_helper.to_array(inits[n.input[2]]) if len(n.input) > 2 and n.input[2] in inits else 0
+            if sc.size == 1 and np.all(np.asarray(zp) == 0):
+                return float(sc.reshape(()))
+    return None

@@ -1,0 +1,126 @@
+"""Property test: randomly generated small graphs (op chains from the op table, random shapes and
+names, including names that look like mixq's own) quantized with every preset. Every output is
+accepted by the checker, runs in onnxruntime, and every planned activation carries its format
+(checked by values on the tensors the plan quantizes)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from onnx import helper, numpy_helper
+
+import mixq
+
+from ..graphs import assert_in_format, dq_scale, run, session
+
+_NAMES = st.sampled_from(["t", "a:b", "a_b", "x__mq", "h/scale", "conv.out", "n 1", "ü", "y__f"])
+
+#: (op, builder) pairs: each builder appends nodes reading `src` (shape (N, C, H, W)) and
+#: returns the new tensor (same shape unless the op changes it, given back too).
+_UNARY = ["Relu", "Sigmoid", "Tanh", "HardSigmoid", "Identity", "Softmax"]
+
+
+def _build(ops: list[tuple[str, int]], names: list[str], c: int, hw: int, seed: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    used: set[str] = set()
+
+    def fresh(base: str) -> str:
+        i = 0
+        while f"{base}{i}" in used:
+            i += 1
+        used.add(f"{base}{i}")
+        return f"{base}{i}"
+
+    src, shape = "x", [1, c, hw, hw]
+    for k, (op, arg) in enumerate(ops):
+        out = fresh(names[k % len(names)])
+        if op == "Conv":
+            w = fresh("w")
+            oc = max(1, arg)
+            inits.append(numpy_helper.from_array((rng.standard_normal((oc, shape[1], 3, 3)) * 0.2).astype(np.float32), w))
+            b = fresh("b")
+            inits.append(numpy_helper.from_array((rng.standard_normal(oc) * 0.1).astype(np.float32), b))
+            nodes.append(helper.make_node("Conv", [src, w, b], [out], pads=[1, 1, 1, 1]))
+            shape = [1, oc, shape[2], shape[3]]
+        elif op == "Add":
+            other = fresh("k")
+            inits.append(numpy_helper.from_array((rng.standard_normal(shape[1:]) * 0.5).astype(np.float32), other))
+            nodes.append(helper.make_node("Add", [src, other], [out]))
+        elif op == "Mul":
+            nodes.append(helper.make_node("Mul", [src, src], [out]))
+        elif op == "Concat":
+            nodes.append(helper.make_node("Concat", [src, src], [out], axis=1))
+            shape = [1, 2 * shape[1], shape[2], shape[3]]
+        elif op == "MaxPool":
+            nodes.append(helper.make_node("MaxPool", [src], [out], kernel_shape=[2, 2], strides=[1, 1], pads=[0, 0, 1, 1]))
+        elif op == "Transpose":
+            nodes.append(helper.make_node("Transpose", [src], [out], perm=[0, 1, 3, 2]))
+        elif op == "GlobalAveragePool":
+            nodes.append(helper.make_node("GlobalAveragePool", [src], [out]))
+            shape = [1, shape[1], 1, 1]
+        else:
+            nodes.append(helper.make_node(op, [src], [out]) if op != "Softmax" else
+                         helper.make_node(op, [src], [out], axis=1))
+        src = out
+    flat = fresh("flat")
+    nodes.append(helper.make_node("Flatten", [src], [flat]))
+    w = fresh("fc")
+    feat = int(np.prod(shape[1:]))
+    inits.append(numpy_helper.from_array((rng.standard_normal((feat, 5)) * 0.2).astype(np.float32), w))
+    nodes.append(helper.make_node("MatMul", [flat, w], ["y"]))
+    for i, n in enumerate(nodes):
+        n.name = f"{n.op_type.lower()}_{i}"
+    g = helper.make_graph(nodes, "random", [helper.make_tensor_value_info("x", 1, [1, c, hw, hw])],
+                          [helper.make_tensor_value_info("y", 1, [1, 5])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+_OP = st.one_of(st.tuples(st.just("Conv"), st.integers(1, 6)),
+                st.tuples(st.sampled_from(["Add", "Mul", "Concat", "MaxPool", "Transpose",
+                                           "GlobalAveragePool", *_UNARY]), st.just(0)))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate], derandomize=True)
+@given(ops=st.lists(_OP, min_size=1, max_size=6), names=st.lists(_NAMES, min_size=1, max_size=4),
+       c=st.integers(1, 5), hw=st.integers(2, 6), seed=st.integers(0, 1000))
+@pytest.mark.parametrize("preset", list(mixq.PRESETS))
+def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed):
+    m = _build(ops, names, c, hw, seed)
+    rng = np.random.default_rng(seed)
+    fs = [{"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32)} for _ in range(3)]
+    res = mixq.quantize(m, preset, fs, check_kernels=False)
+    onnx.checker.check_model(res.model, full_check=True)
+    got = run(res.model, fs[0])[0]
+    assert got.shape == (1, 5) and np.all(np.isfinite(got))
+    # every planned activation carries its format: the value its first consumer reads in the
+    # quantized model is exposed and checked by value
+    pipe = mixq.pipeline.Pipeline.load(m)
+    ix = pipe.index
+    qnodes = {n.name: n for n in res.model.graph.node}
+    for name, tp in res.plan.tensors.items():
+        if tp.role != "activation" or tp.format is None:
+            continue
+        readers = [n for n in ix.consumers(name) if n.name not in tp.consumer_formats]
+        if not readers:
+            continue
+        node = qnodes[readers[0].name]
+        value = node.input[list(readers[0].input).index(name)]
+        assert_in_format(_expose(res.model, value, fs[0]), tp.format, axis=tp.block_axis,
+                         scale=dq_scale(res.model, value))
+    floats = [v for v in ix.values() + list(ix.initializers) if ix.elem_type(v) == onnx.TensorProto.FLOAT]
+    assert all(v in res.plan.tensors or v in res.plan.skipped for v in floats)
+
+
+def _expose(qmodel: onnx.ModelProto, name: str, feed: dict[str, np.ndarray]) -> np.ndarray:
+    m = onnx.ModelProto()
+    m.CopyFrom(qmodel)
+    if name not in {o.name for o in m.graph.output}:
+        m.graph.output.append(onnx.ValueInfoProto(name=name))
+    return session(m, optimize=False).run([name], feed)[0]
