@@ -192,7 +192,7 @@ def check_model_support(model: onnx.ModelProto | str | os.PathLike) -> SupportRe
                             "reliably; re-export the model with opset 13 or newer")
 
     counts: Counter = Counter((n.domain, n.op_type) for n in g.node)
-    first = {}
+    first: dict[tuple[str, str], onnx.NodeProto] = {}
     for n in g.node:
         first.setdefault((n.domain, n.op_type), n)
     for (dom, op), c in counts.items():
@@ -237,9 +237,9 @@ def check_model_support(model: onnx.ModelProto | str | os.PathLike) -> SupportRe
                                     "copy it into the model's folder")
 
     rep.custom_domains = custom_op_problems(model)
-    for d, s in rep.custom_domains.items():
-        if "custom op library" in s:
-            rep.problems.append(f"{s}; calibrated presets fail, cast/block presets leave it float")
+    for problem in rep.custom_domains.values():
+        if "custom op library" in problem:
+            rep.problems.append(f"{problem}; calibrated presets fail, cast/block presets leave it float")
 
     try:
         if rep.external_data and source != "<ModelProto>":

@@ -44,7 +44,7 @@ import enum
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -99,9 +99,10 @@ class GridModel:
     max_value: float = 0.0
 
 
-_FLOAT_GRIDS = {  # (mantissa bits, min normal exponent, max finite value)
-    "fp8_e4m3fn": (3, -6, 448.0), "fp8_e4m3": (3, -6, 448.0), "fp8_e5m2": (2, -14, 57344.0),
-    "fp6_e3m2": (2, -2, 28.0), "fp6_e2m3": (3, 0, 7.5), "fp4_e2m1": (1, 0, 6.0),
+_FLOAT_GRIDS = {  # (total bits, mantissa bits, min normal exponent, max finite value)
+    "fp8_e4m3fn": (8, 3, -6, 448.0), "fp8_e4m3": (8, 3, -6, 448.0),
+    "fp8_e5m2": (8, 2, -14, 57344.0), "fp6_e3m2": (6, 2, -2, 28.0), "fp6_e2m3": (6, 3, 0, 7.5),
+    "fp4_e2m1": (4, 1, 0, 6.0),
 }
 
 
@@ -122,9 +123,9 @@ def grid_model(fmt: Any) -> GridModel:
         bits = int(m.group(2))
         return GridModel("int", levels=2 ** bits - (1 if m.group(3) else 0))
     if key in _FLOAT_GRIDS:
-        mb, me, mv = _FLOAT_GRIDS[key]
-        return GridModel("float", levels=2 ** (int(re.search(r"\d+", key).group()) - 1),
-                         mantissa_bits=mb, min_exp=me, max_value=mv)
+        nbits, mb, me, mv = _FLOAT_GRIDS[key]
+        return GridModel("float", levels=2 ** (nbits - 1), mantissa_bits=mb, min_exp=me,
+                         max_value=mv)
     m = re.fullmatch(r"fp(\d+)_e(\d+)m(\d+)", key)
     if m:  # generic OCP-style small float without inf/nan
         e, mb = int(m.group(2)), int(m.group(3))
@@ -154,7 +155,7 @@ class _Prefix:
         self.s1 = np.concatenate([z, np.cumsum(n * centers)])
         self.s2 = np.concatenate([z, np.cumsum(n * centers * centers)])
 
-    def idx(self, v: np.ndarray, side: str) -> np.ndarray:
+    def idx(self, v: np.ndarray, side: Literal["left", "right"]) -> np.ndarray:
         return np.searchsorted(self.c, v, side=side)
 
     def sums(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -120,7 +120,7 @@ class TensorStats:
                             "numeric tensor")
         x32 = np.ascontiguousarray(x, dtype=np.float32)
         if self.axis is not None:
-            self._update_channels(x32)
+            self._update_channels(x32, self.axis)
         flat = x32.reshape(-1)
         self.count += flat.size
         if flat.size == 0:
@@ -164,12 +164,12 @@ class TensorStats:
                 self._pos_off, self._pos = _add_window(self._pos_off, self._pos, off, win)
         return self
 
-    def _update_channels(self, x32: np.ndarray) -> None:
+    def _update_channels(self, x32: np.ndarray, axis: int) -> None:
         if x32.ndim == 0:
             raise DataError("per-channel statistics need a tensor of rank >= 1, got a scalar")
-        ax = self.axis if self.axis >= 0 else self.axis + x32.ndim
+        ax = axis if axis >= 0 else axis + x32.ndim
         if not 0 <= ax < x32.ndim:
-            raise DataError(f"channel axis {self.axis} is out of range for a tensor of shape "
+            raise DataError(f"channel axis {axis} is out of range for a tensor of shape "
                             f"{tuple(x32.shape)}")
         moved = np.moveaxis(x32, ax, 0).reshape(x32.shape[ax], -1)
         fin = np.isfinite(moved)
@@ -178,9 +178,10 @@ class TensorStats:
         self._merge_channels(cmin, cmax)
 
     def _merge_channels(self, cmin: np.ndarray | None, cmax: np.ndarray | None) -> None:
-        if cmin is None:
+        # channel_min and channel_max are always set together (both None or both arrays)
+        if cmin is None or cmax is None:
             return
-        if self.channel_min is None:
+        if self.channel_min is None or self.channel_max is None:
             self.channel_min, self.channel_max = cmin.copy(), cmax.copy()
             return
         if self.channel_min.shape != cmin.shape:
@@ -332,15 +333,20 @@ class TensorStats:
         if (self.count, self.nan_count, self.inf_count, self.min, self.max, self.axis) != \
                 (other.count, other.nan_count, other.inf_count, other.min, other.max, other.axis):
             return False
-        if (self.channel_min is None) != (other.channel_min is None):
+        sc, oc = self._channel_range(), other._channel_range()
+        if (sc is None) != (oc is None):
             return False
-        if self.channel_min is not None and not (
-                np.array_equal(self.channel_min, other.channel_min)
-                and np.array_equal(self.channel_max, other.channel_max)):
+        if sc is not None and oc is not None and not (
+                np.array_equal(sc[0], oc[0]) and np.array_equal(sc[1], oc[1])):
             return False
         return all(x[0] == y[0] and np.array_equal(x[1], y[1]) for x, y in zip(a, b))
 
-    __hash__ = None  # mutable
+    # __eq__ without __hash__ leaves instances unhashable, as they should be (mutable)
+
+    def _channel_range(self) -> tuple[np.ndarray, np.ndarray] | None:
+        if self.channel_min is None or self.channel_max is None:
+            return None
+        return self.channel_min, self.channel_max
 
     def _canon(self) -> tuple[tuple[int, np.ndarray], tuple[int, np.ndarray]]:
         return _trim(self._pos_off, self._pos), _trim(self._neg_off, self._neg)

@@ -20,7 +20,9 @@ import numpy as np
 
 from ..errors import FormatError
 from ..formats import Format, QParams, Rounding, get_format
-from ..formats.integer import expand_param
+from ..formats.block import BlockFormat
+from ..formats.floating import FloatFormat
+from ..formats.integer import IntFormat, expand_param
 from ._torch import require_torch
 
 
@@ -70,27 +72,27 @@ class TorchQuantizer:
         self.shape = tuple(int(d) for d in shape)
         self.rounding = rounding
         self.axis = axis
-        kind = self.fmt.kind
+        fmt = self.fmt
         self.scale = self.zero_point = None
-        if kind == "int":
-            qp = self.fmt._check_qparams(qparams)  # noqa: SLF001 - the format's own validation
+        if isinstance(fmt, IntFormat):
+            qp = fmt._check_qparams(qparams)  # noqa: SLF001 - the format's own validation
             s = expand_param(qp.scale, self.shape, qp.axis, qp.block_size).astype(np.float32)
             zp = expand_param(qp.zero_point, self.shape, qp.axis, qp.block_size).astype(np.float32)
             self.scale, self.zero_point = torch.from_numpy(np.array(s)), torch.from_numpy(np.array(zp))
-            lo, hi = self.fmt._fbounds  # noqa: SLF001
+            lo, hi = fmt._fbounds  # noqa: SLF001
             self.lo, self.hi = float(lo), float(hi)
-        elif kind == "float":
-            qp = self.fmt._check_qparams(qparams)  # noqa: SLF001
-            if qp is not None:
-                s = expand_param(qp.scale, self.shape, qp.axis, qp.block_size).astype(np.float32)
+        elif isinstance(fmt, FloatFormat):
+            fqp = fmt._check_qparams(qparams)  # noqa: SLF001
+            if fqp is not None:
+                s = expand_param(fqp.scale, self.shape, fqp.axis, fqp.block_size).astype(np.float32)
                 self.scale = torch.from_numpy(np.array(s))
-        elif kind == "block":
-            self.fmt._check_call(qparams, axis)  # noqa: SLF001
-            if not -len(self.shape) <= int(axis) < len(self.shape):
+        elif isinstance(fmt, BlockFormat):
+            ax = fmt._check_call(qparams, axis)  # noqa: SLF001
+            if not -len(self.shape) <= ax < len(self.shape):
                 raise FormatError(f"axis {axis} is out of range for a tensor of rank {len(self.shape)}")
-            self.axis = int(axis) % len(self.shape)
-        else:  # pragma: no cover - every registered format has one of the three kinds
-            raise FormatError(f"format {self.fmt.name} of kind {kind!r} has no torch fake quantization")
+            self.axis = ax % len(self.shape)
+        else:  # pragma: no cover - every registered format is one of the three classes
+            raise FormatError(f"format {fmt.name} of kind {fmt.kind!r} has no torch fake quantization")
 
     # -- exact values ---------------------------------------------------------------------------
     def __call__(self, x: Any) -> Any:
@@ -98,12 +100,14 @@ class TorchQuantizer:
         torch = require_torch()
         with torch.no_grad():
             x = x.detach().to(torch.float32)
-            kind = self.fmt.kind
-            if kind == "int":
+            f = self.fmt
+            if isinstance(f, IntFormat):
                 return self._int(x)
-            if kind == "float":
-                return self._float(x)
-            return self._block(x)
+            if isinstance(f, FloatFormat):
+                return self._float(x, f)
+            if isinstance(f, BlockFormat):
+                return self._block(x, f)
+            raise FormatError(f"format {f.name} has no torch fake quantization")  # pragma: no cover
 
     def _int(self, x: Any) -> Any:
         torch = require_torch()
@@ -116,9 +120,8 @@ class TorchQuantizer:
         q = torch.where(torch.isnan(x), torch.full_like(q, self.lo), q)
         return (q - self.zero_point) * self.scale
 
-    def _float(self, x: Any) -> Any:
+    def _float(self, x: Any, f: FloatFormat) -> Any:
         torch = require_torch()
-        f = self.fmt
         if self.scale is None and f.name in ("bf16", "fp16"):
             # torch's casts round to nearest even, keep subnormals and NaN and overflow to +-inf,
             # exactly as the reference (tested bit for bit); much faster than the grid rounding
@@ -133,9 +136,8 @@ class TorchQuantizer:
                              rounding=self.rounding, saturate=True).to(torch.float32)
         return r * self.scale
 
-    def _block(self, x: Any) -> Any:
+    def _block(self, x: Any, f: BlockFormat) -> Any:
         torch = require_torch()
-        f = self.fmt
         if x.numel() == 0:
             return x.clone()
         ax = self.axis
@@ -178,13 +180,13 @@ class TorchQuantizer:
         """Boolean mask of the elements that do not clip (where the STE passes the gradient)."""
         torch = require_torch()
         with torch.no_grad():
-            kind = self.fmt.kind
-            if kind == "int":
+            f = self.fmt
+            if isinstance(f, IntFormat):
                 y = x / self.scale + self.zero_point
                 return (y >= self.lo - 0.5) & (y <= self.hi + 0.5)
-            if kind == "float":
+            if isinstance(f, FloatFormat):
                 y = x if self.scale is None else x / self.scale
-                return torch.abs(y) <= self.fmt.max_normal
+                return torch.abs(y) <= f.max_normal
             return torch.isfinite(x)
 
     def ste(self, x: Any) -> Any:

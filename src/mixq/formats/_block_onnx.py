@@ -26,7 +26,10 @@ BlockFormat.fake_quant. Design (why, not what):
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 import onnx
 from onnx import TensorProto, helper
 
@@ -47,13 +50,13 @@ class _Body:
         self._n = 0
         self._consts: dict[tuple, str] = {}
 
-    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs: object) -> str:
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs: Any) -> str:
         self._n += 1
         name = out or f"t{self._n}_{op_type}"
         self.nodes.append(helper.make_node(op_type, list(inputs), [name], **attrs))
         return name
 
-    def const(self, value: object, dtype: object = np.float32) -> str:
+    def const(self, value: ArrayLike, dtype: DTypeLike = np.float32) -> str:
         """A Constant, shared by every use of the same value (fewer nodes per call)."""
         arr = np.asarray(value, dtype=dtype)
         key = (arr.dtype.str, arr.shape, arr.tobytes())

@@ -66,7 +66,7 @@ class Format(abc.ABC):
     """A numeric format: a frozen spec that knows its name, widths, reference and ONNX."""
 
     name: str
-    kind: str  # "int" | "float" | "block"
+    kind: ClassVar[str]  # "int" | "float" | "block"
     #: The default-domain opset its ONNX needs; a model gets upgraded to it when the format is used.
     onnx_opset: ClassVar[int] = 21
 

@@ -120,9 +120,12 @@ def per_tensor_if_single(qparams: QParams) -> QParams:
     return qparams
 
 
-def _qattrs(qparams: QParams) -> dict[str, int]:
-    """axis / block_size attributes of QuantizeLinear / DequantizeLinear for `qparams`."""
-    attrs: dict[str, int] = {}
+def _qattrs(qparams: QParams) -> dict[str, Any]:
+    """axis / block_size attributes of QuantizeLinear / DequantizeLinear for `qparams`.
+
+    Typed ``Any`` because it is splatted into ``helper.make_node(**attrs)``, whose keyword
+    parameters (name, domain, ...) are strings: the int values only ever fill node attributes."""
+    attrs: dict[str, Any] = {}
     if np.asarray(qparams.scale).size > 1 or qparams.block_size:
         if qparams.axis is None:
             raise FormatError("per-channel / per-block qparams need an axis")

@@ -116,7 +116,7 @@ def expand_param_nodes(ref: str, param: str, out: str, *, axis: int | None,
     that (1 * scale is exact) and takes `axis` (negative ok) and `block_size` like QuantizeLinear,
     so the expansion needs neither the rank nor the shape of `ref` at build time."""
     shape, ones = f"{prefix}/shape", f"{prefix}/ones"
-    attrs: dict[str, int] = {}
+    attrs: dict[str, Any] = {}  # node attributes for make_node(**attrs)
     if axis is not None:
         attrs["axis"] = int(axis)
     if block_size:

@@ -86,6 +86,7 @@ def list_formats() -> list[Format]:
     return list(dict.fromkeys(_NAMED.values()))
 
 
+_f: Format
 for _f in INT_FORMATS.values():
     register_format(_f)
 for _f in FP_FORMATS.values():
