@@ -12,7 +12,7 @@ from typing import Any
 import onnx
 
 from ._io import (has_external_data, load_deferred, load_model, load_model_deferred, model_size,
-                  same_path, save_model)
+                  check_output_path, save_model)
 from .check import custom_op_problems
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
@@ -126,10 +126,9 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     float_bytes = model_size(src)
     out_path = Path(output_path) if output_path is not None else None
     protect = None if isinstance(model, (onnx.ModelProto, bytes)) else model
-    if out_path is not None and protect is not None and same_path(out_path, protect):
-        # checked before any work, and again by save_model
-        raise OutputError(f"output path {str(out_path)!r} is the input model; choose another "
-                          "path (mixq never overwrites its input).")
+    data_inputs = [calibration_data] if isinstance(calibration_data, (str, os.PathLike)) else []
+    if out_path is not None:  # checked before any work, and again by save_model
+        check_output_path(out_path, models=[protect], inputs=data_inputs, kind="output")
     prepared, prep = prepare(src, copy=not owned, base_dir=base_dir)
     _ensure_node_names(prepared)
     timings["prepare"] = time.perf_counter() - t0
@@ -187,7 +186,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     saved, save_s = None, 0.0
     if out_path is not None:  # first: the kernel check then loads the file instead of a copy
         t = time.perf_counter()
-        saved = save_model(qmodel, out_path, protect=protect, size=quant_bytes)
+        saved = save_model(qmodel, out_path, protect=protect, inputs=data_inputs, size=quant_bytes)
         save_s = time.perf_counter() - t
     t = time.perf_counter()
     warnings = _check_optimized_kernels(prepared, qmodel, cfg, calibration_data, saved) if check_kernels else []
