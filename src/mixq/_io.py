@@ -397,6 +397,8 @@ def check_output_path(path: PathLike, *, models: Iterable[PathLike | None] = (),
     if out.is_dir():
         raise OutputError(f"{label} is a directory; give a file name such as "
                           f"{str(out / example)!r}.")
+    inputs = list(inputs)
+    _check_data_folders(out, label, inputs)
     try:
         st = os.stat(out)
     except (OSError, ValueError):  # missing (or an unreadable parent): nothing there to destroy
@@ -422,11 +424,24 @@ def check_output_path(path: PathLike, *, models: Iterable[PathLike | None] = (),
         if _same_file(st, dp):
             raise OutputError(f"{label} is the input file {str(d)!r}; refusing to overwrite it. "
                               "Choose a different output path.")
-        if dp.is_dir() and out.suffix.lower() in _DATA_SUFFIXES and _same_file(
-                os.stat(out.resolve().parent), dp):
-            raise OutputError(f"{label} is a data file in the input folder {str(d)!r}; refusing "
-                              "to overwrite it. Choose a different output path.")
     return out
+
+
+def _check_data_folders(out: pathlib.Path, label: str, inputs: Iterable[PathLike | None]) -> None:
+    """A .npy/.npz output inside an input data folder would overwrite one of its files, or
+    join the data the next run reads: refused."""
+    if out.suffix.lower() not in _DATA_SUFFIXES:
+        return
+    try:
+        parent = os.stat(out.resolve().parent)
+    except (OSError, ValueError):
+        return
+    for d in _protected(inputs):
+        dp = pathlib.Path(d).expanduser()
+        if dp.is_dir() and _same_file(parent, dp):
+            raise OutputError(f"{label} is a data file in the input folder {str(d)!r}; refusing "
+                              "to write it there (the folder is read as data). Choose a "
+                              "different output path.")
 
 
 def write_output(path: PathLike, data: bytes, *, models: Iterable[PathLike | None] = (),
