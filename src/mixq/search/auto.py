@@ -149,8 +149,9 @@ def split_held_out(feeds: Feeds) -> tuple[Feeds, Feeds, str]:
 
 
 class _Cache:
-    """A JSON file per content hash under `root`, bounded to `max_bytes` (oldest files first
-    out; default MIXQ_CACHE_MAX_MB, 100 MB). A `root` that is a file is an OutputError."""
+    """A JSON file per content hash under `root`, bounded to `max_bytes` (least recently used
+    files out first; default MIXQ_CACHE_MAX_MB, 100 MB). A `root` that is a file is an
+    OutputError."""
 
     def __init__(self, root: str | os.PathLike | None, max_bytes: int | None = None) -> None:
         self.root = Path(root).expanduser() if root else None
@@ -168,9 +169,11 @@ class _Cache:
         if not p.exists():
             return None
         try:
-            return json.loads(p.read_text())
+            value = json.loads(p.read_text())
+            os.utime(p)  # used: the eviction goes by last use
         except (OSError, ValueError):
             return None
+        return value
 
     def put(self, key: str, value: Any) -> None:
         if self.root is None:
@@ -181,7 +184,8 @@ class _Cache:
         self.evict(keep=f"{key}.json")
 
     def evict(self, keep: str = "") -> None:
-        """Delete the oldest cache files (by modification time) until the cache holds at most
+        """Delete the least recently used cache files (modification time, which `get` renews)
+        until the cache holds at most
         max_bytes; `keep` (the file just written) stays even when it alone is larger."""
         if self.root is None:
             return
