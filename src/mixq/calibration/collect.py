@@ -348,8 +348,8 @@ def _array_shape(path: Path, member: str | None = None) -> tuple[int, ...] | Non
         if member is None:
             with open(path, "rb") as f:
                 return header(f)
-        with zipfile.ZipFile(path) as z, z.open(member + ".npy") as f:
-            return header(f)
+        with zipfile.ZipFile(path) as z, z.open(member + ".npy") as zf:
+            return header(zf)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
         return None
 
