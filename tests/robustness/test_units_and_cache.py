@@ -36,10 +36,14 @@ def test_demo_sizes_in_kb_of_10_3_bytes(capsys):
     assert file_kb == round(os.path.getsize(default_model_path()) / 1e3, 1)
 
 
+def _k(i):
+    return f"{i:032x}"  # cache keys are 32 hex digits (auto._key)
+
+
 def _fill(cache, n, size=1000):
     for i in range(n):
-        cache.put(f"k{i}", "x" * size)
-        os.utime(cache.root / f"k{i}.json", ns=(i * 10**9, i * 10**9))  # distinct, ordered ages
+        cache.put(_k(i), "x" * size)
+        os.utime(cache.root / f"{_k(i)}.json", ns=(i * 10**9, i * 10**9))  # distinct, ordered ages
 
 
 def test_cache_is_bounded_oldest_first(tmp_path):
@@ -48,23 +52,33 @@ def test_cache_is_bounded_oldest_first(tmp_path):
     files = sorted(p.name for p in (tmp_path / "c").iterdir())
     total = sum(p.stat().st_size for p in (tmp_path / "c").iterdir())
     assert total <= 5000
-    assert "k11.json" in files and "k0.json" not in files  # the newest stay, the oldest go
-    assert c.get("k11") == "x" * 1000 and c.get("k0") is None
+    assert f"{_k(11)}.json" in files and f"{_k(0)}.json" not in files  # newest stay, oldest go
+    assert c.get(_k(11)) == "x" * 1000 and c.get(_k(0)) is None
     assert not [f for f in files if f.endswith(".tmp")]
 
 
 def test_cache_eviction_goes_by_last_use(tmp_path):
     c = A._Cache(tmp_path / "c", max_bytes=3500)
     _fill(c, 3)
-    assert c.get("k0") is not None  # k0 used now: k1 is the least recently used
-    c.put("k3", "x" * 1000)
-    assert c.get("k1") is None and c.get("k0") is not None and c.get("k3") is not None
+    assert c.get(_k(0)) is not None  # entry 0 used now: entry 1 is the least recently used
+    c.put(_k(3), "x" * 1000)
+    assert c.get(_k(1)) is None and c.get(_k(0)) is not None and c.get(_k(3)) is not None
+
+
+def test_eviction_never_touches_other_files_in_the_cache_dir(tmp_path):
+    mine = tmp_path / "settings.json"
+    mine.write_text("{}" + " " * 5000)
+    os.utime(mine, ns=(0, 0))  # the oldest file there
+    c = A._Cache(tmp_path, max_bytes=1500)
+    _fill(c, 3)
+    assert mine.read_text().startswith("{}")
+    assert c.get(_k(2)) is not None and c.get(_k(0)) is None
 
 
 def test_cache_keeps_the_entry_just_written_even_when_over_the_bound(tmp_path):
     c = A._Cache(tmp_path / "c", max_bytes=10)
-    c.put("big", "y" * 100)
-    assert c.get("big") == "y" * 100
+    c.put(_k(7), "y" * 100)
+    assert c.get(_k(7)) == "y" * 100
 
 
 def test_cache_bound_and_dir_from_the_environment(tmp_path, monkeypatch):

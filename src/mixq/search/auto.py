@@ -185,12 +185,18 @@ class _Cache:
 
     def evict(self, keep: str = "") -> None:
         """Delete the least recently used cache files (modification time, which `get` renews)
-        until the cache holds at most
-        max_bytes; `keep` (the file just written) stays even when it alone is larger."""
+        until they take at most max_bytes; `keep` (the file just written) stays even when it
+        alone is larger. Only files named like cache entries (`_key` + .json) are counted or
+        deleted: a cache directory shared with other files (`--cache-dir .`) loses none of
+        them."""
         if self.root is None:
             return
+        import re
+
         files = []
         for p in self.root.glob("*.json"):
+            if not re.fullmatch(r"[0-9a-f]{32}\.json", p.name):
+                continue
             try:
                 st = p.stat()
             except OSError:  # removed meanwhile (another run)
