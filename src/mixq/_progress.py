@@ -65,6 +65,11 @@ class Progress:
                  eta: bool = True, stream: IO[str] | None = None) -> None:
         self.desc, self.total, self.unit, self.eta = desc, total, unit, eta
         self.n = 0
+        # the heartbeat speaks only while the step runs: from its total (or first item) on,
+        # until the last item (a callback handed to quantize() exists before calibration starts
+        # and after it ends)
+        self._started = total is not None
+        self._shown: int | None = None  # the count the last plain line showed
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = not is_quiet()
         self._t0 = self._last = time.monotonic()
@@ -88,8 +93,9 @@ class Progress:
 
     # ------------------------------------------------------------------ updates
     def set_total(self, total: int | None) -> None:
-        """The number of items expected (None: unknown)."""
+        """The number of items expected (None: unknown); the step has started."""
         self.total = total
+        self._started = True
         if self._bar is not None:
             self._bar.total = total
             self._bar.refresh()
@@ -98,6 +104,7 @@ class Progress:
         """`n` items are done."""
         with self._lock:
             delta, self.n = n - self.n, n
+            self._started = True
         if not self.enabled:
             return
         if self._bar is not None:
@@ -125,6 +132,7 @@ class Progress:
     def _emit(self) -> None:
         with self._lock:
             self._last = time.monotonic()
+            self._shown = self.n
             try:
                 self.stream.write(self.line() + "\n")
                 self.stream.flush()
@@ -133,12 +141,14 @@ class Progress:
 
     def _beat(self) -> None:
         while not self._closed.wait(self._interval / 2):
-            if time.monotonic() - self._last >= self._interval:
+            running = self._started and not (self.total and self.n >= self.total)
+            if running and time.monotonic() - self._last >= self._interval:
                 self._emit()
 
     # ------------------------------------------------------------------ end
     def close(self) -> None:
-        """End the display (a final line in a pipe when any line was printed)."""
+        """End the display (in a pipe, a final line when lines were printed and the last one
+        is out of date)."""
         if self._closed.is_set():
             return
         self._closed.set()
@@ -146,7 +156,7 @@ class Progress:
             self._thread.join()
         if self._bar is not None:
             self._bar.close()
-        elif self.enabled and self._last > self._t0:
+        elif self.enabled and self._shown is not None and self._shown != self.n:
             self._emit()
 
     def __enter__(self) -> Progress:

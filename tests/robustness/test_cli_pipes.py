@@ -138,6 +138,14 @@ def test_heartbeat_between_slow_steps_and_silence_under_the_interval(monkeypatch
     with _progress.Progress("converting", 2, "steps", stream=s):
         time.sleep(0.3)
     assert s.getvalue().count("converting: 0/2 steps") >= 2
+    s = io.StringIO()
+    with _progress.Progress("calibrating", stream=s) as p:  # a callback made before the step
+        time.sleep(0.2)
+        assert s.getvalue() == ""  # not started: no line
+        p.set_total(1)
+        p(0)
+        time.sleep(0.2)
+    assert s.getvalue().count("calibrating: 1/1") == 1  # done: no heartbeat, no repeated line
     monkeypatch.setenv("MIXQ_PROGRESS_INTERVAL", "60")
     s = io.StringIO()
     with _progress.Progress("converting", 2, "steps", stream=s) as p:
