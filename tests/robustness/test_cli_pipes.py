@@ -180,3 +180,14 @@ def test_quiet_silences_the_api_display(monkeypatch):
     finally:
         _progress.set_quiet(False)
     assert s.getvalue() == ""
+
+
+def test_closed_pipe_of_the_stand_alone_converter(files, tmp_path):
+    err = tmp_path / "stderr.txt"
+    with open(err, "wb") as ef:
+        p = subprocess.Popen([sys.executable, "-m", "mixq.tools.convert_fp32_to_bf16", "--input",
+                              str(default_model_path()), "--output", str(tmp_path / "t.onnx")],
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=ef, env=_env())
+        p.stdout.close()
+        rc = p.wait(timeout=60)
+    assert "Traceback" not in err.read_text() and rc == 0

@@ -123,7 +123,13 @@ def convert_main(argv: Sequence[str] | None = None, *, target: str = "bf16", sou
     parser = build_parser(target, prog=prog, source_default=source, source_choice=source_choice)
     args = parser.parse_args(argv)
     try:
-        return run_convert(args)
+        code = run_convert(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be handled
+        return code
+    except BrokenPipeError:  # `... | head -1`: end quietly, as `mixq` does
+        from ..cli.main import _stdout_closed
+
+        return _stdout_closed()
     except MixqError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
