@@ -10,7 +10,11 @@ command gets the same behaviour:
   the model (`<name>.data`);
 * writes are atomic (a temporary file in the target directory, then `os.replace`), so an
   interrupted run never leaves a half-written model behind;
-* a path listed in `protect` (the input model) is never overwritten (`OutputError`);
+* every writer (models and their `.data` file, plan JSON, JSON reports, the auto report and
+  cache) goes through `check_output_path`: an output that resolves (links followed, same
+  inode) to an input model, one of its external-data files, a calibration/eval data or labels
+  file, or an existing non-regular file (a device such as /dev/null, a FIFO) is refused with
+  `OutputError` before anything is written;
 * a missing output directory is created (with its parents); one that cannot be created or
   written to, or a full disk, raises `OutputError` with the fix, and leaves neither a partial
   output nor a temporary file behind.
@@ -34,6 +38,7 @@ from google.protobuf.message import DecodeError
 from .errors import ModelError, OutputError
 
 __all__ = ["load_model", "save_model", "model_size", "EXTERNAL_THRESHOLD", "same_path",
+           "check_output_path", "write_output", "external_data_files",
            "load_model_deferred", "load_deferred", "load_deferred_tensor", "tensor_array", "tensor_size", "has_external_data",
            "DEFER_MIN_MODEL_BYTES", "DEFER_MIN_TENSOR_BYTES"]
 
@@ -113,7 +118,7 @@ def has_external_data(t: onnx.TensorProto) -> bool:
 
 
 #: Types whose external data is `itemsize` bytes per element (what deferring needs to check).
-_ITEMSIZE = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.FLOAT16: 2,
+_ITEMSIZE: dict[int, int] = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.FLOAT16: 2,
              onnx.TensorProto.BFLOAT16: 2, onnx.TensorProto.INT8: 1, onnx.TensorProto.UINT8: 1,
              onnx.TensorProto.INT16: 2, onnx.TensorProto.UINT16: 2, onnx.TensorProto.INT32: 4,
              onnx.TensorProto.UINT32: 4, onnx.TensorProto.INT64: 8, onnx.TensorProto.UINT64: 8,
@@ -326,12 +331,141 @@ def same_path(a: PathLike, b: PathLike) -> bool:
     return pa.resolve() == pb.resolve()
 
 
-def _protected(protect: PathLike | Iterable[PathLike] | None) -> list[PathLike]:
+def _protected(protect: PathLike | Iterable[PathLike | None] | None) -> list[PathLike]:
     if protect is None:
         return []
     if isinstance(protect, (str, os.PathLike)):
         return [protect]
-    return list(protect)
+    return [p for p in protect if isinstance(p, (str, os.PathLike))]
+
+
+#: (resolved path, mtime, size, inode) of a model -> the external-data files it names, so that
+#: repeated checks (a report, a cache) parse each input model once
+_EXTERNAL_FILES: dict[tuple, list[pathlib.Path]] = {}
+#: calibration folders are read for these files (mixq.calibration.data)
+_DATA_SUFFIXES = (".npy", ".npz")
+
+
+def external_data_files(model_path: PathLike) -> list[pathlib.Path]:
+    """The external-data files the .onnx file `model_path` refers to: the `location` of every
+    tensor with external data (initializers and tensor attributes, main graph and subgraphs),
+    relative to the model's directory. [] for a file that is missing or does not parse (it is
+    then not a model whose data could be overwritten)."""
+    path = pathlib.Path(model_path).expanduser()
+    try:
+        st = path.stat()
+        key = (str(path.resolve()), st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
+    except OSError:
+        return []
+    if key not in _EXTERNAL_FILES:
+        try:
+            m = onnx.load(str(path), load_external_data=False)
+        except Exception:  # noqa: BLE001 - not a model: it names no data files
+            return []
+        locs = dict.fromkeys(e.value for t in _tensors(m) if has_external_data(t)
+                             for e in t.external_data if e.key == "location")
+        _EXTERNAL_FILES[key] = [path.parent / loc for loc in locs]
+    return list(_EXTERNAL_FILES[key])
+
+
+def _same_file(st: os.stat_result, other: PathLike) -> bool:
+    """Whether `other` (links followed) is the file whose stat is `st` (same inode and device)."""
+    try:
+        o = os.stat(pathlib.Path(other).expanduser())
+    except (OSError, ValueError):
+        return False
+    return (o.st_ino, o.st_dev) == (st.st_ino, st.st_dev)
+
+
+def check_output_path(path: PathLike, *, models: Iterable[PathLike | None] = (),
+                      inputs: Iterable[PathLike | None] = (), kind: str = "output",
+                      example: str = "model.onnx", written: Iterable[PathLike | None] = ()
+                      ) -> pathlib.Path:
+    """Refuse (OutputError) an output path that must not be written; return it (user-expanded).
+
+    Every mixq writer calls this before writing. Refused: an existing directory; an existing
+    file that is not a regular file (a device such as /dev/null, a FIFO, a socket: replacing it
+    would destroy it); and any path that resolves, links followed, to the same file (inode) as
+    one of the input `models`, one of their external-data files, or one of the other `inputs`
+    (calibration/eval data, labels, configs; for a folder of data, the .npy/.npz files in it).
+    `kind` names the output in the message ("output model", "plan JSON", ...); `example` is
+    the file name suggested when a directory is given. `written`: models this run already
+    wrote (and their external data), protected the same way. None entries are skipped (inputs
+    that are not files)."""
+    out = pathlib.Path(path).expanduser()
+    label = f"{kind} path {str(path)!r}"
+    if out.is_dir():
+        raise OutputError(f"{label} is a directory; give a file name such as "
+                          f"{str(out / example)!r}.")
+    inputs = list(inputs)
+    _check_data_folders(out, label, inputs)
+    try:
+        st = os.stat(out)
+    except (OSError, ValueError):  # missing (or an unreadable parent): nothing there to destroy
+        return out
+    import stat
+
+    if not stat.S_ISREG(st.st_mode):
+        raise OutputError(f"{label} exists and is not a regular file (a device, FIFO or socket); "
+                          "mixq writes its outputs by replacing the file, which would destroy "
+                          "it. Give the path of a regular file.")
+    for role, group in (("input model", models), ("model just written", written)):
+        for m in _protected(group):
+            if _same_file(st, m):
+                raise OutputError(f"{label} is the {role} {str(m)!r}; refusing to overwrite "
+                                  "it. Choose a different output path.")
+            for f in external_data_files(m):
+                if _same_file(st, f):
+                    raise OutputError(f"{label} is {str(f)!r}, the external-data file of the "
+                                      f"{role} {str(m)!r}; refusing to overwrite it. "
+                                      "Choose a different output path.")
+    for d in _protected(inputs):
+        dp = pathlib.Path(d).expanduser()
+        if _same_file(st, dp):
+            raise OutputError(f"{label} is the input file {str(d)!r}; refusing to overwrite it. "
+                              "Choose a different output path.")
+    return out
+
+
+def _check_data_folders(out: pathlib.Path, label: str, inputs: Iterable[PathLike | None]) -> None:
+    """A .npy/.npz output inside an input data folder would overwrite one of its files, or
+    join the data the next run reads: refused."""
+    if out.suffix.lower() not in _DATA_SUFFIXES:
+        return
+    try:
+        parent = os.stat(out.resolve().parent)
+    except (OSError, ValueError):
+        return
+    for d in _protected(inputs):
+        dp = pathlib.Path(d).expanduser()
+        if dp.is_dir() and _same_file(parent, dp):
+            raise OutputError(f"{label} is a data file in the input folder {str(d)!r}; refusing "
+                              "to write it there (the folder is read as data). Choose a "
+                              "different output path.")
+
+
+def write_output(path: PathLike, data: bytes, *, models: Iterable[PathLike | None] = (),
+                 inputs: Iterable[PathLike | None] = (), kind: str = "output",
+                 example: str = "out.json", written: Iterable[PathLike | None] = ()
+                 ) -> pathlib.Path:
+    """Write `data` to `path` after `check_output_path`, atomically (a temporary file beside
+    it, then a rename: a failed write leaves an existing file untouched), creating a missing
+    directory as `save_model` does. Links are written through. Errors are OutputError.
+    Returns the resolved path."""
+    out = check_output_path(path, models=models, inputs=inputs, kind=kind, example=example,
+                            written=written)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the directory {str(out.parent)!r} for the {kind} "
+                          f"{str(path)!r}: {exc}") from exc
+    out = out.resolve()
+    try:
+        _atomic_write(out, data)
+    except OSError as exc:
+        raise OutputError(f"cannot write the {kind} to {str(path)!r}: {exc}. {_write_hint(exc)}"
+                          ) from exc
+    return out
 
 
 def _tensors(model: onnx.ModelProto, *, initializers: bool = True) -> Iterator[onnx.TensorProto]:
@@ -354,25 +488,23 @@ def _tensors(model: onnx.ModelProto, *, initializers: bool = True) -> Iterator[o
 
 
 def save_model(model: onnx.ModelProto, path: PathLike, *, external: bool | None = None,
-               protect: PathLike | Iterable[PathLike] | None = None,
+               protect: PathLike | Iterable[PathLike | None] | None = None,
+               inputs: Iterable[PathLike | None] = (),
                size: int | None = None) -> pathlib.Path:
     """Write `model` to `path` atomically and return the resolved path.
 
     `external=None` stores tensors in `<file name>.data` next to the model only when the
     serialized model would exceed EXTERNAL_THRESHOLD (~1.8 GB); True/False force it. The model
-    object is left unchanged. `protect` lists paths that must not be overwritten (pass the input
-    model): writing onto one of them raises OutputError, as does an unwritable directory.
+    object is left unchanged. `protect` lists the input models and `inputs` the other input
+    files (calibration data...): `check_output_path` refuses (OutputError) to write the model or
+    its `.data` file onto one of them, their external data, a directory or a device; an
+    unwritable directory is an OutputError too.
     `size`: the model's `model_size` when the caller has it (measuring a big model serializes
     it once more).
     """
-    out = pathlib.Path(path).expanduser()
-    for p in _protected(protect):
-        if same_path(out, p):
-            raise OutputError(f"output path {str(path)!r} is the input model {str(p)!r}; "
-                              "refusing to overwrite it. Choose a different --output.")
-    if out.is_dir():
-        raise OutputError(f"output path {str(path)!r} is a directory; give a file name such as "
-                          f"{str(out / 'model.onnx')!r}.")
+    models = _protected(protect)
+    inputs = list(inputs)
+    out = check_output_path(path, models=models, inputs=inputs, kind="output")
     for t in _tensors(model):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             raise OutputError(f"tensor {t.name!r} still refers to external data that was not loaded; "
@@ -384,6 +516,9 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, external: bool | None 
     if external is None:
         external = (model_size(model) if size is None else size) > EXTERNAL_THRESHOLD
     out = out.resolve()
+    if external:
+        check_output_path(out.with_name(out.name + ".data"), models=models, inputs=inputs,
+                          kind="external-data")
     try:
         if external:
             _save_external(model, out)

@@ -11,7 +11,7 @@ from typing import Any
 
 import onnx
 
-from ._io import load_deferred, model_size, same_path, save_model
+from ._io import check_output_path, load_deferred, model_size, save_model
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
@@ -112,10 +112,9 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     ft_config = finetune if finetune is not None else getattr(config, "finetune_config", None)
     out_path = Path(output_path) if output_path is not None else None
     protect = None if isinstance(model, (onnx.ModelProto, bytes)) else model
-    if out_path is not None and protect is not None and same_path(out_path, protect):
-        # checked before any work, and again by save_model
-        raise OutputError(f"output path {str(out_path)!r} is the input model; choose another "
-                          "path (mixq never overwrites its input).")
+    data_inputs = [calibration_data] if isinstance(calibration_data, (str, os.PathLike)) else []
+    if out_path is not None:  # checked before any work, and again by save_model
+        check_output_path(out_path, models=[protect], inputs=data_inputs, kind="output")
     # a big model's weights stay in their external data file: onnxruntime maps them for
     # calibration, and the rewrite reads and quantizes one tensor at a time (finetuning needs
     # the weights in memory)
@@ -159,7 +158,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     saved, save_s = None, 0.0
     if out_path is not None:  # first: the kernel check then loads the file instead of a copy
         t = time.perf_counter()
-        saved = save_model(qmodel, out_path, protect=protect, size=quant_bytes)
+        saved = save_model(qmodel, out_path, protect=protect, inputs=data_inputs, size=quant_bytes)
         save_s = time.perf_counter() - t
     t = time.perf_counter()
     warnings = _check_optimized_kernels(pipe.model, qmodel, cfg, calibration_data, saved) \

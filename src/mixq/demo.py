@@ -46,10 +46,10 @@ def run_demo(presets: list[str] | None = None, *, out=print) -> int:
     out("top-1 (ort): onnxruntime CPU with its default optimizations; top-1 (qdq): the same model "
         "with optimizations disabled, i.e. exactly the QDQ semantics mixq emits.\n")
     out("| preset | activations | weights | top-1 (ort) | top-1 (qdq) | vs float (qdq) | "
-        "agreement (ort) | weights KB | file KB | quantize s |")
+        "agreement (ort) | weights kB | file kB | quantize s |")
     out("|---|---|---|---|---|---|---|---|---|---|")
     out(f"| float | fp32 | fp32 | {100 * float_top1:.2f} % | {100 * float_top1:.2f} % | - | 100.00 % | "
-        f"{4 * sum(elems.values()) / 1024:.1f} | {os.path.getsize(model_path) / 1024:.1f} | - |")
+        f"{4 * sum(elems.values()) / 1e3:.1f} | {os.path.getsize(model_path) / 1e3:.1f} | - |")
     notes = []
     for label, cfg in _configs(presets):
         t = time.perf_counter()
@@ -62,11 +62,11 @@ def run_demo(presets: list[str] | None = None, *, out=print) -> int:
         agree = float(np.mean(np.argmax(got, 1) == np.argmax(ref, 1)))
         out(f"| {label} | {cfg.activation} | {cfg.weight} | {100 * top1:.2f} % | {100 * top1_q:.2f} % | "
             f"{100 * (top1_q - float_top1):+.2f} | {100 * agree:.2f} % | "
-            f"{pipe.size_bytes(res.plan) / 1024:.1f} | {res.quant_bytes / 1024:.1f} | {dt:.2f} |")
+            f"{pipe.size_bytes(res.plan) / 1e3:.1f} | {res.quant_bytes / 1e3:.1f} | {dt:.2f} |")
         if res.warnings:
             notes.append(f"- {label}: {res.warnings[0]}")
-    out("\nweights KB: what a backend stores (each weight at its format's bits, shared scales "
-        "included); file KB: the ONNX file, where block formats keep float32 weights already on "
+    out("\nweights kB (10^3 bytes): what a backend stores (each weight at its format's bits, shared scales "
+        "included); file kB: the ONNX file, where block formats keep float32 weights already on "
         "their grid.")
     if notes:
         out("\n" + "\n".join(dict.fromkeys(notes)))

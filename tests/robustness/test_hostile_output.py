@@ -214,3 +214,211 @@ def test_external_data_input_roundtrip(tmp_path):
             feed=FEEDS[0])
     assert (sha(p), sha(tmp_path / "ext.data")) == hashes
     assert np.isfinite(out.stat().st_size)
+
+
+# ---------------------------------------------------------------------------- files destroyed
+# Issue 15: every writer goes through mixq._io.check_output_path; none of these may touch a
+# file that is an input (the model, its external data, calibration data, labels) or a device.
+
+def _run_cli(argv):
+    from mixq.cli.main import main
+
+    return main([str(a) for a in argv])
+
+
+@pytest.fixture
+def ext_model(tmp_path):
+    """An input model whose weights live in w1.bin beside it, with the hashes of both."""
+    p = tmp_path / "ext.onnx"
+    onnx.save(M.mlp(21), p, save_as_external_data=True, all_tensors_to_one_file=True,
+              location="w1.bin", size_threshold=0)
+    return p, tmp_path / "w1.bin"
+
+
+@pytest.fixture
+def calib_npz(tmp_path):
+    p = tmp_path / "calib.npz"
+    np.savez(p, **FEEDS[2])
+    return p
+
+
+def _hashes(*paths):
+    return [sha(p) for p in paths]
+
+
+def test_cli_quantize_onto_the_inputs_external_data(ext_model, calib_npz, capsys):
+    model, data = ext_model
+    before = _hashes(model, data)
+    assert _run_cli(["quantize", model, data, "--calib", calib_npz]) == 2
+    err = capsys.readouterr().err
+    assert "external-data file" in err and "w1.bin" in err
+    assert _hashes(model, data) == before
+    mixq.quantize(model, "A8W8", FEEDS, check_kernels=False)  # the input still loads and runs
+
+
+@pytest.mark.parametrize("how", ["direct", "symlink"])
+def test_api_output_path_is_the_inputs_external_data(how, ext_model, tmp_path):
+    model, data = ext_model
+    out = data
+    if how == "symlink":
+        out = tmp_path / "link.bin"
+        out.symlink_to(data)
+    before = sha(data)
+    outcome(lambda: mixq.quantize(model, "A8W8", FEEDS, output_path=out), input_path=model,
+            expect_error=OutputError, match="external-data file")
+    assert sha(data) == before
+
+
+def test_guard_same_inode_through_a_hard_link(ext_model, tmp_path):
+    # (onnx itself refuses to load external data with several links, so only the guard here)
+    model, data = ext_model
+    os.link(data, tmp_path / "hard.bin")
+    with pytest.raises(OutputError, match="external-data file"):
+        _io.check_output_path(tmp_path / "hard.bin", models=[model])
+
+
+def test_saved_external_data_file_never_lands_on_an_input(tmp_path, monkeypatch):
+    """The output model's own .data file (q.onnx -> q.onnx.data) is checked too."""
+    p = tmp_path / "in.onnx"
+    onnx.save(M.mlp(21), p, save_as_external_data=True, all_tensors_to_one_file=True,
+              location="q.onnx.data", size_threshold=0)
+    before = _hashes(p, tmp_path / "q.onnx.data")
+    monkeypatch.setattr(_io, "_EXTERNAL_MIN_TENSOR", 16)
+    res = mixq.quantize(p, "A8W8", FEEDS, check_kernels=False)
+    with pytest.raises(OutputError, match="external-data file"):
+        _io.save_model(res.model, tmp_path / "q.onnx", external=True, protect=p)
+    assert _hashes(p, tmp_path / "q.onnx.data") == before
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_cli_convert_onto_the_inputs_external_data(ext_model, capsys):
+    model, data = ext_model
+    before = _hashes(model, data)
+    assert _run_cli(["convert", "bf16", model, data]) == 2
+    assert "external-data file" in capsys.readouterr().err
+    assert _hashes(model, data) == before
+
+
+def test_cli_plan_output_is_the_input_model(src, capsys):
+    before = sha(src)
+    assert _run_cli(["plan", src, "-o", src]) == 2
+    assert "input model" in capsys.readouterr().err
+    assert sha(src) == before
+
+
+def test_cli_convert_json_is_the_input_model(src, tmp_path, capsys):
+    before = sha(src)
+    assert _run_cli(["convert", "bf16", src, tmp_path / "o.onnx", "--json", src]) == 2
+    assert "input model" in capsys.readouterr().err
+    assert sha(src) == before
+
+
+def test_cli_convert_json_is_the_model_just_written(src, tmp_path, capsys):
+    out = tmp_path / "o.onnx"
+    assert _run_cli(["convert", "bf16", src, out, "--json", out]) == 2
+    assert "model just written" in capsys.readouterr().err
+    onnx.checker.check_model(str(out))  # still the model, not JSON
+
+
+def test_cli_convert_json_written(src, tmp_path):
+    import json
+
+    assert _run_cli(["convert", "bf16", src, tmp_path / "o.onnx", "--json", tmp_path / "r.json"]) == 0
+    assert "sqnr" in json.dumps(json.loads((tmp_path / "r.json").read_text())).lower()
+
+
+@pytest.mark.parametrize("how", ["direct", "symlink"])
+def test_api_output_path_is_the_calibration_file(how, src, calib_npz, tmp_path):
+    out = calib_npz
+    if how == "symlink":
+        out = tmp_path / "link.onnx"
+        out.symlink_to(calib_npz)
+    outcome(lambda: mixq.quantize(src, "A8W8", calib_npz, output_path=out), input_path=calib_npz,
+            expect_error=OutputError, match="input file")
+    np.load(calib_npz)  # still the data
+
+
+def test_cli_output_is_the_calibration_file_or_a_data_file_in_the_folder(src, tmp_path, capsys):
+    d = tmp_path / "calib"
+    d.mkdir()
+    np.savez(d / "a.npz", **FEEDS[2])
+    before = sha(d / "a.npz")
+    assert _run_cli(["quantize", src, d / "a.npz", "--calib", d / "a.npz"]) == 2
+    assert _run_cli(["quantize", src, d / "b.npz", "--calib", d]) == 2  # would join the data
+    assert capsys.readouterr().err.count("refusing") == 2
+    assert sha(d / "a.npz") == before and not (d / "b.npz").exists()
+
+
+def test_cli_output_is_the_plan_or_config_file(src, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    assert _run_cli(["plan", src, "-o", plan]) == 0
+    before = sha(plan)
+    assert _run_cli(["quantize", src, plan, "--plan", plan, "--calib", "x.npz"]) == 2
+    assert "input file" in capsys.readouterr().err
+    assert sha(plan) == before
+
+
+def test_cli_auto_output_is_the_labels_file(src, calib_npz, tmp_path, capsys):
+    labels = tmp_path / "labels.npy"
+    np.save(labels, np.zeros(3, np.int64))
+    before = sha(labels)
+    assert _run_cli(["auto", src, labels, "--calib", calib_npz, "--labels", labels,
+                     "--top1-drop", "0.1", "--no-cache"]) == 2
+    assert "input file" in capsys.readouterr().err
+    assert sha(labels) == before
+
+
+def test_output_is_a_fifo(src, tmp_path, capsys):
+    """A non-regular file (here a FIFO; as root /dev/null was replaced by a regular file) is
+    refused before any work, and is still there, unchanged in kind, afterwards."""
+    import stat
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert _run_cli(["quantize", src, fifo, "--calib", "missing.npz"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    outcome(lambda: mixq.quantize(src, "A8W8", FEEDS, output_path=fifo), expect_error=OutputError,
+            match="not a regular file")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_dev_null_is_refused_without_writing():
+    # only the check (never a real run onto /dev/null: a regression would replace the device)
+    if not os.path.exists("/dev/null") or not os.path.stat.S_ISCHR(os.stat("/dev/null").st_mode):
+        pytest.skip("no character device /dev/null here")
+    with pytest.raises(OutputError, match="not a regular file"):
+        _io.check_output_path("/dev/null")
+
+
+def test_cli_plan_onto_a_directory_and_into_a_missing_one(src, tmp_path, capsys):
+    assert _run_cli(["plan", src, "-o", tmp_path]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    out = tmp_path / "new" / "sub" / "plan.json"  # created, as for models
+    assert _run_cli(["plan", src, "-o", out]) == 0
+    assert out.read_text().lstrip().startswith("{")
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert _run_cli(["plan", src, "-o", f / "plan.json"]) == 2
+    assert "cannot create the directory" in capsys.readouterr().err
+
+
+def test_auto_report_dir_and_cache_dir_that_are_files(src, calib_npz, tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    base = ["auto", src, tmp_path / "o.onnx", "--calib", calib_npz, "--l2-target", "0.5"]
+    assert _run_cli(base + ["--cache-dir", f]) == 2
+    assert "cache directory" in capsys.readouterr().err
+    assert _run_cli(base + ["--no-cache", "--report-dir", f]) == 2
+    assert "--report-dir" in capsys.readouterr().err
+    assert f.read_text() == "x"
+
+
+def test_failed_write_leaves_an_existing_plan_untouched(src, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "plan.json"
+    out.write_text("previous")
+    monkeypatch.setattr(os, "write", _DiskFull(10))
+    assert _run_cli(["plan", src, "-o", out]) == 2
+    monkeypatch.undo()
+    assert "disk is full" in capsys.readouterr().err
+    assert out.read_text() == "previous"
+    assert_clean_dir(tmp_path)

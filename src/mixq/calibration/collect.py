@@ -318,6 +318,9 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
         sess, restore = _augmented_session(m, fetch, graph_outputs, vis, in_memory, Path(tmp), providers,
                                            intra_op_threads, base_dir, prepack=prepack
                                            ) if fetch else (None, lambda: None)
+        set_total = getattr(progress, "set_total", None)  # a mixq._progress.Progress
+        if callable(set_total):
+            set_total(count_batches(data, input_specs_from_model(m), batch_size))
         try:
             _run(result, m, sess, fetch, from_feed, data, batch_size, axes, progress)
         finally:
@@ -329,6 +332,78 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
     # keep the requested order
     return CollectResult({n: result[n] for n in names if n in result}, result.skipped,
                          result.num_batches)
+
+
+def _array_shape(path: Path, member: str | None = None) -> tuple[int, ...] | None:
+    """The shape of a .npy file (or of `member` of a .npz) read from its header only."""
+    import zipfile
+
+    def header(f: Any) -> tuple[int, ...] | None:
+        version = np.lib.format.read_magic(f)
+        read = {(1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        return tuple(read(f)[0]) if read is not None else None
+
+    try:
+        if member is None:
+            with open(path, "rb") as f:
+                return header(f)
+        with zipfile.ZipFile(path) as z, z.open(member + ".npy") as zf:
+            return header(zf)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return None
+
+
+def _file_shapes(path: Path, names: list[str]) -> dict[str, tuple[int, ...] | None] | None:
+    if path.suffix.lower() == ".npy":
+        return {names[0]: _array_shape(path)} if len(names) == 1 else None
+    if path.suffix.lower() == ".npz":
+        return {n: _array_shape(path, n) for n in names}
+    return None
+
+
+def count_batches(data: Any, specs: Sequence[Any], batch_size: int = 1) -> int | None:
+    """How many feeds `data` gives (the progress total), from lengths and array headers only
+    (nothing is read); None where it is not known before reading (readers, generators) or
+    the data does not match the model (the pass itself then reports why)."""
+    names = [s.name for s in specs]
+    if not names:
+        return None
+    if isinstance(data, (list, tuple)):
+        return len(data)
+    if isinstance(data, np.ndarray):
+        groups = [{names[0]: data.shape}] if len(names) == 1 else []
+    elif isinstance(data, dict):
+        groups = [{k: np.shape(v) for k, v in data.items()}]
+    elif isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        files = (sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in (".npy", ".npz"))
+                 if path.is_dir() else [path])
+        groups = [_file_shapes(f, names) for f in files]  # type: ignore[misc]
+    else:
+        return None
+    total = 0
+    for shapes in groups:
+        counts = set()
+        for s in specs:
+            shape = (shapes or {}).get(s.name)
+            if shape is None or s.shape is None:
+                return None
+            rank = len(s.shape)
+            if len(shape) == rank + 1:
+                counts.add(shape[0])
+            elif len(shape) == rank and rank:
+                d0 = s.shape[0]
+                step = d0 if isinstance(d0, int) and d0 > 0 else batch_size
+                counts.add(-(-shape[0] // step))
+            elif len(shape) == rank:
+                continue  # a scalar input: the same in every feed
+            else:
+                return None
+        if len(counts) > 1:
+            return None
+        total += counts.pop() if counts else 1
+    return total
 
 
 def _run(result: CollectResult, m: onnx.ModelProto, sess: Any, fetch: list[str],

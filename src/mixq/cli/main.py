@@ -13,15 +13,11 @@ from ..errors import MixqError
 
 
 def _progress(prefix: str):
-    """A minimal progress indicator on stderr (one line, updated in place)."""
-    if not sys.stderr.isatty():
-        return None
+    """The progress display of a calibration pass (mixq._progress: a bar in a terminal, a
+    line every few seconds in a pipe, nothing with --quiet); usable as a `with` block."""
+    from .._progress import Progress
 
-    def tick(i: int) -> None:
-        sys.stderr.write(f"\r{prefix}: batch {i + 1}")
-        sys.stderr.flush()
-
-    return tick
+    return Progress(prefix, unit="batches")
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -86,13 +82,15 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from ..api import quantize
     from ..plan.plan import PrecisionPlan
 
+    from .._io import check_output_path
+
+    check_output_path(args.output, models=[args.input], inputs=[args.calib, args.config, args.plan])
     plan = _read_plan(args.plan) if args.plan else None
     # a replayed plan carries the config that made it; flags beside it must agree with it
     cfg = _config_from_args(args) if plan is None or _config_given(args) else None
-    res = quantize(args.input, cfg, args.calib, output_path=args.output, plan=plan,
-                   progress=_progress("calibrating"))
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
+    with _progress("calibrating") as tick:
+        res = quantize(args.input, cfg, args.calib, output_path=args.output, plan=plan,
+                       progress=tick)
     print(res.summary())
     print(f"\nwrote {res.output_path}")
     return 0
@@ -130,9 +128,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{sum(tp.format is None for tp in plan.tensors.values()) + len(plan.skipped)} float "
           f"tensors left float (each with its reason above), {len(plan.float_nodes)} nodes left float")
     if args.output:
-        from .._io import _atomic_write
+        from .._io import write_output
 
-        _atomic_write(Path(args.output), plan.to_json().encode())
+        write_output(args.output, plan.to_json().encode(), models=[args.model],
+                     inputs=[args.config], kind="plan JSON", example="plan.json")
         print(f"\nwrote {args.output}")
     return 0
 
@@ -170,8 +169,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     fm, qm = load_model(args.float_model), load_model(args.quant_model)
     labels = np.load(args.labels, allow_pickle=False) if args.labels else None
     rows = []
+    from .._progress import track
+    from ..calibration.collect import count_batches
+    from ..calibration.data import input_specs_from_model
+
+    total = count_batches(args.data, input_specs_from_model(fm))
     for optimize in (True, False):
-        feeds = as_feeds(args.data, fm)
+        feeds = track(as_feeds(args.data, fm), "evaluating" + ("" if optimize else
+                      " (optimizations disabled)"), total=total)
         c = compare(fm, qm, feeds, labels=labels, optimize=optimize)
         rows.append((optimize, c))
     print("| output | optimizations | SQNR dB | cosine | max abs err | top-1 agreement |")
@@ -199,6 +204,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_auto(args: argparse.Namespace) -> int:
     from ..search import AutoConfig, auto_quantize, base_from_candidate, parse_candidates
+    from ..search.auto import default_cache_dir
 
     cands = parse_candidates(args.candidates)
     if len(cands) < 2:
@@ -212,18 +218,18 @@ def cmd_auto(args: argparse.Namespace) -> int:
                       top1_drop=args.top1_drop, max_size_mb=args.max_size_mb,
                       max_avg_bits=args.max_avg_bits, output_index=args.output_index,
                       strategy=args.strategy, time_budget_s=args.time_budget,
-                      cache_dir=None if args.no_cache else args.cache_dir)
-    tty = sys.stderr.isatty()
+                      cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()))
+    from .._io import check_output_path
+    from .._progress import StageProgress
 
-    def progress(stage: str, i: int, n: int) -> None:
-        if tty:
-            sys.stderr.write(f"\r{stage}: {i}/{n}   ")
-            sys.stderr.flush()
-
-    res = auto_quantize(args.input, auto, args.calib, args.eval, labels=labels,
-                        output_path=args.output, report_dir=args.report_dir, progress=progress)
-    if tty:
-        sys.stderr.write("\n")
+    check_output_path(args.output, models=[args.input],  # before the search, not after it
+                      inputs=[args.calib, args.eval, args.labels])
+    progress = StageProgress()
+    try:
+        res = auto_quantize(args.input, auto, args.calib, args.eval, labels=labels,
+                            output_path=args.output, report_dir=args.report_dir, progress=progress)
+    finally:
+        progress.close()
     from ..report.auto_report import to_markdown
 
     print(to_markdown(res))
@@ -284,8 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--strategy", default="bisection", choices=["bisection", "guided", "greedy", "pareto"])
     a.add_argument("--time-budget", type=float, help="seconds; the best plan so far is returned")
     a.add_argument("--report-dir", help="write report.md, report.json and PNG plots here")
-    a.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "mixq"))
-    a.add_argument("--no-cache", action="store_true")
+    a.add_argument("--cache-dir", default=None,
+                   help="where sensitivities, statistics and evaluations are cached so that a "
+                   "rerun is instant (default: $MIXQ_CACHE_DIR, else ~/.cache/mixq); the cache "
+                   "is bounded to $MIXQ_CACHE_MAX_MB MB (default 100), oldest files evicted first")
+    a.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     a.set_defaults(func=cmd_auto)
 
     d = sub.add_parser("demo", help="quantize the embedded model with several presets")
@@ -298,11 +307,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code (2 for mixq errors, with the message)."""
-    args = build_parser().parse_args(argv)
+def _add_quiet(parser: argparse.ArgumentParser, top: bool = False) -> None:
+    """--quiet on `parser` and every subcommand under it (so it may go before or after the
+    command name)."""
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        default=False if top else argparse.SUPPRESS,
+                        help="no progress display on stderr (results still go to stdout)")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                _add_quiet(sub)
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (`mixq ... | head -1`): stop quietly, as other command
+    line tools do. Later writes (and the flush at exit) go to /dev/null instead of raising."""
+    import os
+
     try:
-        return int(args.func(args) or 0)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file: nothing left to flush there
+        pass
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code (2 for mixq errors, with the message; 0 when
+    the reader of stdout closed the pipe, e.g. `mixq inspect m.onnx | head -1`)."""
+    from .._progress import set_quiet
+
+    parser = build_parser()
+    _add_quiet(parser, top=True)
+    args = parser.parse_args(argv)
+    set_quiet(args.quiet)
+    try:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe can still be handled
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
     except MixqError as exc:
         print(f"mixq: error: {exc}", file=sys.stderr)
         return 2

@@ -16,8 +16,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .._io import same_path, save_model
-from ..errors import DataError, MixqError, OutputError
+from .._io import check_output_path, save_model, write_output
+from ..errors import DataError, MixqError
 
 __all__ = ["add_convert_subparser", "run_convert", "convert_main", "build_parser", "add_arguments",
            "parse_shapes"]
@@ -92,26 +92,27 @@ def run_convert(args: argparse.Namespace) -> int:
     from .._io import load_model
     from .api import to_bf16, to_fp16
 
-    if same_path(args.output, args.input):
-        raise OutputError(f"--output {args.output!r} is the input model; refusing to overwrite it. "
-                          "Choose a different output path.")
+    check_output_path(args.output, models=[args.input], kind="--output")  # before any work
     model = load_model(args.input)
     inits = {t.name for t in model.graph.initializer}
     names = [i.name for i in model.graph.input if i.name not in inits]
     shapes = parse_shapes(args.shape, names)
     fn = to_bf16 if args.target == "bf16" else to_fp16
-    out, report = fn(model, args.format, source=args.source, provider=args.provider,
-                     evaluate=not args.no_eval, shapes=shapes, seed=args.seed)
-    path = save_model(out, args.output, external=True if args.external_data else None, protect=args.input)
+    from .._progress import Progress
+
+    with Progress("converting", 2, "steps") as prog:  # convert (+ fidelity check), save
+        out, report = fn(model, args.format, source=args.source, provider=args.provider,
+                         evaluate=not args.no_eval, shapes=shapes, seed=args.seed)
+        prog.update()
+        path = save_model(out, args.output, external=True if args.external_data else None,
+                          protect=args.input)
+        prog.update()
     print(report.to_markdown())
     print(f"saved {path}")
     if args.json:
-        data = report.to_dict()
-        try:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=2)  # inf SQNR is written as Infinity
-        except OSError as exc:
-            raise OutputError(f"cannot write the JSON report to {args.json!r}: {exc}") from exc
+        # never onto the input, its data or the model just written; inf SQNR is written as Infinity
+        write_output(args.json, json.dumps(report.to_dict(), indent=2).encode(),
+                     models=[args.input], written=[path], kind="--json report", example="report.json")
     return 0
 
 
@@ -122,7 +123,13 @@ def convert_main(argv: Sequence[str] | None = None, *, target: str = "bf16", sou
     parser = build_parser(target, prog=prog, source_default=source, source_choice=source_choice)
     args = parser.parse_args(argv)
     try:
-        return run_convert(args)
+        code = run_convert(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be handled
+        return code
+    except BrokenPipeError:  # `... | head -1`: end quietly, as `mixq` does
+        from ..cli.main import _stdout_closed
+
+        return _stdout_closed()
     except MixqError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -67,7 +67,7 @@ class ConversionReport:
 
     def to_markdown(self) -> str:
         """A Markdown summary: counts, sizes, fidelity per output, nodes kept in float."""
-        mb = 1 << 20
+        mb = 1e6  # MB = 10^6 bytes, as in every mixq summary
         ratio = (self.size_after / self.size_before) if self.size_before else float("nan")
         lines = [
             f"## mixq convert: {self.source} -> {self.target} ({self.format})",
@@ -84,7 +84,7 @@ class ConversionReport:
             lines.append(f"| QDQ function nodes inserted | {self.qdq_nodes_inserted} |")
         lines += [
             f"| nodes kept in {self.source} | {len(self.kept_float)} |",
-            f"| size before -> after | {self.size_before / mb:.2f} MiB -> {self.size_after / mb:.2f} MiB ({ratio:.2f}x) |",
+            f"| size before -> after | {self.size_before / mb:.2f} MB -> {self.size_after / mb:.2f} MB ({ratio:.2f}x) |",
             f"| conversion time | {self.wall_time_s:.3f} s |",
         ]
         if self.eval_time_s:

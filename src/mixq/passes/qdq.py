@@ -36,7 +36,7 @@ class RewriteReport:
 
 
 def _bias_qparams(node: onnx.NodeProto, plan: PrecisionPlan, qparams: dict[str, QParams]
-                  ) -> tuple[np.ndarray, str] | tuple[None, str]:
+                  ) -> tuple[np.ndarray | None, str]:
     x, w = node.input[0], node.input[1]
     tx = plan.tensors.get(x)
     if tx is None:
@@ -162,12 +162,14 @@ def _pass_biases(rw: _Rewrite) -> PassResult:
         owner = next((n for n in rw.index.consumers(name)
                       if n.op_type in ("Conv", "ConvTranspose", "Gemm") and len(n.input) > 2
                       and n.input[2] == name), None)
+        scale: np.ndarray | None
         scale, why = _bias_qparams(owner, rw.plan, rw.qparams) if owner is not None else (None, "no owner")
         b = tensor_array(inits[name], rw.base_dir).astype(np.float64)
         if scale is not None and not np.all(np.isfinite(b)):
             scale, why = None, "the bias holds NaN or inf; kept float"
         if scale is not None and scale.size not in (1, b.size):
-            scale, why = None, f"bias of shape {b.shape} does not match the {scale.size} weight channels; kept float"
+            why = f"bias of shape {b.shape} does not match the {scale.size} weight channels; kept float"
+            scale = None
         if scale is not None:
             scale, q, shift = _int32_bias(b, np.broadcast_to(scale, b.shape).astype(np.float32))
             if shift:

@@ -46,7 +46,10 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
             out[key] = qp
     for name, tp in plan.tensors.items():
         for fmt_name in set(tp.consumer_formats.values()):
-            st = stats.get(name) or merged.get(tp.group or name)
+            found = stats.get(name) or merged.get(tp.group or name)
+            if found is None:
+                continue
+            st = found
             if st is None:
                 continue
             qp = _choose(get_format(fmt_name), st, config)
@@ -77,7 +80,7 @@ def constant_qparams(model: onnx.ModelProto, plan: PrecisionPlan, config: QuantC
     for name, tp in plan.tensors.items():
         if tp.role not in ("weight", "constant") or tp.format is None:
             continue
-        fmt = get_format(tp.format)
+        fmt: Any = get_format(tp.format)  # an IntFormat or a scaled float format
         if not fmt.needs_qparams:
             continue
         w = numpy_helper.to_array(inits[name])

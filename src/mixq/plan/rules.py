@@ -329,7 +329,7 @@ def _resolve(ix: GraphIndex, config: QuantConfig, req: _Requests) -> dict[str, T
         if name in req.passthrough_of:
             src = tensors.get(req.passthrough_of[name])
             kind = get_format(src.format).kind if src is not None and src.format else None
-            if kind == "int" and name not in overrides:
+            if kind == "int" and src is not None and name not in overrides:
                 # integer formats re-quantize idempotently with the input's parameters
                 fmt, why, axis, cal = (src.format, "output of a pass-through op: input's parameters",
                                        src.block_axis, False)

@@ -3,10 +3,15 @@ beside it), JSON, and PNG plots of per-layer sensitivity and of the accuracy/siz
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .._io import _atomic_write
+from .._io import check_output_path, write_output
+from ..errors import OutputError
+
+#: the files write_report writes
+_FILES = ("report.md", "report.json", "sensitivity.png", "front.png")
 
 #: A mixq.search.AutoResult; read by attribute here, so that report depends on no search code
 #: (search calls the report, never the other way around).
@@ -95,12 +100,23 @@ def _plots(r: "AutoResult", out: Path) -> list[str]:
     return names
 
 
-def write_report(r: "AutoResult", out: Path) -> list[Path]:
-    """Write report.md, report.json and the plots into `out`; returns the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
+def write_report(r: "AutoResult", out: Path, *, models: Iterable[Any] = (),
+                 inputs: Iterable[Any] = ()) -> list[Path]:
+    """Write report.md, report.json and the plots into `out`; returns the paths written.
+    `models`/`inputs`: the input files, never overwritten (mixq._io.check_output_path)."""
+    models, inputs = list(models), list(inputs)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--report-dir {str(out)!r} is a file; give a directory (it is created "
+                          "when missing).")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the report directory {str(out)!r}: {exc}") from exc
+    for name in _FILES:  # all refused before any is written
+        check_output_path(out / name, models=models, inputs=inputs, kind="report file")
     images = _plots(r, out)
     md = out / "report.md"
-    _atomic_write(md, to_markdown(r, images).encode())
+    write_output(md, to_markdown(r, images).encode(), models=models, inputs=inputs, kind="report")
     js = out / "report.json"
     data = {
         "objective": r.objective, "metric_name": r.metric_name, "metric": r.metric,
@@ -112,5 +128,5 @@ def write_report(r: "AutoResult", out: Path) -> list[Path]:
         "full_evaluations": r.full_evaluations, "wall_seconds": r.wall_seconds,
         "timed_out": r.timed_out, "sensitivity": r.sensitivity.to_dict(), "timings": r.timings,
     }
-    _atomic_write(js, json.dumps(data, indent=1).encode())
+    write_output(js, json.dumps(data, indent=1).encode(), models=models, inputs=inputs, kind="report")
     return [md, js, *(out / i for i in images)]

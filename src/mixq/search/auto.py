@@ -149,10 +149,18 @@ def split_held_out(feeds: Feeds) -> tuple[Feeds, Feeds, str]:
 
 
 class _Cache:
-    """A JSON file per content hash under `root`."""
+    """A JSON file per content hash under `root`, bounded to `max_bytes` (least recently used
+    files out first; default MIXQ_CACHE_MAX_MB, 100 MB). A `root` that is a file is an
+    OutputError."""
 
-    def __init__(self, root: str | None) -> None:
-        self.root = Path(root) if root else None
+    def __init__(self, root: str | os.PathLike | None, max_bytes: int | None = None) -> None:
+        self.root = Path(root).expanduser() if root else None
+        if self.root is not None and self.root.exists() and not self.root.is_dir():
+            from ..errors import OutputError
+
+            raise OutputError(f"the cache directory {str(root)!r} is a file; give a directory "
+                              "(--cache-dir, MIXQ_CACHE_DIR) or --no-cache.")
+        self.max_bytes = cache_max_bytes() if max_bytes is None else max_bytes
 
     def get(self, key: str) -> Any:
         if self.root is None:
@@ -161,17 +169,68 @@ class _Cache:
         if not p.exists():
             return None
         try:
-            return json.loads(p.read_text())
+            value = json.loads(p.read_text())
+            os.utime(p)  # used: the eviction goes by last use
         except (OSError, ValueError):
             return None
+        return value
 
     def put(self, key: str, value: Any) -> None:
         if self.root is None:
             return
-        from .._io import _atomic_write
+        from .._io import write_output
 
-        self.root.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.root / f"{key}.json", json.dumps(value).encode())
+        write_output(self.root / f"{key}.json", json.dumps(value).encode(), kind="cache file")
+        self.evict(keep=f"{key}.json")
+
+    def evict(self, keep: str = "") -> None:
+        """Delete the least recently used cache files (modification time, which `get` renews)
+        until they take at most max_bytes; `keep` (the file just written) stays even when it
+        alone is larger. Only files named like cache entries (`_key` + .json) are counted or
+        deleted: a cache directory shared with other files (`--cache-dir .`) loses none of
+        them."""
+        if self.root is None:
+            return
+        import re
+
+        files = []
+        for p in self.root.glob("*.json"):
+            if not re.fullmatch(r"[0-9a-f]{32}\.json", p.name):
+                continue
+            try:
+                st = p.stat()
+            except OSError:  # removed meanwhile (another run)
+                continue
+            files.append((st.st_mtime_ns, p.name, st.st_size, p))
+        total = sum(f[2] for f in files)
+        for _, name, size, p in sorted(files):
+            if total <= self.max_bytes:
+                break
+            if name == keep:
+                continue
+            try:
+                p.unlink()
+            except OSError:
+                continue
+            total -= size
+
+
+def default_cache_dir() -> str:
+    """Where `mixq auto` caches by default: $MIXQ_CACHE_DIR, else ~/.cache/mixq."""
+    return os.environ.get("MIXQ_CACHE_DIR") or str(Path.home() / ".cache" / "mixq")
+
+
+def cache_max_bytes() -> int:
+    """The cache bound in bytes: $MIXQ_CACHE_MAX_MB megabytes (10^6 bytes), default 100."""
+    raw = os.environ.get("MIXQ_CACHE_MAX_MB", "100")
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not mb >= 0:
+        raise ConfigError(f"MIXQ_CACHE_MAX_MB={raw!r} is not a size in MB; set a number >= 0 "
+                          "(e.g. 100).")
+    return int(mb * 1e6)
 
 
 def _key(*parts: Any) -> str:
@@ -432,14 +491,15 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         wide_metric=baselines[0], narrow_metric=baselines[n],
         full_evaluations=ev.count, wall_seconds=0.0, timed_out=timed_out, held_out_note=note,
         timings=timings)
+    in_model = None if isinstance(model, onnx.ModelProto) else model
+    in_data = [d for d in (calibration_data, eval_data) if isinstance(d, (str, os.PathLike))]
     if output_path is not None:
-        result.output_path = save_model(final_model, output_path,
-                                        protect=None if isinstance(model, onnx.ModelProto) else model)
+        result.output_path = save_model(final_model, output_path, protect=in_model, inputs=in_data)
     result.wall_seconds = time.perf_counter() - t_start
     if report_dir is not None:
         from ..report.auto_report import write_report
 
-        result.report_paths = write_report(result, Path(report_dir))
+        result.report_paths = write_report(result, Path(report_dir), models=[in_model], inputs=in_data)
     return result
 
 

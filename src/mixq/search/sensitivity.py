@@ -96,11 +96,11 @@ def _capture(wb: Workbench, nodes: list[onnx.NodeProto], max_rows: int) -> dict[
     rows = 0
     for feed in wb.eval_feeds:
         vals = sess.run(want, feed)
-        for n, v in zip(want, vals):
-            cache[n].append(v)
-        for n in names:
-            if n in feed:
-                cache[n].append(feed[n])
+        for nm, v in zip(want, vals):
+            cache[nm].append(v)
+        for nm in names:
+            if nm in feed:
+                cache[nm].append(feed[nm])
         rows += next(iter(feed.values())).shape[0]
         if rows >= max_rows:
             break
