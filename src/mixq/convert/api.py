@@ -95,14 +95,15 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
     work = original
     if target == TensorProto.BFLOAT16 and fmt != "simulate_bf16":
         work = _upgrade_opset(original, _MIN_OPSET_BF16, notes)
+    fragile = target == TensorProto.BFLOAT16  # 8 significant bits: see _fragile
     if fmt.startswith("simulate"):
-        res = R.simulate(work, F, target)
+        res = R.simulate(work, F, target, fragile=fragile)
     elif fmt == "with_cast":
-        res = R.qdq(work, F, target, functions=False)
+        res = R.qdq(work, F, target, functions=False, fragile=fragile)
     elif fmt == "customqdq":
-        res = R.qdq(work, F, target, functions=True)
+        res = R.qdq(work, F, target, functions=True, fragile=fragile)
     else:
-        res = R.native(work, F, target, provider, validate=validate)
+        res = R.native(work, F, target, provider, validate=validate, fragile=fragile)
     out = res.model
     # value_info of initializers adds nothing and can be stale (the opset converter writes rank-0
     # shapes for Constant outputs that become [1]-shaped initializers): drop it

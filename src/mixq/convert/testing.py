@@ -22,7 +22,7 @@ from ..formats.base import MIXQ_DOMAIN
 from .api import BF16_FORMATS, to_bf16, to_fp16
 from .report import ConversionReport
 
-__all__ = ["classifier_model", "transformer_model", "shape_paths_model", "if_model", "stack_model",
+__all__ = ["classifier_model", "transformer_model", "layernorm_cancel_model", "shape_paths_model", "if_model", "stack_model",
            "to_fp16_model", "check_conversion", "bf16_representable", "TEST_MODELS"]
 
 OPSET = 17
@@ -107,6 +107,44 @@ def transformer_model(seed: int = 0, d: int = 32, seq: int = 8) -> onnx.ModelPro
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", seq, d])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", seq, d])], inits,
                   name="transformer")
+
+
+def layernorm_cancel_model(seed: int = 0, d: int = 64, seq: int = 16, form: str = "mul") -> onnx.ModelProto:
+    """A written-out LayerNorm whose variance is E[x^2] - E[x]^2, then a MatMul: x [B,seq,d] ->
+    y [B,seq,d]. `form` spells the statistics: ``mul`` (ReduceMean(x*x) - m*m), ``pow``
+    (Pow(x,2)) or ``sum`` (ReduceSum * 1/d). Fed x with a mean offset (e.g. N(3,1)) the two
+    terms nearly cancel, which bfloat16 cannot represent."""
+    rng = np.random.default_rng(seed)
+    inits = {"g": 1 + _w(rng, d), "b": _w(rng, d), "w": _w(rng, d, d, scale=d ** -0.5),
+             "eps": np.array(1e-5, np.float32), "two": np.array(2.0, np.float32),
+             "inv_d": np.array(1.0 / d, np.float32)}
+    mk = helper.make_node
+    if form == "sum":
+        stats = [mk("ReduceSum", ["x", "axes"], ["s1"], name="sum_x", keepdims=1),
+                 mk("Mul", ["s1", "inv_d"], ["m"], name="mean_x"),
+                 mk("Mul", ["x", "x"], ["xx"], name="sq_x"),
+                 mk("ReduceSum", ["xx", "axes"], ["s2"], name="sum_xx", keepdims=1),
+                 mk("Mul", ["s2", "inv_d"], ["ex2"], name="mean_xx"),
+                 mk("Mul", ["m", "m"], ["m2"], name="sq_mean")]
+        inits["axes"] = np.array([-1], np.int64)
+    else:
+        sq = (lambda a, o, n: mk("Pow", [a, "two"], [o], name=n)) if form == "pow" else \
+            (lambda a, o, n: mk("Mul", [a, a], [o], name=n))
+        stats = [mk("ReduceMean", ["x"], ["m"], name="mean_x", axes=[-1]), sq("x", "xx", "sq_x"),
+                 mk("ReduceMean", ["xx"], ["ex2"], name="mean_xx", axes=[-1]), sq("m", "m2", "sq_mean")]
+    nodes = stats + [
+        mk("Sub", ["ex2", "m2"], ["var"], name="var"),
+        mk("Add", ["var", "eps"], ["ve"], name="var_eps"),
+        mk("Sqrt", ["ve"], ["std"], name="std"),
+        mk("Sub", ["x", "m"], ["xc"], name="center"),
+        mk("Div", ["xc", "std"], ["xn"], name="normalize"),
+        mk("Mul", ["xn", "g"], ["xg"], name="gamma"),
+        mk("Add", ["xg", "b"], ["h"], name="beta"),
+        mk("MatMul", ["h", "w"], ["y"], name="proj"),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", seq, d])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", seq, d])], inits,
+                  name=f"layernorm_cancel_{form}")
 
 
 def shape_paths_model(seed: int = 0) -> onnx.ModelProto:
