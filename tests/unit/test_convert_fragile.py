@@ -74,3 +74,28 @@ def test_cancelling_layernorm_keeps_35_db(fmt, mu):
     if fmt in ("with_cast", "customqdq"):
         proj = next(n for n in out.graph.node if n.name == "proj")
         assert prod[proj.input[0]].op_type in ("Cast", "BFloat16Dequantize")
+
+
+def test_scalar_weights_stay_exact_in_the_rounding_formats():
+    """x * s + t with one-element s, t (a learned affine, as in PP-LCNetV3): rounding s to bf16
+    scales the whole tensor by the same wrong factor. They stay exact (and are reported); the
+    matrix weight is still rounded."""
+    rng = np.random.default_rng(0)
+    s, t = np.float32(1.0029296875 + 2 ** -12), np.float32(-0.30078125 - 2 ** -13)  # not bf16 values
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    mk = helper.make_node
+    g = helper.make_graph([mk("Mul", ["x", "s"], ["xs"], name="scale"), mk("Add", ["xs", "t"], ["xt"], name="shift"),
+                           mk("MatMul", ["xt", "w"], ["y"], name="mm")], "aff",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+                          initializer=[numpy_helper.from_array(np.array(s), "s"), numpy_helper.from_array(np.array(t), "t"),
+                                       numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    for fmt in ("with_cast", "customqdq", "simulate_bf16"):
+        out, rep = to_bf16(m, fmt, evaluate=False)
+        inits = {i.name: numpy_helper.to_array(i) for i in out.graph.initializer}
+        assert inits["s"] == s and inits["t"] == t, fmt
+        assert any("2 one-element weight(s)" in n for n in rep.notes), rep.notes
+        stored = [a for k, a in inits.items() if a.size == 256]
+        assert stored and (stored[0].dtype != np.float32 or not np.array_equal(stored[0], w)), fmt

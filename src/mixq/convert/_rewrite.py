@@ -113,6 +113,21 @@ def _outside_uses(info: G.GraphInfo, model: onnx.ModelProto, name: str, keep: di
                if k not in keep and not _non_data(model.graph.node[k], j))
 
 
+def _numel(t: TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= int(d)
+    return n
+
+
+def _scalar_note(n: int, F: int) -> list[str]:
+    if not n:
+        return []
+    return [f"{n} one-element weight(s) (scalar operands such as a learned scale or shift) kept exact in "
+            f"{element_type_name(F)}: rounding a scalar moves the whole tensor it scales or shifts "
+            "coherently (an error that does not average out), and keeping it costs no size"]
+
+
 def _kept_records(model: onnx.ModelProto, keep: dict[int, str]) -> list[KeptFloat]:
     g = model.graph
     return [KeptFloat(g.node[k].name or g.node[k].output[0], g.node[k].op_type, why)
@@ -281,9 +296,12 @@ def simulate(model: onnx.ModelProto, F: int, target: int, *, fragile: bool = Fal
     nodes (`_fragile`) stay exact."""
     m, info, _, notes, keep = _prepare(model, F, lift=False, fragile=fragile)
     res = RewriteResult(m, notes=notes, kept_float=_kept_records(m, keep))
-    over = 0
+    over = scalars = 0
     for name, t in info.initializers.items():
         if t.data_type == F and _outside_uses(info, m, name, keep):
+            if fragile and _numel(t) == 1:
+                scalars += 1
+                continue
             over += round_tensor_inplace(t, target)
             res.initializers_converted += 1
     for node in m.graph.node:
@@ -293,7 +311,10 @@ def simulate(model: onnx.ModelProto, F: int, target: int, *, fragile: bool = Fal
         if not d or p or not _outside_uses(info, m, node.output[0], keep):
             continue
         for a in node.attribute:
-            if a.name == "value" and a.type == AttributeProto.TENSOR and a.t.data_type == F:
+            if fragile and ((a.name == "value" and a.type == AttributeProto.TENSOR and a.t.data_type == F
+                             and _numel(a.t) == 1) or a.name == "value_float"):
+                scalars += 1
+            elif a.name == "value" and a.type == AttributeProto.TENSOR and a.t.data_type == F:
                 over += round_tensor_inplace(a.t, target)
                 res.initializers_converted += 1
             elif F == TensorProto.FLOAT and a.name in ("value_float", "value_floats"):
@@ -308,7 +329,7 @@ def simulate(model: onnx.ModelProto, F: int, target: int, *, fragile: bool = Fal
                     a.floats.extend(float(v) for v in vals)
                 res.initializers_converted += 1
     res.tensors_converted = res.initializers_converted
-    res.notes += _overflow_note(over, target)
+    res.notes += _overflow_note(over, target) + _scalar_note(scalars, F)
     return res
 
 
@@ -378,11 +399,14 @@ def qdq(model: onnx.ModelProto, F: int, target: int, *, functions: bool, fragile
 
     # weights
     head: list[onnx.NodeProto] = []
-    over = 0
+    over = scalars = 0
     new_inits: list[TensorProto] = []
     drop: set[str] = set()
     for name, t in info.initializers.items():
         if t.data_type != F or not _outside_uses(info, m, name, keep):
+            continue
+        if fragile and _numel(t) == 1:
+            scalars += 1
             continue
         res.initializers_converted += 1
         if functions and name not in graph_inputs and name not in outputs and name not in info.outer_refs:
@@ -399,7 +423,7 @@ def qdq(model: onnx.ModelProto, F: int, target: int, *, functions: bool, fragile
         kept_inits = [t for t in g.initializer if t.name not in drop]
         del g.initializer[:]
         g.initializer.extend(kept_inits + new_inits)
-    res.notes += _overflow_note(over, target)
+    res.notes += _overflow_note(over, target) + _scalar_note(scalars, F)
 
     # activations: F tensors produced by nodes or graph inputs, read as data or graph outputs
     def wanted(name: str) -> bool:
@@ -572,13 +596,17 @@ def _native_once(model: onnx.ModelProto, F: int, target: int, provider: str,
     for name in info.graph_inputs:
         if info.types.get(name) == F and name not in info.initializers:
             avail[name] = {F: name}
-    over = 0
+    over = scalars = 0
     ir3 = [n for n in info.initializers if n in graph_inputs]
     for name, t in info.initializers.items():
         if t.data_type != F:
             continue
         if not _outside_uses(info, m, name, keep) or name in pinned or name in graph_inputs:
             avail[name] = {F: name}
+            continue
+        if fragile and _numel(t) == 1:  # a node computing in `target` reads it through a Cast
+            avail[name] = {F: name}
+            scalars += 1
             continue
         stored, o = tensor_to_target(t, target)
         over += o
@@ -589,7 +617,7 @@ def _native_once(model: onnx.ModelProto, F: int, target: int, provider: str,
         res.tensors_converted += 1
     if ir3:
         res.notes.append(f"{len(ir3)} initializer(s) are also graph inputs (overridable); kept in {element_type_name(F)}")
-    res.notes += _overflow_note(over, target)
+    res.notes += _overflow_note(over, target) + _scalar_note(scalars, F)
 
     new_nodes: list[onnx.NodeProto] = []
     for node, plan in zip(g.node, plans):
