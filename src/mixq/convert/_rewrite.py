@@ -557,6 +557,8 @@ def _plan_node(node: onnx.NodeProto, info: G.GraphInfo, F: int, target: int, pro
     why = last.reason if last else "unsupported"
     if why.startswith("no kernel"):
         why = f"{provider} has no {tname} kernel for {op}-{schema.since_version}"
+    else:
+        why = f"onnxruntime cannot build {op}-{schema.since_version} in {tname} on {provider}: {why}"
     return _Plan("float", reason=why)
 
 

@@ -14,7 +14,7 @@ from ..errors import ConfigError, FormatError, ModelError, did_you_mean
 from . import _graph as G
 from . import _rewrite as R
 from ._rounding import element_type_name
-from .report import ConversionReport, fidelity
+from .report import ConversionReport, fidelity, op_counts
 
 __all__ = ["to_bf16", "to_fp16", "detect_source", "BF16_FORMATS", "FP16_FORMATS", "SOURCES"]
 
@@ -77,6 +77,26 @@ def _upgrade_opset(model: onnx.ModelProto, minimum: int, notes: list[str]) -> on
     return up
 
 
+def _native_note(fmt: str, provider: str, target: int, res: R.RewriteResult) -> list[str]:
+    """Why most nodes of a `bf16`/`fp16` conversion stayed float, when the provider lacks kernels."""
+    if fmt not in ("bf16", "fp16"):
+        return []
+    missing = sorted({k.op_type for k in res.kept_float if not k.reason.startswith("numerically fragile")})
+    if not missing:
+        return []
+    tname = element_type_name(target)
+    done = ", ".join(sorted(res.converted_ops)) or "none"
+    note = (f"{provider} cannot run {len(missing)} op type(s) of this model in {tname} "
+            f"({', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}): those nodes compute in the source "
+            f"float type, reading {tname}-stored weights through Casts (the file is smaller, that arithmetic is "
+            f"not {tname}); converted op types: {done}.")
+    if target == TensorProto.BFLOAT16 and provider == "CPUExecutionProvider":
+        note += (" The bf16 format targets onnxruntime-gpu: convert with --provider CUDAExecutionProvider "
+                 "(or ROCMExecutionProvider) where it is installed for bfloat16 arithmetic; --format with_cast "
+                 "simulates bfloat16 activations on any provider.")
+    return [note]
+
+
 def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, formats: Sequence[str], *,
              source: str, provider: str, evaluate: bool, feeds: Mapping[str, np.ndarray] | None,
              shapes: Mapping[str, Sequence[int]] | None, seed: int, validate: bool,
@@ -124,6 +144,8 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
         kept_float=res.kept_float, size_before=model_size(original),
         size_after=res.serialized_size if res.serialized_size is not None else model_size(out),
         wall_time_s=wall, notes=notes + res.notes)
+    report.op_counts = op_counts(work, res.converted_ops, res.kept_float)
+    report.notes += _native_note(fmt, provider, target, res)
     if res.unverified_ops:
         report.notes.append("kernel probe inconclusive (checked by loading the whole model): "
                             + ", ".join(sorted(res.unverified_ops)))

@@ -15,7 +15,7 @@ from ..errors import DataError
 from ..evaluate import ErrorStats
 from ._rewrite import KeptFloat
 
-__all__ = ["ConversionReport", "OutputFidelity", "KeptFloat", "make_feeds", "fidelity", "sqnr_db", "cosine"]
+__all__ = ["ConversionReport", "OutputFidelity", "OpCount", "KeptFloat", "op_counts", "make_feeds", "fidelity", "sqnr_db", "cosine"]
 
 
 @dataclass
@@ -27,6 +27,19 @@ class OutputFidelity:
     sqnr_db: float
     cosine: float
     max_abs_err: float
+
+
+@dataclass
+class OpCount:
+    """Nodes of one op type: how many the conversion changed, kept in the source float type
+    (reasons in `ConversionReport.kept_float`) or had nothing to convert (no float data: integer
+    or shape paths, Constants that became weights)."""
+
+    op_type: str
+    nodes: int
+    converted: int
+    kept_float: int
+    untouched: int
 
 
 @dataclass
@@ -50,6 +63,7 @@ class ConversionReport:
     wall_time_s: float = 0.0
     eval_time_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    op_counts: list[OpCount] = field(default_factory=list)
 
     @property
     def min_sqnr_db(self) -> float:
@@ -94,6 +108,14 @@ class ConversionReport:
                       "| output | SQNR (dB) | cosine | max abs err |", "|---|---:|---:|---:|"]
             for f in self.fidelity:
                 lines.append(f"| {f.name} | {f.sqnr_db:.2f} | {f.cosine:.6f} | {f.max_abs_err:.3g} |")
+        if self.op_counts and self.format not in ("simulate_bf16", "simulate_fp16"):
+            what = "computing in" if self.format in ("bf16", "fp16") else "reading rounded"
+            lines += ["", "### Nodes per op type", "",
+                      f"converted = {what} {self.target}; untouched = no float data to convert (integer/shape "
+                      "paths, Constants that became weights)", "",
+                      f"| op type | nodes | converted | kept in {self.source} | untouched |", "|---|---:|---:|---:|---:|"]
+            for c in self.op_counts:
+                lines.append(f"| {c.op_type} | {c.nodes} | {c.converted} | {c.kept_float} | {c.untouched} |")
         if self.kept_float:
             lines += ["", f"### Nodes kept in {self.source}", "", "| op type | count | reason | e.g. |",
                       "|---|---:|---|---|"]
@@ -103,6 +125,19 @@ class ConversionReport:
         if self.notes:
             lines += ["", "### Notes", ""] + [f"- {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
+
+
+def op_counts(original: onnx.ModelProto, converted: Counter[str], kept: Sequence[KeptFloat]) -> list[OpCount]:
+    """Per op type of `original`'s main graph: nodes, converted, kept float, untouched; most
+    frequent op types first."""
+    total = Counter(n.op_type for n in original.graph.node)
+    k = Counter(x.op_type for x in kept)
+    out = []
+    for op, n in total.most_common():
+        c = min(converted.get(op, 0), n)
+        f = min(k.get(op, 0), n - c)
+        out.append(OpCount(op, n, c, f, n - c - f))
+    return out
 
 
 # ----------------------------------------------------------------------------- fidelity
