@@ -39,3 +39,16 @@ def test_float_kernel_always_found():
 def test_unknown_provider():
     with pytest.raises(ConfigError, match="Did you mean: CPUExecutionProvider"):
         check_provider("CPUExecutionProvidr")
+
+
+def test_auto_provider_targets_the_gpu_for_the_native_formats():
+    """The bf16 format is documented for onnxruntime-gpu: 'auto' picks CUDA (then ROCm) when
+    onnxruntime has it, CPU otherwise; the rounding formats run anywhere and stay on CPU."""
+    from mixq.convert.probe import resolve_provider
+
+    gpu = ["TensorrtExecutionProvider", "ROCMExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert resolve_provider("auto", native=True, available=gpu) == "CUDAExecutionProvider"
+    assert resolve_provider("auto", native=True, available=gpu[1:2] + gpu[3:]) == "ROCMExecutionProvider"
+    assert resolve_provider("auto", native=True, available=["CPUExecutionProvider"]) == "CPUExecutionProvider"
+    assert resolve_provider("auto", native=False, available=gpu) == "CPUExecutionProvider"
+    assert resolve_provider("CPUExecutionProvider", native=True, available=gpu) == "CPUExecutionProvider"

@@ -82,6 +82,9 @@ def _native_note(fmt: str, provider: str, target: int, res: R.RewriteResult) -> 
     if fmt not in ("bf16", "fp16"):
         return []
     missing = sorted({k.op_type for k in res.kept_float if not k.reason.startswith("numerically fragile")})
+    if not missing and provider != "CPUExecutionProvider":
+        return [f"The file targets {provider}; CPU onnxruntime has no {element_type_name(target)} kernel for "
+                "most converted nodes and may not load it (convert with --provider CPUExecutionProvider for that)."]
     if not missing:
         return []
     tname = element_type_name(target)
@@ -90,7 +93,10 @@ def _native_note(fmt: str, provider: str, target: int, res: R.RewriteResult) -> 
             f"({', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}): those nodes compute in the source "
             f"float type, reading {tname}-stored weights through Casts (the file is smaller, that arithmetic is "
             f"not {tname}); converted op types: {done}.")
-    if target == TensorProto.BFLOAT16 and provider == "CPUExecutionProvider":
+    if provider != "CPUExecutionProvider":
+        note += (f" The file targets {provider}; CPU onnxruntime has no {tname} kernel for the converted "
+                 "nodes and will not load it (convert with --provider CPUExecutionProvider for that).")
+    elif target == TensorProto.BFLOAT16:
         note += (" The bf16 format targets onnxruntime-gpu: convert with --provider CUDAExecutionProvider "
                  "(or ROCMExecutionProvider) where it is installed for bfloat16 arithmetic; --format with_cast "
                  "simulates bfloat16 activations on any provider.")
@@ -101,7 +107,7 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
              source: str, provider: str, evaluate: bool, feeds: Mapping[str, np.ndarray] | None,
              shapes: Mapping[str, Sequence[int]] | None, seed: int, validate: bool,
              ) -> tuple[onnx.ModelProto, ConversionReport]:
-    from .probe import check_provider
+    from .probe import check_provider, resolve_provider
 
     _check_choice(fmt, formats, "conversion format", FormatError)
     t0 = time.perf_counter()
@@ -109,6 +115,7 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
     src = _resolve_source(original, source, target)
     if target == TensorProto.FLOAT16 and src != "fp32":
         raise ModelError("to_fp16 converts float32 models; this one is already float16 (source='fp16').")
+    provider = resolve_provider(provider, native=fmt in ("bf16", "fp16"))
     check_provider(provider)
     F = _SRC_TYPE[src]
     notes: list[str] = []
@@ -157,7 +164,7 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
 
 
 def to_bf16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "bf16", *, source: str = "auto",
-            provider: str = "CPUExecutionProvider", evaluate: bool = True,
+            provider: str = "auto", evaluate: bool = True,
             feeds: Mapping[str, np.ndarray] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
             seed: int = 0, validate: bool = True) -> tuple[onnx.ModelProto, ConversionReport]:
     """Convert a float32 or float16 model to bfloat16 in one of four formats.
@@ -167,7 +174,10 @@ def to_bf16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "bf16", *, so
         rounded to bfloat16 values; runs on any provider.
       * ``bf16``: the graph computes in bfloat16, weights stored as BFLOAT16; graph inputs and
         outputs keep their type (Casts at the boundary). Nodes `provider` has no bfloat16
-        kernel for (probed) stay in float with Casts around them (listed in the report).
+        kernel for (probed, including the nodes onnxruntime's optimizer would form: written-out
+        normalizations stay float) stay in float with Casts around them (listed in the report).
+        `provider` 'auto' targets CUDA/ROCm when this onnxruntime has them (the format is meant
+        for onnxruntime-gpu), else CPU, where few ops have bfloat16 kernels.
       * ``simulate_bf16``: weights rounded to bfloat16 values, stored in the source type.
       * ``customqdq``: like with_cast with model-local functions ``com.mixq.BFloat16Quantize`` /
         ``BFloat16Dequantize`` (bodies: Cast) instead of Casts; weights stored as BFLOAT16 behind a
@@ -183,7 +193,7 @@ def to_bf16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "bf16", *, so
 
 
 def to_fp16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "fp16", *, source: str = "auto",
-            provider: str = "CPUExecutionProvider", evaluate: bool = True,
+            provider: str = "auto", evaluate: bool = True,
             feeds: Mapping[str, np.ndarray] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
             seed: int = 0, validate: bool = True) -> tuple[onnx.ModelProto, ConversionReport]:
     """Convert a float32 model to float16: ``fp16`` (graph in float16, weights stored FLOAT16,

@@ -48,9 +48,10 @@ def add_arguments(p: argparse.ArgumentParser, target: str, *, source_default: st
                             "if any weight or input is float16)")
     else:
         p.set_defaults(source=source_default)
-    p.add_argument("--provider", default="CPUExecutionProvider",
+    p.add_argument("--provider", default="auto",
                    help="onnxruntime execution provider the result must load on, and whose kernels "
-                        "decide which nodes stay float in the bf16/fp16 formats (default: %(default)s)")
+                        "decide which nodes stay float in the bf16/fp16 formats (default: auto = CUDA or "
+                        "ROCm when this onnxruntime has them, for the bf16/fp16 formats; else CPU)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
                    help="input shape for the fidelity check (repeatable; NAME= may be omitted for a "
                         "single-input model); dynamic dimensions default to 1")
