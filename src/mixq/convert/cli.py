@@ -96,6 +96,10 @@ def run_convert(args: argparse.Namespace) -> int:
     if same_path(args.output, args.input):
         raise OutputError(f"--output {args.output!r} is the input model; refusing to overwrite it. "
                           "Choose a different output path.")
+    for what, other in (("the input model", args.input), ("the --output model", args.output)):
+        if args.json and same_path(args.json, other):
+            raise OutputError(f"--json {args.json!r} is {what}; refusing to replace it with the JSON "
+                              "report. Choose a different path, e.g. report.json.")
     model = load_model(args.input)
     inits = {t.name for t in model.graph.initializer}
     names = [i.name for i in model.graph.input if i.name not in inits]

@@ -148,6 +148,26 @@ _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorPro
        TensorProto.UINT16: np.uint16, TensorProto.UINT32: np.uint32, TensorProto.UINT64: np.uint64}
 
 
+#: Largest random evaluation input, in elements (1 GiB of float32).
+MAX_FEED_ELEMENTS = 1 << 28
+
+
+def _check_shape(name: str, shape: list[int], tt) -> None:
+    """A DataError unless `shape` is a positive shape of the input's rank and a sane size."""
+    example = ",".join(str(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else "1"
+                       for d in tt.shape.dim) if tt.HasField("shape") else "1,3,224,224"
+    if any(d < 1 for d in shape):
+        raise DataError(f"--shape {name}={','.join(map(str, shape))}: every dimension must be a positive "
+                        f"integer (the size to evaluate with, not -1 or 0), e.g. --shape {name}={example}.")
+    if tt.HasField("shape") and len(tt.shape.dim) != len(shape):
+        raise DataError(f"--shape {name}={','.join(map(str, shape))} has {len(shape)} dimension(s); input "
+                        f"{name!r} has {len(tt.shape.dim)}, e.g. --shape {name}={example}.")
+    n = int(np.prod(np.array(shape, dtype=np.float64)))
+    if n > MAX_FEED_ELEMENTS:
+        raise DataError(f"--shape {name}={','.join(map(str, shape))} asks for {n:,} elements per random "
+                        f"evaluation input (limit {MAX_FEED_ELEMENTS:,}); give a smaller shape or --no-eval.")
+
+
 def make_feeds(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None,
                seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs for `model`: standard normal floats, zero integers, False booleans.
@@ -174,6 +194,7 @@ def make_feeds(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | Non
                             "pass feeds= explicitly.")
         if vi.name in shapes:
             shape = [int(d) for d in shapes[vi.name]]
+            _check_shape(vi.name, shape, tt)
         elif tt.HasField("shape"):
             shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tt.shape.dim]
         else:
