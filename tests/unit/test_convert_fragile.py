@@ -99,3 +99,30 @@ def test_scalar_weights_stay_exact_in_the_rounding_formats():
         assert any("2 one-element weight(s)" in n for n in rep.notes), rep.notes
         stored = [a for k, a in inits.items() if a.size == 256]
         assert stored and (stored[0].dtype != np.float32 or not np.array_equal(stored[0], w)), fmt
+
+
+@pytest.mark.parametrize("fmt", BF16_FORMATS)
+def test_constant_shared_with_a_fragile_node_is_split(fmt):
+    """A Constant read by the normalization (the eps Add) and by a node after it: the
+    normalization reads an exact copy, the other node the bfloat16-rounded value."""
+    m = layernorm_cancel_model()
+    g = m.graph
+    c = np.full(64, 1.001, np.float32)  # 1.001 is not a bfloat16 value; 1.0 is the nearest
+    g.node.insert(0, helper.make_node("Constant", [], ["cvec"], name="cvec", value=numpy_helper.from_array(c)))
+    next(n for n in g.node if n.name == "var_eps").input[1] = "cvec"
+    g.node.append(helper.make_node("Add", ["y", "cvec"], ["y2"], name="after"))
+    g.output[0].name = "y2"
+    x = (3 + np.random.default_rng(1).standard_normal((4, 16, 64))).astype(np.float32)
+    out, rep = to_bf16(m, fmt, feeds={"x": x})
+    assert rep.min_sqnr_db >= 35.0
+    vals = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    vals.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in out.graph.node
+                 if n.op_type == "Constant"})
+    eps_in = next(n for n in out.graph.node if n.name == "var_eps").input[1]
+    assert np.array_equal(vals[eps_in], c)
+    after = next(n for n in out.graph.node if n.name == "after").input[1]
+    prod = {o: n for n in out.graph.node for o in n.output}
+    if after in vals:
+        assert np.all(vals[after] == 1.0)
+    else:  # bfloat16-stored, widened by a Cast / BFloat16Dequantize
+        assert prod[after].op_type in ("Cast", "BFloat16Dequantize")

@@ -197,7 +197,7 @@ def find_fragile(g: onnx.GraphProto) -> list[FragileRegion]:
         if not reason:
             c = v.node_of(y)
             m = _mean_of(v, c[1].input[1]) if c and c[1].op_type == "Sub" and len(c[1].input) == 2 else None
-            if m is not None and m[0] == c[1].input[0] and m[1] == key:
+            if c is not None and m is not None and m[0] == c[1].input[0] and m[1] == key:
                 region |= {c[0]} | m[2]
                 reason, data = REASON_NORM, [y]
             else:
