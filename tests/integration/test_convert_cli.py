@@ -161,3 +161,12 @@ def test_error_invalid_utf8_name(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "not valid UTF-8" in err and "node[2].name" in err
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_help_explains_the_four_bf16_formats(capsys):
+    with pytest.raises(SystemExit):
+        convert_fp32_to_bf16.main(["--help"])
+    text = capsys.readouterr().out
+    for fmt in ("with_cast", "customqdq", "simulate_bf16", "bf16"):
+        assert f"\n  {fmt} " in text
+    assert "stored as bf16" in text and "any provider" in text and "--provider auto" in text
