@@ -676,14 +676,51 @@ _NODE_RE = re.compile(r"node with name '([^']*)'")
 _OP_RE = re.compile(r"implementation for (\w+)\((\d+)\)")
 
 
+def _fused_culprits(model: onnx.ModelProto, F: int, target: int, provider: str, forced: dict[str, str],
+                    fragile: bool, factory: Callable, suspects: list[str], msg: str) -> list[str]:
+    """Converted nodes to keep in F when onnxruntime fails on a node its optimizer formed (a
+    fusion of several of our nodes into an op without a `target` kernel; the error names neither
+    our nodes nor their op type). Halving search over `suspects` (graph order): a part whose
+    nodes, kept in F, let the model load, narrowed while one half suffices (forcing any node of a
+    fused pattern breaks the pattern). At most 2*log2(len) + 1 extra session creations; [] if
+    even forcing all suspects does not help."""
+    why = (f"onnxruntime's optimizer fuses it with its neighbours into a node without a "
+           f"{element_type_name(target)} kernel on {provider} ({msg})")
+
+    def loads(part: list[str]) -> bool:
+        trial = _native_once(model, F, target, provider, {**forced, **{n: why for n in part}}, fragile)
+        try:
+            factory(trial.model, provider)
+            return True
+        except Exception:  # noqa: BLE001 - any failure: this part does not suffice
+            return False
+
+    part = list(suspects)
+    if not loads(part):
+        return []
+    while len(part) > 1:
+        half = len(part) // 2
+        if loads(part[:half]):
+            part = part[:half]
+        elif loads(part[half:]):
+            part = part[half:]
+        else:
+            break  # both halves hold a culprit: keep the whole part
+    for n in part:
+        forced[n] = why
+    return part
+
+
 def native(model: onnx.ModelProto, F: int, target: int, provider: str, *, validate: bool = True,
            session_factory: Callable | None = None, max_retries: int = 8, fragile: bool = False) -> RewriteResult:
     """Convert the graph to compute in `target`, keeping nodes without a `target` kernel in F.
 
     With `validate`, the result is loaded in onnxruntime on `provider`; a node named in a
     missing-kernel error is moved back to F and the conversion redone (at most `max_retries`
-    times), so the returned model always loads. Raises ModelError if it still does not.
-    With `fragile`, numerically fragile nodes (`_fragile`: written-out normalizations, which
+    times), so the returned model always loads. A missing-kernel error for a node onnxruntime's
+    optimizer formed (named by neither our nodes nor their op types) is traced back to the
+    converted nodes it fused by a halving search (`_fused_culprits`). Raises ModelError if the
+    model still does not load. With `fragile`, numerically fragile nodes (`_fragile`: written-out normalizations, which
     onnxruntime would fuse into one node) stay in F from the start."""
     from ._session import open_session
 
@@ -705,11 +742,13 @@ def native(model: onnx.ModelProto, F: int, target: int, provider: str, *, valida
             if not names:  # the error names an op (e.g. inside a function body), not our node
                 ops = {op for op, _ in _OP_RE.findall(str(exc))}
                 names = [n for n in converted if op_of.get(n) in ops]
+            if not names and converted and "Could not find an implementation" in str(exc):
+                names = _fused_culprits(model, F, target, provider, forced, fragile, factory, converted, msg)
             if not names:
                 raise ModelError(
                     f"the {element_type_name(target)} model does not load in onnxruntime {provider}: {msg}. "
                     "Use --format with_cast, which runs on any provider.") from exc
             for n in names:
-                forced[n] = f"onnxruntime rejected it in {element_type_name(target)}: {msg}"
+                forced.setdefault(n, f"onnxruntime rejected it in {element_type_name(target)}: {msg}")
     raise ModelError(f"the {element_type_name(target)} model still does not load in onnxruntime {provider} "
                      f"after {max_retries} retries; use --format with_cast.")
