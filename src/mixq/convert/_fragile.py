@@ -46,6 +46,13 @@ class FragileRegion:
     reason: str
 
 
+_SMALL = 64
+
+
+def _numel(t: onnx.TensorProto) -> int:
+    return int(np.prod([int(d) for d in t.dims])) if len(t.dims) else 1
+
+
 class _View:
     """Producers, consumers and constant values of a graph's main-level tensors."""
 
@@ -67,15 +74,17 @@ class _View:
         return None if k is None else (k, self.g.node[k])
 
     def const(self, name: str) -> np.ndarray | None:
-        """The value of an initializer or Constant output (None if not constant)."""
+        """The value of a small (<= _SMALL elements) initializer or Constant output; None if it
+        is not constant or too big to be a scalar, an exponent or axes (never copies weights)."""
         if name in self.inits:
-            return numpy_helper.to_array(self.inits[name])
+            t = self.inits[name]
+            return numpy_helper.to_array(t) if _numel(t) <= _SMALL else None
         hit = self.node_of(name)
         if hit is None or hit[1].op_type != "Constant":
             return None
         for a in hit[1].attribute:
             if a.name == "value" and a.type == AttributeProto.TENSOR:
-                return numpy_helper.to_array(a.t)
+                return numpy_helper.to_array(a.t) if _numel(a.t) <= _SMALL else None
             if a.name == "value_float":
                 return np.array(a.f, np.float32)
             if a.name == "value_floats":
@@ -83,7 +92,11 @@ class _View:
         return None
 
     def is_const(self, name: str) -> bool:
-        return self.const(name) is not None
+        """Whether `name` is an initializer or a Constant output (of any size)."""
+        if name in self.inits:
+            return True
+        hit = self.node_of(name)
+        return hit is not None and hit[1].op_type == "Constant"
 
 
 def _reduce_key(v: _View, node: onnx.NodeProto) -> tuple:
