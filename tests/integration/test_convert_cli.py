@@ -123,3 +123,50 @@ def test_mixq_convert_subparser(fp32_path, tmp_path, capsys):
     assert out.exists() and "simulate_bf16" in capsys.readouterr().out
     args = parser.parse_args(["convert", "fp16", str(fp32_path), str(tmp_path / "h.onnx")])
     assert args.format == "fp16" and args.func(args) == 0
+
+
+@pytest.mark.parametrize("which", ["input", "output"])
+def test_error_json_onto_a_model(fp32_path, tmp_path, capsys, which):
+    """Issue 15: --json onto the input model, or onto the model just written, replaced it."""
+    out = tmp_path / "o.onnx"
+    target = fp32_path if which == "input" else tmp_path / "." / "o.onnx"
+    before = fp32_path.read_bytes()
+    rc = convert_fp32_to_bf16.main(["--input", str(fp32_path), "--output", str(out), "--json", str(target)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --json") and "refusing" in err
+    assert fp32_path.read_bytes() == before and not out.exists()
+
+
+@pytest.mark.parametrize("shape,msg", [("input=-1,3,16,16", "positive integer"),
+                                       ("input=0,3,16,16", "positive integer"),
+                                       ("input=3,16,16", "has 3 dimension(s)"),
+                                       ("input=100000000,3,16,16", "limit")])
+def test_error_bad_shape_values(fp32_path, tmp_path, capsys, shape, msg):
+    rc = convert_fp32_to_bf16.main(["--input", str(fp32_path), "--output", str(tmp_path / "o.onnx"),
+                                    "--shape", shape])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --shape") and msg in err and "Traceback" not in err
+
+
+def test_error_invalid_utf8_name(tmp_path, capsys):
+    m = TEST_MODELS["classifier"]()
+    data = m.SerializeToString()
+    assert data.count(b"relu1") == 1  # the node name
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(data.replace(b"relu1", b"rel\xff1"))
+    rc = convert_fp32_to_bf16.main(["--input", str(bad), "--output", str(tmp_path / "o.onnx")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "not valid UTF-8" in err and "node[2].name" in err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_help_explains_the_four_bf16_formats(capsys):
+    with pytest.raises(SystemExit):
+        convert_fp32_to_bf16.main(["--help"])
+    text = capsys.readouterr().out
+    for fmt in ("with_cast", "customqdq", "simulate_bf16", "bf16"):
+        assert f"\n  {fmt} " in text
+    assert "stored as bf16" in text and "any provider" in text and "--provider auto" in text

@@ -217,3 +217,26 @@ def test_old_opset_is_upgraded_for_bf16_casts():
     out, rep = to_bf16(old, "with_cast")
     assert any("opset upgraded" in n for n in rep.notes)
     assert rep.min_sqnr_db > MIN_SQNR
+
+
+def test_report_says_per_op_type_what_was_converted_and_why_not():
+    """The newcomer trial (issue 18): `bf16` on CPU converts few nodes; the report says, per op
+    type, how many nodes were converted, kept float (with the reason) or had nothing to convert,
+    and why: the CPU provider has no bfloat16 kernel (the format targets onnxruntime-gpu)."""
+    m = TEST_MODELS["transformer"]()
+    _, rep = to_bf16(m, "bf16")
+    counts = {c.op_type: c for c in rep.op_counts}
+    assert sum(c.nodes for c in rep.op_counts) == len(m.graph.node)
+    for c in rep.op_counts:
+        assert c.converted + c.kept_float + c.untouched == c.nodes
+    assert sum(c.converted for c in rep.op_counts) == rep.nodes_converted
+    assert counts["MatMul"].kept_float == 8 and counts["Transpose"].converted == 1
+    assert counts["Constant"].untouched == 1
+    md = rep.to_markdown()
+    assert "### Nodes per op type" in md and "| MatMul | 8 | 0 | 8 | 0 |" in md
+    note = next(n for n in rep.notes if "cannot run" in n)
+    assert "MatMul" in note and "CUDAExecutionProvider" in note and "with_cast" in note
+    _, rep = to_bf16(m, "with_cast")
+    assert {c.op_type: c.converted for c in rep.op_counts}["MatMul"] == 8
+    assert not any("cannot run" in n for n in rep.notes)
+    assert rep.to_dict()["op_counts"][0]["op_type"] == "MatMul"

@@ -15,6 +15,7 @@ Range bounds; `_graph.NON_DATA_INPUTS`) are never rounded.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ from ..errors import ModelError
 from ..formats.base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION
 from . import _graph as G
 from ._rounding import element_type_name, round_tensor_inplace, tensor_to_target
+from ._fragile import find_fragile
 from .probe import probe_kernel, short_error
 
 __all__ = ["RewriteResult", "KeptFloat", "simulate", "qdq", "native", "QUANTIZE_FN", "DEQUANTIZE_FN"]
@@ -57,6 +59,7 @@ class RewriteResult:
     notes: list[str] = field(default_factory=list)
     unverified_ops: set[str] = field(default_factory=set)
     converted_node_names: list[str] = field(default_factory=list)
+    converted_ops: Counter[str] = field(default_factory=Counter)
     serialized_size: int | None = None
 
 
@@ -102,6 +105,33 @@ def _uses(info: G.GraphInfo, model: onnx.ModelProto, name: str) -> tuple[int, in
         else:
             d += 1
     return d, p
+
+
+def _outside_uses(info: G.GraphInfo, model: onnx.ModelProto, name: str, keep: dict[int, str]) -> int:
+    """Data uses of tensor `name` by nodes not kept in float."""
+    return sum(1 for k, j in info.consumers.get(name, ())
+               if k not in keep and not _non_data(model.graph.node[k], j))
+
+
+def _numel(t: TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= int(d)
+    return n
+
+
+def _scalar_note(n: int, F: int) -> list[str]:
+    if not n:
+        return []
+    return [f"{n} one-element weight(s) (scalar operands such as a learned scale or shift) kept exact in "
+            f"{element_type_name(F)}: rounding a scalar moves the whole tensor it scales or shifts "
+            "coherently (an error that does not average out), and keeping it costs no size"]
+
+
+def _kept_records(model: onnx.ModelProto, keep: dict[int, str]) -> list[KeptFloat]:
+    g = model.graph
+    return [KeptFloat(g.node[k].name or g.node[k].output[0], g.node[k].op_type, why)
+            for k, why in sorted(keep.items())]
 
 
 def _split_shared_params(model: onnx.ModelProto, info: G.GraphInfo, F: int, names: _Names) -> int:
@@ -160,7 +190,64 @@ def _lift_constants(model: onnx.ModelProto, F: int) -> int:
     return lifted
 
 
-def _prepare(model: onnx.ModelProto, F: int, *, lift: bool) -> tuple[onnx.ModelProto, G.GraphInfo, _Names, list[str]]:
+def _isolate_constants(m: onnx.ModelProto, keep: set[int], F: int, names: _Names) -> int:
+    """Give the kept-float nodes (indices `keep`) their own copy of every F constant (initializer
+    or Constant output) they share with other nodes, so rounding it for the others leaves theirs
+    exact. Copied Constant nodes go first in the graph (indices in `keep` shift accordingly,
+    in place). Returns the number of copies."""
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    consts = {n.output[0]: n for n in g.node if n.op_type == "Constant" and _is_default(n.domain)}
+    users: dict[str, list[int]] = {}
+    for k, n in enumerate(g.node):
+        for i in n.input:
+            if i and (i in inits or i in consts):
+                users.setdefault(i, []).append(k)
+    front: list[onnx.NodeProto] = []
+    made = 0
+    for name, ks in users.items():
+        inside = {k for k in ks if k in keep}
+        if not inside or len(inside) == len(ks):
+            continue
+        t = inits.get(name)
+        if t is not None and t.data_type != F:
+            continue
+        new = names.fresh(f"{name}__float")
+        if t is not None:
+            c = TensorProto()
+            c.CopyFrom(t)
+            c.name = new
+            g.initializer.append(c)
+        else:
+            src = consts[name]
+            if _constant_tensor(src, F) is None:
+                continue
+            c_node = onnx.NodeProto()
+            c_node.CopyFrom(src)
+            c_node.output[0] = new
+            c_node.name = names.fresh(f"{src.name or name}__float")
+            front.append(c_node)
+        for k in inside:
+            node = g.node[k]
+            for j, i in enumerate(node.input):
+                if i == name:
+                    node.input[j] = new
+        made += 1
+    if front:
+        shifted = {k + len(front) for k in keep}
+        keep.clear()
+        keep |= shifted
+        nodes = front + list(g.node)
+        del g.node[:]
+        g.node.extend(nodes)
+    return made
+
+
+def _prepare(model: onnx.ModelProto, F: int, *, lift: bool, fragile: bool = False,
+             ) -> tuple[onnx.ModelProto, G.GraphInfo, _Names, list[str], dict[int, str]]:
+    """Copy the model, lift constants (`lift`), split shared parameters and, with `fragile`,
+    find the numerically fragile nodes to keep float: returns (model, info, names, notes,
+    {node index: reason})."""
     m = _copy(model)
     notes: list[str] = []
     if lift:
@@ -173,12 +260,24 @@ def _prepare(model: onnx.ModelProto, F: int, *, lift: bool) -> tuple[onnx.ModelP
     if n:
         notes.append(f"{n} initializer(s) used both as data and as a parameter (e.g. Resize scales) duplicated")
         info = G.analyze(m)
+    keep: dict[int, str] = {}
+    if fragile:
+        for region in find_fragile(m.graph):
+            for k in region.nodes:
+                keep[k] = region.reason
+        if keep:
+            ks = set(keep)
+            before = sorted(keep)
+            if _isolate_constants(m, ks, F, names):
+                shift = min(ks) - before[0]
+                keep = {k + shift: keep[k] for k in before}
+                info = G.analyze(m)
     sub_only = [k for k, t in info.initializers.items()
                 if t.data_type == F and k in info.outer_refs and not info.consumers.get(k)]
     if sub_only:
         notes.append(f"{len(sub_only)} weight(s) used only inside subgraphs (If/Loop/Scan) left unchanged: "
                      + ", ".join(sub_only[:5]) + (" ..." if len(sub_only) > 5 else ""))
-    return m, info, names, notes
+    return m, info, names, notes, keep
 
 
 def _overflow_note(over: int, target: int) -> list[str]:
@@ -191,24 +290,31 @@ def _overflow_note(over: int, target: int) -> list[str]:
 
 # ----------------------------------------------------------------------------- simulate
 
-def simulate(model: onnx.ModelProto, F: int, target: int) -> RewriteResult:
+def simulate(model: onnx.ModelProto, F: int, target: int, *, fragile: bool = False) -> RewriteResult:
     """Round every F weight used as data to `target` values, stored as F. Nothing else changes
-    (no node is added or removed)."""
-    m, info, _, notes = _prepare(model, F, lift=False)
-    res = RewriteResult(m, notes=notes)
-    over = 0
+    (no node is added or removed). With `fragile`, weights read only by numerically fragile
+    nodes (`_fragile`) stay exact."""
+    m, info, _, notes, keep = _prepare(model, F, lift=False, fragile=fragile)
+    res = RewriteResult(m, notes=notes, kept_float=_kept_records(m, keep))
+    over = scalars = 0
     for name, t in info.initializers.items():
-        if t.data_type == F and _uses(info, m, name)[0]:
+        if t.data_type == F and _outside_uses(info, m, name, keep):
+            if fragile and _numel(t) == 1:
+                scalars += 1
+                continue
             over += round_tensor_inplace(t, target)
             res.initializers_converted += 1
     for node in m.graph.node:
         if node.op_type != "Constant" or not _is_default(node.domain):
             continue
         d, p = _uses(info, m, node.output[0])
-        if not d or p:
+        if not d or p or not _outside_uses(info, m, node.output[0], keep):
             continue
         for a in node.attribute:
-            if a.name == "value" and a.type == AttributeProto.TENSOR and a.t.data_type == F:
+            if fragile and ((a.name == "value" and a.type == AttributeProto.TENSOR and a.t.data_type == F
+                             and _numel(a.t) == 1) or a.name == "value_float"):
+                scalars += 1
+            elif a.name == "value" and a.type == AttributeProto.TENSOR and a.t.data_type == F:
                 over += round_tensor_inplace(a.t, target)
                 res.initializers_converted += 1
             elif F == TensorProto.FLOAT and a.name in ("value_float", "value_floats"):
@@ -223,7 +329,7 @@ def simulate(model: onnx.ModelProto, F: int, target: int) -> RewriteResult:
                     a.floats.extend(float(v) for v in vals)
                 res.initializers_converted += 1
     res.tensors_converted = res.initializers_converted
-    res.notes += _overflow_note(over, target)
+    res.notes += _overflow_note(over, target) + _scalar_note(scalars, F)
     return res
 
 
@@ -254,15 +360,17 @@ def qdq_functions(opset: int, target: int = TensorProto.BFLOAT16) -> list[onnx.F
     return [q, dq]
 
 
-def qdq(model: onnx.ModelProto, F: int, target: int, *, functions: bool) -> RewriteResult:
+def qdq(model: onnx.ModelProto, F: int, target: int, *, functions: bool, fragile: bool = False) -> RewriteResult:
     """Quantize-dequantize every F activation to `target` and back.
 
     `functions=False` (with_cast): a Cast pair per activation, weights rounded in place.
     `functions=True` (customqdq, bfloat16 only): a BFloat16Quantize/BFloat16Dequantize function
-    node pair per activation; weights stored as bfloat16 initializers feeding a BFloat16Dequantize."""
-    m, info, names, notes = _prepare(model, F, lift=True)
+    node pair per activation; weights stored as bfloat16 initializers feeding a BFloat16Dequantize.
+    With `fragile`, numerically fragile nodes (`_fragile`) read and write float: no pair between
+    two of them, and they read the unrounded version of what they share with other nodes."""
+    m, info, names, notes, keep = _prepare(model, F, lift=True, fragile=fragile)
     g = m.graph
-    res = RewriteResult(m, notes=notes)
+    res = RewriteResult(m, notes=notes, kept_float=_kept_records(m, keep))
     if functions:
         _ensure_opset(m, MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION)
         have = {(f.domain, f.name) for f in m.functions}
@@ -291,11 +399,14 @@ def qdq(model: onnx.ModelProto, F: int, target: int, *, functions: bool) -> Rewr
 
     # weights
     head: list[onnx.NodeProto] = []
-    over = 0
+    over = scalars = 0
     new_inits: list[TensorProto] = []
     drop: set[str] = set()
     for name, t in info.initializers.items():
-        if t.data_type != F or not _uses(info, m, name)[0]:
+        if t.data_type != F or not _outside_uses(info, m, name, keep):
+            continue
+        if fragile and _numel(t) == 1:
+            scalars += 1
             continue
         res.initializers_converted += 1
         if functions and name not in graph_inputs and name not in outputs and name not in info.outer_refs:
@@ -309,16 +420,16 @@ def qdq(model: onnx.ModelProto, F: int, target: int, *, functions: bool) -> Rewr
         else:
             over += round_tensor_inplace(t, target)
     if drop:
-        keep = [t for t in g.initializer if t.name not in drop]
+        kept_inits = [t for t in g.initializer if t.name not in drop]
         del g.initializer[:]
-        g.initializer.extend(keep + new_inits)
-    res.notes += _overflow_note(over, target)
+        g.initializer.extend(kept_inits + new_inits)
+    res.notes += _overflow_note(over, target) + _scalar_note(scalars, F)
 
     # activations: F tensors produced by nodes or graph inputs, read as data or graph outputs
     def wanted(name: str) -> bool:
         if info.types.get(name) != F or name in info.initializers:
             return False
-        return _uses(info, m, name)[0] > 0 or name in outputs
+        return _outside_uses(info, m, name, keep) > 0 or name in outputs
 
     rounded: dict[str, str] = {}
     raw: dict[str, str] = {}
@@ -328,17 +439,19 @@ def qdq(model: onnx.ModelProto, F: int, target: int, *, functions: bool) -> Rewr
             head += pair(name, rounded[name], name)
             res.tensors_converted += 1
     new_nodes: list[onnx.NodeProto] = list(head)
-    for node in g.node:
+    for k, node in enumerate(g.node):
         touched = False
         for j, inp in enumerate(node.input):
             if not inp:
                 continue
-            if _non_data(node, j):
+            if _non_data(node, j) or k in keep:
                 node.input[j] = raw.get(inp, inp)
             elif inp in rounded:
                 node.input[j] = rounded[inp]
                 touched = True
         res.nodes_converted += touched
+        if touched:
+            res.converted_ops[node.op_type] += 1
         tail: list[onnx.NodeProto] = []
         for i, out in enumerate(node.output):
             if not out or not wanted(out):
@@ -444,18 +557,21 @@ def _plan_node(node: onnx.NodeProto, info: G.GraphInfo, F: int, target: int, pro
     why = last.reason if last else "unsupported"
     if why.startswith("no kernel"):
         why = f"{provider} has no {tname} kernel for {op}-{schema.since_version}"
+    else:
+        why = f"onnxruntime cannot build {op}-{schema.since_version} in {tname} on {provider}: {why}"
     return _Plan("float", reason=why)
 
 
 def _native_once(model: onnx.ModelProto, F: int, target: int, provider: str,
-                 forced: dict[str, str]) -> RewriteResult:
-    m, info, names, notes = _prepare(model, F, lift=True)
+                 forced: dict[str, str], fragile: bool = False) -> RewriteResult:
+    m, info, names, notes, keep = _prepare(model, F, lift=True, fragile=fragile)
     g = m.graph
     res = RewriteResult(m, notes=notes)
     tname = element_type_name(target)
     for k, node in enumerate(g.node):  # probes and retry messages need node names
         if not node.name:
             node.name = names.fresh(f"{node.op_type}_{k}")
+    forced = {**{g.node[k].name: why for k, why in keep.items()}, **forced}
     opset_imports = [op for op in m.opset_import if op.domain in ("", "ai.onnx")]
     plans = [_plan_node(n, info, F, target, provider, forced, opset_imports, res.unverified_ops)
              for n in g.node]
@@ -482,13 +598,17 @@ def _native_once(model: onnx.ModelProto, F: int, target: int, provider: str,
     for name in info.graph_inputs:
         if info.types.get(name) == F and name not in info.initializers:
             avail[name] = {F: name}
-    over = 0
+    over = scalars = 0
     ir3 = [n for n in info.initializers if n in graph_inputs]
     for name, t in info.initializers.items():
         if t.data_type != F:
             continue
-        if not _uses(info, m, name)[0] or name in pinned or name in graph_inputs:
+        if not _outside_uses(info, m, name, keep) or name in pinned or name in graph_inputs:
             avail[name] = {F: name}
+            continue
+        if fragile and _numel(t) == 1:  # a node computing in `target` reads it through a Cast
+            avail[name] = {F: name}
+            scalars += 1
             continue
         stored, o = tensor_to_target(t, target)
         over += o
@@ -499,7 +619,7 @@ def _native_once(model: onnx.ModelProto, F: int, target: int, provider: str,
         res.tensors_converted += 1
     if ir3:
         res.notes.append(f"{len(ir3)} initializer(s) are also graph inputs (overridable); kept in {element_type_name(F)}")
-    res.notes += _overflow_note(over, target)
+    res.notes += _overflow_note(over, target) + _scalar_note(scalars, F)
 
     new_nodes: list[onnx.NodeProto] = []
     for node, plan in zip(g.node, plans):
@@ -537,6 +657,7 @@ def _native_once(model: onnx.ModelProto, F: int, target: int, provider: str,
         if plan.mode in ("target", "cast"):
             res.nodes_converted += 1
             res.converted_node_names.append(node.name)
+            res.converted_ops[node.op_type] += 1
         elif plan.mode == "float":
             res.kept_float.append(KeptFloat(node.name, node.op_type, plan.reason))
         new_nodes += pre + [node] + post
@@ -555,19 +676,58 @@ _NODE_RE = re.compile(r"node with name '([^']*)'")
 _OP_RE = re.compile(r"implementation for (\w+)\((\d+)\)")
 
 
+def _fused_culprits(model: onnx.ModelProto, F: int, target: int, provider: str, forced: dict[str, str],
+                    fragile: bool, factory: Callable, suspects: list[str], msg: str) -> list[str]:
+    """Converted nodes to keep in F when onnxruntime fails on a node its optimizer formed (a
+    fusion of several of our nodes into an op without a `target` kernel; the error names neither
+    our nodes nor their op type). Halving search over `suspects` (graph order): a part whose
+    nodes, kept in F, let the model load, narrowed while one half suffices (forcing any node of a
+    fused pattern breaks the pattern). At most 2*log2(len) + 1 extra session creations; [] if
+    even forcing all suspects does not help."""
+    why = (f"onnxruntime's optimizer fuses it with its neighbours into a node without a "
+           f"{element_type_name(target)} kernel on {provider} ({msg})")
+
+    def loads(part: list[str]) -> bool:
+        trial = _native_once(model, F, target, provider, {**forced, **{n: why for n in part}}, fragile)
+        try:
+            factory(trial.model, provider)
+            return True
+        except Exception:  # noqa: BLE001 - any failure: this part does not suffice
+            return False
+
+    part = list(suspects)
+    if not loads(part):
+        return []
+    while len(part) > 1:
+        half = len(part) // 2
+        if loads(part[:half]):
+            part = part[:half]
+        elif loads(part[half:]):
+            part = part[half:]
+        else:
+            break  # both halves hold a culprit: keep the whole part
+    for n in part:
+        forced[n] = why
+    return part
+
+
 def native(model: onnx.ModelProto, F: int, target: int, provider: str, *, validate: bool = True,
-           session_factory: Callable | None = None, max_retries: int = 8) -> RewriteResult:
+           session_factory: Callable | None = None, max_retries: int = 8, fragile: bool = False) -> RewriteResult:
     """Convert the graph to compute in `target`, keeping nodes without a `target` kernel in F.
 
     With `validate`, the result is loaded in onnxruntime on `provider`; a node named in a
     missing-kernel error is moved back to F and the conversion redone (at most `max_retries`
-    times), so the returned model always loads. Raises ModelError if it still does not."""
+    times), so the returned model always loads. A missing-kernel error for a node onnxruntime's
+    optimizer formed (named by neither our nodes nor their op types) is traced back to the
+    converted nodes it fused by a halving search (`_fused_culprits`). Raises ModelError if the
+    model still does not load. With `fragile`, numerically fragile nodes (`_fragile`: written-out normalizations, which
+    onnxruntime would fuse into one node) stay in F from the start."""
     from ._session import open_session
 
     factory = session_factory or open_session
     forced: dict[str, str] = {}
     for _ in range(max_retries + 1):
-        res = _native_once(model, F, target, provider, forced)
+        res = _native_once(model, F, target, provider, forced, fragile)
         if not validate:
             return res
         try:
@@ -582,11 +742,13 @@ def native(model: onnx.ModelProto, F: int, target: int, provider: str, *, valida
             if not names:  # the error names an op (e.g. inside a function body), not our node
                 ops = {op for op, _ in _OP_RE.findall(str(exc))}
                 names = [n for n in converted if op_of.get(n) in ops]
+            if not names and converted and "Could not find an implementation" in str(exc):
+                names = _fused_culprits(model, F, target, provider, forced, fragile, factory, converted, msg)
             if not names:
                 raise ModelError(
                     f"the {element_type_name(target)} model does not load in onnxruntime {provider}: {msg}. "
                     "Use --format with_cast, which runs on any provider.") from exc
             for n in names:
-                forced[n] = f"onnxruntime rejected it in {element_type_name(target)}: {msg}"
+                forced.setdefault(n, f"onnxruntime rejected it in {element_type_name(target)}: {msg}")
     raise ModelError(f"the {element_type_name(target)} model still does not load in onnxruntime {provider} "
                      f"after {max_retries} retries; use --format with_cast.")

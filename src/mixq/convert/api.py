@@ -14,7 +14,7 @@ from ..errors import ConfigError, FormatError, ModelError, did_you_mean
 from . import _graph as G
 from . import _rewrite as R
 from ._rounding import element_type_name
-from .report import ConversionReport, fidelity
+from .report import ConversionReport, fidelity, op_counts
 
 __all__ = ["to_bf16", "to_fp16", "detect_source", "BF16_FORMATS", "FP16_FORMATS", "SOURCES"]
 
@@ -77,32 +77,65 @@ def _upgrade_opset(model: onnx.ModelProto, minimum: int, notes: list[str]) -> on
     return up
 
 
+def _native_note(fmt: str, provider: str, target: int, res: R.RewriteResult) -> list[str]:
+    """Why most nodes of a `bf16`/`fp16` conversion stayed float, when the provider lacks kernels."""
+    if fmt not in ("bf16", "fp16"):
+        return []
+    missing = sorted({k.op_type for k in res.kept_float if not k.reason.startswith("numerically fragile")})
+    if not missing and provider != "CPUExecutionProvider":
+        return [f"The file targets {provider}; CPU onnxruntime has no {element_type_name(target)} kernel for "
+                "most converted nodes and may not load it (convert with --provider CPUExecutionProvider for that)."]
+    if not missing:
+        return []
+    tname = element_type_name(target)
+    done = ", ".join(sorted(res.converted_ops)) or "none"
+    note = (f"{provider} cannot run {len(missing)} op type(s) of this model in {tname} "
+            f"({', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}): those nodes compute in the source "
+            f"float type, reading {tname}-stored weights through Casts (the file is smaller, that arithmetic is "
+            f"not {tname}); converted op types: {done}.")
+    if provider != "CPUExecutionProvider":
+        note += (f" The file targets {provider}; CPU onnxruntime has no {tname} kernel for the converted "
+                 "nodes and will not load it (convert with --provider CPUExecutionProvider for that).")
+    elif target == TensorProto.BFLOAT16:
+        note += (" The bf16 format targets onnxruntime-gpu: convert with --provider CUDAExecutionProvider "
+                 "(or ROCMExecutionProvider) where it is installed for bfloat16 arithmetic; --format with_cast "
+                 "simulates bfloat16 activations on any provider.")
+    return [note]
+
+
 def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, formats: Sequence[str], *,
              source: str, provider: str, evaluate: bool, feeds: Mapping[str, np.ndarray] | None,
              shapes: Mapping[str, Sequence[int]] | None, seed: int, validate: bool,
              ) -> tuple[onnx.ModelProto, ConversionReport]:
-    from .probe import check_provider
+    from .probe import check_provider, resolve_provider
 
     _check_choice(fmt, formats, "conversion format", FormatError)
     t0 = time.perf_counter()
     original = load_model(model)
+    from ..passes.prepare import _damaged_string  # shared with the quantizer's input check
+
+    bad = _damaged_string(original)
+    if bad:
+        raise ModelError(f"{bad} is not valid UTF-8: the file is damaged; re-export it and convert again.")
     src = _resolve_source(original, source, target)
     if target == TensorProto.FLOAT16 and src != "fp32":
         raise ModelError("to_fp16 converts float32 models; this one is already float16 (source='fp16').")
+    provider = resolve_provider(provider, native=fmt in ("bf16", "fp16"))
     check_provider(provider)
     F = _SRC_TYPE[src]
     notes: list[str] = []
     work = original
     if target == TensorProto.BFLOAT16 and fmt != "simulate_bf16":
         work = _upgrade_opset(original, _MIN_OPSET_BF16, notes)
+    fragile = target == TensorProto.BFLOAT16  # 8 significant bits: see _fragile
     if fmt.startswith("simulate"):
-        res = R.simulate(work, F, target)
+        res = R.simulate(work, F, target, fragile=fragile)
     elif fmt == "with_cast":
-        res = R.qdq(work, F, target, functions=False)
+        res = R.qdq(work, F, target, functions=False, fragile=fragile)
     elif fmt == "customqdq":
-        res = R.qdq(work, F, target, functions=True)
+        res = R.qdq(work, F, target, functions=True, fragile=fragile)
     else:
-        res = R.native(work, F, target, provider, validate=validate)
+        res = R.native(work, F, target, provider, validate=validate, fragile=fragile)
     out = res.model
     # value_info of initializers adds nothing and can be stale (the opset converter writes rank-0
     # shapes for Constant outputs that become [1]-shaped initializers): drop it
@@ -123,6 +156,8 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
         kept_float=res.kept_float, size_before=model_size(original),
         size_after=res.serialized_size if res.serialized_size is not None else model_size(out),
         wall_time_s=wall, notes=notes + res.notes)
+    report.op_counts = op_counts(work, res.converted_ops, res.kept_float)
+    report.notes += _native_note(fmt, provider, target, res)
     if res.unverified_ops:
         report.notes.append("kernel probe inconclusive (checked by loading the whole model): "
                             + ", ".join(sorted(res.unverified_ops)))
@@ -134,7 +169,7 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
 
 
 def to_bf16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "bf16", *, source: str = "auto",
-            provider: str = "CPUExecutionProvider", evaluate: bool = True,
+            provider: str = "auto", evaluate: bool = True,
             feeds: Mapping[str, np.ndarray] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
             seed: int = 0, validate: bool = True) -> tuple[onnx.ModelProto, ConversionReport]:
     """Convert a float32 or float16 model to bfloat16 in one of four formats.
@@ -144,7 +179,10 @@ def to_bf16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "bf16", *, so
         rounded to bfloat16 values; runs on any provider.
       * ``bf16``: the graph computes in bfloat16, weights stored as BFLOAT16; graph inputs and
         outputs keep their type (Casts at the boundary). Nodes `provider` has no bfloat16
-        kernel for (probed) stay in float with Casts around them (listed in the report).
+        kernel for (probed, including the nodes onnxruntime's optimizer would form: written-out
+        normalizations stay float) stay in float with Casts around them (listed in the report).
+        `provider` 'auto' targets CUDA/ROCm when this onnxruntime has them (the format is meant
+        for onnxruntime-gpu), else CPU, where few ops have bfloat16 kernels.
       * ``simulate_bf16``: weights rounded to bfloat16 values, stored in the source type.
       * ``customqdq``: like with_cast with model-local functions ``com.mixq.BFloat16Quantize`` /
         ``BFloat16Dequantize`` (bodies: Cast) instead of Casts; weights stored as BFLOAT16 behind a
@@ -160,7 +198,7 @@ def to_bf16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "bf16", *, so
 
 
 def to_fp16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "fp16", *, source: str = "auto",
-            provider: str = "CPUExecutionProvider", evaluate: bool = True,
+            provider: str = "auto", evaluate: bool = True,
             feeds: Mapping[str, np.ndarray] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
             seed: int = 0, validate: bool = True) -> tuple[onnx.ModelProto, ConversionReport]:
     """Convert a float32 model to float16: ``fp16`` (graph in float16, weights stored FLOAT16,

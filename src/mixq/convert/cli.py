@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from .._io import check_output_path, save_model, write_output
-from ..errors import DataError, MixqError
+from ..errors import OutputError, DataError, MixqError
 
 __all__ = ["add_convert_subparser", "run_convert", "convert_main", "build_parser", "add_arguments",
            "parse_shapes"]
@@ -48,9 +48,10 @@ def add_arguments(p: argparse.ArgumentParser, target: str, *, source_default: st
                             "if any weight or input is float16)")
     else:
         p.set_defaults(source=source_default)
-    p.add_argument("--provider", default="CPUExecutionProvider",
+    p.add_argument("--provider", default="auto",
                    help="onnxruntime execution provider the result must load on, and whose kernels "
-                        "decide which nodes stay float in the bf16/fp16 formats (default: %(default)s)")
+                        "decide which nodes stay float in the bf16/fp16 formats (default: auto = CUDA or "
+                        "ROCm when this onnxruntime has them, for the bf16/fp16 formats; else CPU)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
                    help="input shape for the fidelity check (repeatable; NAME= may be omitted for a "
                         "single-input model); dynamic dimensions default to 1")
@@ -62,10 +63,26 @@ def add_arguments(p: argparse.ArgumentParser, target: str, *, source_default: st
     p.set_defaults(target=target)
 
 
+#: `--help` epilog: what each bf16 format stores and runs (docs/BF16.md has the full table).
+BF16_FORMATS_EPILOG = """bf16 formats (graph inputs/outputs keep their type in all four):
+  with_cast      weights rounded to bf16 values (stored float32); a Cast pair on every activation,
+                 so each op reads bf16-rounded values; float32 arithmetic; runs on any provider
+  customqdq      as with_cast, with BFloat16Quantize/Dequantize functions (in the file, no library)
+                 instead of Casts; weights stored as bf16 (half size); runs on any provider
+  simulate_bf16  only the weights change (rounded to bf16 values, stored float32); runs anywhere
+  bf16           weights stored as bf16; nodes compute in bf16 where --provider has a bf16 kernel
+                 (CUDA/ROCm: most; CPU: few, e.g. Transpose/Reshape), the others in float32;
+                 --provider auto targets CUDA/ROCm when onnxruntime has them, else CPU
+Numerically fragile parts (written-out LayerNorm/RMSNorm internals, one-element weights) stay
+float32 in every format; the report lists what stayed float and why, per op type."""
+
+
 def build_parser(target: str, *, prog: str | None = None, source_default: str = "auto",
                  source_choice: bool = True, description: str | None = None) -> argparse.ArgumentParser:
     """A stand-alone parser for one converter tool."""
-    p = argparse.ArgumentParser(prog=prog, description=description or __doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog, description=description or __doc__.split("\n\n")[0],
+                                epilog=BF16_FORMATS_EPILOG if target == "bf16" else None,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p, target, source_default=source_default, source_choice=source_choice)
     return p
 
@@ -93,6 +110,13 @@ def run_convert(args: argparse.Namespace) -> int:
     from .api import to_bf16, to_fp16
 
     check_output_path(args.output, models=[args.input], kind="--output")  # before any work
+    if args.json:
+        from .._io import same_path
+
+        check_output_path(args.json, models=[args.input], kind="--json report", example="report.json")
+        if same_path(args.json, args.output):
+            raise OutputError(f"--json {args.json!r} is the --output model; refusing to replace it "
+                              "with the JSON report. Choose a different path, e.g. report.json.")
     model = load_model(args.input)
     inits = {t.name for t in model.graph.initializer}
     names = [i.name for i in model.graph.input if i.name not in inits]
@@ -142,7 +166,8 @@ def add_convert_subparser(subparsers: argparse._SubParsersAction) -> argparse.Ar
                                  description="Convert a float32/float16 model to bfloat16 or float16.")
     sub = conv.add_subparsers(dest="convert_target", metavar="{bf16,fp16}")
     sub.required = True
-    b = sub.add_parser("bf16", help="to bfloat16: with_cast | bf16 | simulate_bf16 | customqdq")
+    b = sub.add_parser("bf16", help="to bfloat16: with_cast | bf16 | simulate_bf16 | customqdq",
+                       epilog=BF16_FORMATS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(b, "bf16", positional=True)
     b.set_defaults(func=run_convert)
     f = sub.add_parser("fp16", help="float32 to float16: fp16 | with_cast | simulate_fp16")

@@ -27,7 +27,8 @@ from onnx import helper
 
 from ..errors import ConfigError, did_you_mean
 
-__all__ = ["ProbeResult", "probe_kernel", "PROBE_CACHE", "check_provider", "session_options"]
+__all__ = ["ProbeResult", "probe_kernel", "PROBE_CACHE", "check_provider", "resolve_provider", "GPU_PROVIDERS",
+           "session_options"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,27 @@ def session_options(optimize: bool = False):
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return so
+
+
+#: Providers `resolve_provider('auto')` prefers for the native formats, in order (the bf16 format
+#: targets onnxruntime-gpu, as the vendor documents).
+GPU_PROVIDERS = ("CUDAExecutionProvider", "ROCMExecutionProvider")
+
+
+def resolve_provider(provider: str, native: bool, available: list[str] | None = None) -> str:
+    """The execution provider a conversion targets. 'auto': for the native formats (bf16, fp16,
+    which compute in the target type) the first of GPU_PROVIDERS this onnxruntime has, else CPU;
+    for the others (which run on any provider) CPU. Any other name is returned unchanged."""
+    if provider != "auto":
+        return provider
+    if native:
+        import onnxruntime as ort
+
+        avail = ort.get_available_providers() if available is None else available
+        for p in GPU_PROVIDERS:
+            if p in avail:
+                return p
+    return "CPUExecutionProvider"
 
 
 def check_provider(provider: str) -> None:

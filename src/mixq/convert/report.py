@@ -15,7 +15,7 @@ from ..errors import DataError
 from ..evaluate import ErrorStats
 from ._rewrite import KeptFloat
 
-__all__ = ["ConversionReport", "OutputFidelity", "KeptFloat", "make_feeds", "fidelity", "sqnr_db", "cosine"]
+__all__ = ["ConversionReport", "OutputFidelity", "OpCount", "KeptFloat", "op_counts", "make_feeds", "fidelity", "sqnr_db", "cosine"]
 
 
 @dataclass
@@ -27,6 +27,19 @@ class OutputFidelity:
     sqnr_db: float
     cosine: float
     max_abs_err: float
+
+
+@dataclass
+class OpCount:
+    """Nodes of one op type: how many the conversion changed, kept in the source float type
+    (reasons in `ConversionReport.kept_float`) or had nothing to convert (no float data: integer
+    or shape paths, Constants that became weights)."""
+
+    op_type: str
+    nodes: int
+    converted: int
+    kept_float: int
+    untouched: int
 
 
 @dataclass
@@ -50,6 +63,7 @@ class ConversionReport:
     wall_time_s: float = 0.0
     eval_time_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    op_counts: list[OpCount] = field(default_factory=list)
 
     @property
     def min_sqnr_db(self) -> float:
@@ -94,6 +108,14 @@ class ConversionReport:
                       "| output | SQNR (dB) | cosine | max abs err |", "|---|---:|---:|---:|"]
             for f in self.fidelity:
                 lines.append(f"| {f.name} | {f.sqnr_db:.2f} | {f.cosine:.6f} | {f.max_abs_err:.3g} |")
+        if self.op_counts and self.format not in ("simulate_bf16", "simulate_fp16"):
+            what = "computing in" if self.format in ("bf16", "fp16") else "reading rounded"
+            lines += ["", "### Nodes per op type", "",
+                      f"converted = {what} {self.target}; untouched = no float data to convert (integer/shape "
+                      "paths, Constants that became weights)", "",
+                      f"| op type | nodes | converted | kept in {self.source} | untouched |", "|---|---:|---:|---:|---:|"]
+            for c in self.op_counts:
+                lines.append(f"| {c.op_type} | {c.nodes} | {c.converted} | {c.kept_float} | {c.untouched} |")
         if self.kept_float:
             lines += ["", f"### Nodes kept in {self.source}", "", "| op type | count | reason | e.g. |",
                       "|---|---:|---|---|"]
@@ -105,12 +127,45 @@ class ConversionReport:
         return "\n".join(lines) + "\n"
 
 
+def op_counts(original: onnx.ModelProto, converted: Counter[str], kept: Sequence[KeptFloat]) -> list[OpCount]:
+    """Per op type of `original`'s main graph: nodes, converted, kept float, untouched; most
+    frequent op types first."""
+    total = Counter(n.op_type for n in original.graph.node)
+    k = Counter(x.op_type for x in kept)
+    out = []
+    for op, n in total.most_common():
+        c = min(converted.get(op, 0), n)
+        f = min(k.get(op, 0), n - c)
+        out.append(OpCount(op, n, c, f, n - c - f))
+    return out
+
+
 # ----------------------------------------------------------------------------- fidelity
 
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
        TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.INT8: np.int8,
        TensorProto.UINT8: np.uint8, TensorProto.BOOL: np.bool_, TensorProto.INT16: np.int16,
        TensorProto.UINT16: np.uint16, TensorProto.UINT32: np.uint32, TensorProto.UINT64: np.uint64}
+
+
+#: Largest random evaluation input, in elements (1 GiB of float32).
+MAX_FEED_ELEMENTS = 1 << 28
+
+
+def _check_shape(name: str, shape: list[int], tt) -> None:
+    """A DataError unless `shape` is a positive shape of the input's rank and a sane size."""
+    example = ",".join(str(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else "1"
+                       for d in tt.shape.dim) if tt.HasField("shape") else "1,3,224,224"
+    if any(d < 1 for d in shape):
+        raise DataError(f"--shape {name}={','.join(map(str, shape))}: every dimension must be a positive "
+                        f"integer (the size to evaluate with, not -1 or 0), e.g. --shape {name}={example}.")
+    if tt.HasField("shape") and len(tt.shape.dim) != len(shape):
+        raise DataError(f"--shape {name}={','.join(map(str, shape))} has {len(shape)} dimension(s); input "
+                        f"{name!r} has {len(tt.shape.dim)}, e.g. --shape {name}={example}.")
+    n = int(np.prod(np.array(shape, dtype=np.float64)))
+    if n > MAX_FEED_ELEMENTS:
+        raise DataError(f"--shape {name}={','.join(map(str, shape))} asks for {n:,} elements per random "
+                        f"evaluation input (limit {MAX_FEED_ELEMENTS:,}); give a smaller shape or --no-eval.")
 
 
 def make_feeds(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -139,6 +194,7 @@ def make_feeds(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | Non
                             "pass feeds= explicitly.")
         if vi.name in shapes:
             shape = [int(d) for d in shapes[vi.name]]
+            _check_shape(vi.name, shape, tt)
         elif tt.HasField("shape"):
             shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tt.shape.dim]
         else:

@@ -22,7 +22,7 @@ from ..formats.base import MIXQ_DOMAIN
 from .api import BF16_FORMATS, to_bf16, to_fp16
 from .report import ConversionReport
 
-__all__ = ["classifier_model", "transformer_model", "shape_paths_model", "if_model", "stack_model",
+__all__ = ["classifier_model", "transformer_model", "layernorm_cancel_model", "shape_paths_model", "if_model", "stack_model",
            "to_fp16_model", "check_conversion", "bf16_representable", "TEST_MODELS"]
 
 OPSET = 17
@@ -107,6 +107,44 @@ def transformer_model(seed: int = 0, d: int = 32, seq: int = 8) -> onnx.ModelPro
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", seq, d])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", seq, d])], inits,
                   name="transformer")
+
+
+def layernorm_cancel_model(seed: int = 0, d: int = 64, seq: int = 16, form: str = "mul") -> onnx.ModelProto:
+    """A written-out LayerNorm whose variance is E[x^2] - E[x]^2, then a MatMul: x [B,seq,d] ->
+    y [B,seq,d]. `form` spells the statistics: ``mul`` (ReduceMean(x*x) - m*m), ``pow``
+    (Pow(x,2)) or ``sum`` (ReduceSum * 1/d). Fed x with a mean offset (e.g. N(3,1)) the two
+    terms nearly cancel, which bfloat16 cannot represent."""
+    rng = np.random.default_rng(seed)
+    inits = {"g": 1 + _w(rng, d), "b": _w(rng, d), "w": _w(rng, d, d, scale=d ** -0.5),
+             "eps": np.array(1e-5, np.float32), "two": np.array(2.0, np.float32),
+             "inv_d": np.array(1.0 / d, np.float32)}
+    mk = helper.make_node
+    if form == "sum":
+        stats = [mk("ReduceSum", ["x", "axes"], ["s1"], name="sum_x", keepdims=1),
+                 mk("Mul", ["s1", "inv_d"], ["m"], name="mean_x"),
+                 mk("Mul", ["x", "x"], ["xx"], name="sq_x"),
+                 mk("ReduceSum", ["xx", "axes"], ["s2"], name="sum_xx", keepdims=1),
+                 mk("Mul", ["s2", "inv_d"], ["ex2"], name="mean_xx"),
+                 mk("Mul", ["m", "m"], ["m2"], name="sq_mean")]
+        inits["axes"] = np.array([-1], np.int64)
+    else:
+        sq = (lambda a, o, n: mk("Pow", [a, "two"], [o], name=n)) if form == "pow" else \
+            (lambda a, o, n: mk("Mul", [a, a], [o], name=n))
+        stats = [mk("ReduceMean", ["x"], ["m"], name="mean_x", axes=[-1]), sq("x", "xx", "sq_x"),
+                 mk("ReduceMean", ["xx"], ["ex2"], name="mean_xx", axes=[-1]), sq("m", "m2", "sq_mean")]
+    nodes = stats + [
+        mk("Sub", ["ex2", "m2"], ["var"], name="var"),
+        mk("Add", ["var", "eps"], ["ve"], name="var_eps"),
+        mk("Sqrt", ["ve"], ["std"], name="std"),
+        mk("Sub", ["x", "m"], ["xc"], name="center"),
+        mk("Div", ["xc", "std"], ["xn"], name="normalize"),
+        mk("Mul", ["xn", "g"], ["xg"], name="gamma"),
+        mk("Add", ["xg", "b"], ["h"], name="beta"),
+        mk("MatMul", ["h", "w"], ["y"], name="proj"),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", seq, d])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", seq, d])], inits,
+                  name=f"layernorm_cancel_{form}")
 
 
 def shape_paths_model(seed: int = 0) -> onnx.ModelProto:
@@ -223,12 +261,23 @@ def bf16_representable(a: np.ndarray) -> bool:
     return bool(np.all((low == 0) | np.isnan(a32)))
 
 
-def _data_initializers(model: onnx.ModelProto, F: int) -> list[onnx.TensorProto]:
+def _data_initializers(model: onnx.ModelProto, F: int, exact: ConversionReport | None = None,
+                       ) -> list[onnx.TensorProto]:
+    """F weights read as data. With `exact` (a bf16 report), leave out those the converter keeps
+    exact on purpose: one-element weights and weights read only by nodes it kept float."""
     from ._graph import NON_DATA_INPUTS
     params = {n.input[j] for n in model.graph.node for j in NON_DATA_INPUTS.get(n.op_type, ())
               if j < len(n.input)}
     used = {i for n in model.graph.node for i in n.input}
-    return [t for t in model.graph.initializer if t.data_type == F and t.name not in params and t.name in used]
+    out = [t for t in model.graph.initializer if t.data_type == F and t.name not in params and t.name in used]
+    if exact is None:
+        return out
+    kept = {k.node for k in exact.kept_float}
+    readers: dict[str, set[str]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, set()).add(n.name or n.output[0])
+    return [t for t in out if int(np.prod(t.dims)) != 1 and not readers.get(t.name, set()) <= kept]
 
 
 def check_conversion(model: onnx.ModelProto | str | os.PathLike, fmt: str, *, source: str = "auto",
@@ -276,14 +325,14 @@ def check_conversion(model: onnx.ModelProto | str | os.PathLike, fmt: str, *, so
         assert rep.tensors_converted > 0
         assert n_cast(out) - n_cast(original) == rep.casts_inserted == 2 * rep.tensors_converted
         if target == TensorProto.BFLOAT16:
-            for t in _data_initializers(out, F):
+            for t in _data_initializers(out, F, rep):
                 assert bf16_representable(numpy_helper.to_array(t)), f"weight {t.name} not bf16-rounded"
         assert all(f.sqnr_db != float("inf") for f in rep.fidelity) or rep.tensors_converted == 0, \
             "with_cast outputs identical to the original: were the Casts optimized away?"
     elif fmt in ("simulate_bf16", "simulate_fp16"):
         assert ops(out) == ops(original), "simulate must not change the graph"
         assert rep.initializers_converted > 0
-        for t in _data_initializers(out, F):
+        for t in _data_initializers(out, F, rep if target == TensorProto.BFLOAT16 else None):
             arr = numpy_helper.to_array(t)
             if target == TensorProto.BFLOAT16:
                 assert bf16_representable(arr), f"weight {t.name} not bf16-representable"
@@ -293,7 +342,7 @@ def check_conversion(model: onnx.ModelProto | str | os.PathLike, fmt: str, *, so
         stored = [t for t in out.graph.initializer if t.data_type == target]
         assert stored, f"no {fmt} initializers"
         assert rep.initializers_converted == len(stored)
-        left = [t.name for t in _data_initializers(out, F)
+        left = [t.name for t in _data_initializers(out, F, rep if target == TensorProto.BFLOAT16 else None)
                 if t.name not in {i.name for i in out.graph.input}]
         assert not left, f"float weights left unconverted: {left}"
     elif fmt == "customqdq":

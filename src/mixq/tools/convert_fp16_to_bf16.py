@@ -1,7 +1,7 @@
 """Convert a float16 model to bfloat16.
 
     python -m mixq.tools.convert_fp16_to_bf16 --input A.onnx --output B.onnx \\
-        --format with_cast|bf16|simulate_bf16|customqdq [--provider CPUExecutionProvider]
+        --format with_cast|bf16|simulate_bf16|customqdq [--provider auto|CPUExecutionProvider|CUDAExecutionProvider]
 
 Cast pairs go float16 -> bfloat16 -> float16; model inputs/outputs stay float16.
 """

@@ -1,7 +1,7 @@
 """Convert a float32 model to bfloat16.
 
     python -m mixq.tools.convert_fp32_to_bf16 --input A.onnx --output B.onnx \\
-        --format with_cast|bf16|simulate_bf16|customqdq [--provider CPUExecutionProvider]
+        --format with_cast|bf16|simulate_bf16|customqdq [--provider auto|CPUExecutionProvider|CUDAExecutionProvider]
 
 Prints a Markdown report (converted nodes, Casts, nodes kept in float and why, size, fidelity).
 """

@@ -1,7 +1,7 @@
 """Convert a float32 model to float16.
 
     python -m mixq.tools.convert_fp32_to_fp16 --input A.onnx --output B.onnx \\
-        [--format fp16|with_cast|simulate_fp16] [--provider CPUExecutionProvider]
+        [--format fp16|with_cast|simulate_fp16] [--provider auto|CPUExecutionProvider|CUDAExecutionProvider]
 
 `fp16` (default) stores weights as FLOAT16 and computes in float16 where the provider has kernels;
 model inputs/outputs stay float32.

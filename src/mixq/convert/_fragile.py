@@ -1,0 +1,226 @@
+"""Numerically fragile subgraphs the bfloat16 converters keep in float.
+
+A written-out normalization (LayerNorm, RMSNorm exported as elementwise ops) is fragile in
+bfloat16 (8 significant bits):
+
+* the variance as E[x^2] - E[x]^2 (``ReduceMean(x*x) - ReduceMean(x)^2``, or ``ReduceSum * 1/n``,
+  or ``Pow(x, 2)``) cancels catastrophically when x has a mean offset: both terms are ~mean^2,
+  their bfloat16 rounding errors are ~mean^2/256, the difference (the variance) can be smaller;
+* the mean / variance / rsqrt chain feeds every output element, so one rounded statistic shifts
+  or scales a whole row; and onnxruntime fuses the chain into one LayerNormalization (or
+  SimplifiedLayerNormalization) node at session creation, whose bfloat16 kernel may not exist
+  on the provider (CPU), so the converted model would not load.
+
+`find_fragile` recognises these structurally (by the graph, not by names) and returns the nodes
+to keep in the source float type with a reason. It is a small detector local to the converter;
+a general pattern recognizer for the quantizer may replace it later.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, numpy_helper
+
+__all__ = ["FragileRegion", "find_fragile", "REASON_CANCEL", "REASON_NORM", "REASON_RMS"]
+
+REASON_CANCEL = ("numerically fragile: variance computed as E[x^2]-E[x]^2 (cancels catastrophically "
+                 "in bfloat16); its normalization is kept in float")
+REASON_NORM = ("numerically fragile: internals of a written-out normalization (mean/variance/rsqrt); "
+               "kept in float (onnxruntime would also fuse them into one LayerNormalization node)")
+REASON_RMS = ("numerically fragile: internals of a written-out RMS normalization (mean of squares/rsqrt); "
+              "kept in float")
+
+#: Elementwise ops that may sit on the chain variance -> eps -> sqrt -> reciprocal.
+_CHAIN_OPS = frozenset({"Add", "Sqrt", "Reciprocal", "Pow", "Div", "Mul", "Max", "Clip", "Relu", "Cast"})
+_MAX_CHAIN = 8
+
+
+@dataclass
+class FragileRegion:
+    """Node indices (of the graph `find_fragile` was given) to keep float, and why."""
+
+    nodes: set[int]
+    reason: str
+
+
+_SMALL = 64
+
+
+def _numel(t: onnx.TensorProto) -> int:
+    return int(np.prod([int(d) for d in t.dims])) if len(t.dims) else 1
+
+
+class _View:
+    """Producers, consumers and constant values of a graph's main-level tensors."""
+
+    def __init__(self, g: onnx.GraphProto) -> None:
+        self.g = g
+        self.producer: dict[str, int] = {}
+        self.consumers: dict[str, list[int]] = {}
+        for k, n in enumerate(g.node):
+            for o in n.output:
+                if o:
+                    self.producer[o] = k
+            for i in n.input:
+                if i:
+                    self.consumers.setdefault(i, []).append(k)
+        self.inits = {t.name: t for t in g.initializer}
+
+    def node_of(self, name: str) -> tuple[int, onnx.NodeProto] | None:
+        k = self.producer.get(name)
+        return None if k is None else (k, self.g.node[k])
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The value of a small (<= _SMALL elements) initializer or Constant output; None if it
+        is not constant or too big to be a scalar, an exponent or axes (never copies weights)."""
+        if name in self.inits:
+            t = self.inits[name]
+            return numpy_helper.to_array(t) if _numel(t) <= _SMALL else None
+        hit = self.node_of(name)
+        if hit is None or hit[1].op_type != "Constant":
+            return None
+        for a in hit[1].attribute:
+            if a.name == "value" and a.type == AttributeProto.TENSOR:
+                return numpy_helper.to_array(a.t) if _numel(a.t) <= _SMALL else None
+            if a.name == "value_float":
+                return np.array(a.f, np.float32)
+            if a.name == "value_floats":
+                return np.array(list(a.floats), np.float32)
+        return None
+
+    def is_const(self, name: str) -> bool:
+        """Whether `name` is an initializer or a Constant output (of any size)."""
+        if name in self.inits:
+            return True
+        hit = self.node_of(name)
+        return hit is not None and hit[1].op_type == "Constant"
+
+
+def _reduce_key(v: _View, node: onnx.NodeProto) -> tuple:
+    """What a Reduce* node reduces over (attribute axes or a constant axes input, keepdims)."""
+    axes: tuple = ()
+    keep = 1
+    for a in node.attribute:
+        if a.name == "axes":
+            axes = tuple(a.ints)
+        elif a.name == "keepdims":
+            keep = a.i
+    if len(node.input) > 1 and node.input[1]:
+        c = v.const(node.input[1])
+        axes = tuple(int(x) for x in np.ravel(c)) if c is not None else ("?", node.input[1])
+    return axes, keep
+
+
+def _mean_of(v: _View, name: str) -> tuple[str, tuple, set[int]] | None:
+    """(x, reduction key, nodes) if `name` is a mean of x: ReduceMean(x), or ReduceSum(x) scaled
+    by a scalar constant (Mul by 1/n or Div by n)."""
+    hit = v.node_of(name)
+    if hit is None:
+        return None
+    k, n = hit
+    if n.op_type == "ReduceMean":
+        return n.input[0], _reduce_key(v, n), {k}
+    if n.op_type in ("Mul", "Div") and len(n.input) == 2:
+        cands = [(n.input[0], n.input[1])] + ([(n.input[1], n.input[0])] if n.op_type == "Mul" else [])
+        for s, c in cands:
+            cv = v.const(c)
+            sh = v.node_of(s)
+            if cv is not None and cv.size == 1 and sh is not None and sh[1].op_type == "ReduceSum":
+                return sh[1].input[0], _reduce_key(v, sh[1]), {k, sh[0]}
+    return None
+
+
+def _square_of(v: _View, name: str) -> tuple[str, int] | None:
+    """(x, node) if `name` is x*x or Pow(x, 2)."""
+    hit = v.node_of(name)
+    if hit is None:
+        return None
+    k, n = hit
+    if n.op_type == "Mul" and len(n.input) == 2 and n.input[0] == n.input[1]:
+        return n.input[0], k
+    if n.op_type == "Pow" and len(n.input) == 2:
+        e = v.const(n.input[1])
+        if e is not None and e.size == 1 and float(np.ravel(e)[0]) == 2.0:
+            return n.input[0], k
+    return None
+
+
+def _chain(v: _View, start: str, data: Iterable[str]) -> set[int] | None:
+    """Nodes from a variance tensor to where it scales the data (eps Add, Sqrt, Reciprocal,
+    Pow(-0.5), Div/Mul of a data tensor), or None if no such end is reached."""
+    data = set(data)
+    found: set[int] = set()
+    frontier = [start]
+    ended = False
+    for _ in range(_MAX_CHAIN):
+        nxt: list[str] = []
+        for t in frontier:
+            for k in v.consumers.get(t, ()):
+                n = v.g.node[k]
+                if n.op_type not in _CHAIN_OPS or k in found:
+                    continue
+                others = [i for i in n.input if i and i != t]
+                if n.op_type in ("Div", "Mul") and any(o in data for o in others):
+                    found.add(k)  # the normalization itself: data / std or data * rstd
+                    ended = True
+                    continue
+                if all(v.is_const(o) for o in others):
+                    found.add(k)
+                    nxt += [o for o in n.output if o]
+        frontier = nxt
+        if not frontier:
+            break
+    return found if ended else None
+
+
+def find_fragile(g: onnx.GraphProto) -> list[FragileRegion]:
+    """The fragile normalization subgraphs of main graph `g` (see the module docstring)."""
+    v = _View(g)
+    regions: list[FragileRegion] = []
+    taken: set[int] = set()
+    for name in list(v.producer):
+        ms = _mean_of(v, name)
+        if ms is None:
+            continue
+        sq_in, key, mean_nodes = ms
+        sq = _square_of(v, sq_in)
+        if sq is None:
+            continue
+        y, sq_node = sq
+        region = set(mean_nodes) | {sq_node}
+        reason = ""
+        var = name
+        # E[y^2] - E[y]^2
+        for k in v.consumers.get(name, ()):
+            n = v.g.node[k]
+            if n.op_type == "Sub" and n.input[0] == name:
+                b = _square_of(v, n.input[1])
+                m = _mean_of(v, b[0]) if b else None
+                if b and m and m[0] == y and m[1] == key:
+                    region |= {k, b[1]} | m[2]
+                    var, reason = n.output[0], REASON_CANCEL
+                    centered = [c for c in v.consumers.get(b[0], ()) if v.g.node[c].op_type == "Sub"
+                                and list(v.g.node[c].input) == [y, b[0]]]
+                    region |= set(centered)
+                    data = [y] + [v.g.node[c].output[0] for c in centered]
+                    break
+        if not reason:
+            c = v.node_of(y)
+            m = _mean_of(v, c[1].input[1]) if c and c[1].op_type == "Sub" and len(c[1].input) == 2 else None
+            if c is not None and m is not None and m[0] == c[1].input[0] and m[1] == key:
+                region |= {c[0]} | m[2]
+                reason, data = REASON_NORM, [y]
+            else:
+                reason, data = REASON_RMS, [y]
+        tail = _chain(v, var, data)
+        if tail is None and reason != REASON_CANCEL:
+            continue  # a mean of squares that normalizes nothing (a loss, an energy): not ours
+        region |= tail or set()
+        region -= taken
+        if region:
+            taken |= region
+            regions.append(FragileRegion(region, reason))
+    return regions
