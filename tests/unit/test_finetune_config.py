@@ -77,7 +77,7 @@ def test_qconfig_int_options_and_layer_configs():
                   specific_layer_config={Int16Spec(): ["conv1"]}, layer_type_config={None: ["MatMul"]},
                   exclude=["fc"])
     q = cfg.to_mixq()
-    assert q.activation_symmetric and q.per_channel and q.calibration == "minmse"
+    assert q.activation_symmetric and q.per_channel_weights and q.calibration == "minmse"
     assert q.exclude_nodes == frozenset({"fc"}) and q.exclude_op_types == frozenset({"MatMul"})
     assert q.layer_rules[0].nodes == ("conv1",) and q.layer_rules[0].activation == "int16"
     assert cfg.finetune_config is None
