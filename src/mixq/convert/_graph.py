@@ -130,9 +130,9 @@ def infer_types(model: onnx.ModelProto) -> dict[str, int]:
     except Exception:  # inference failure: fall back on what the model declares
         vis = list(g.input) + list(g.value_info) + list(g.output)
     for vi in vis:
-        t = _elem_type(vi)
-        if t is not None:
-            types.setdefault(vi.name, t)
+        et = _elem_type(vi)
+        if et is not None:
+            types.setdefault(vi.name, et)
     for t in g.initializer:
         types[t.name] = int(t.data_type)
     for node in g.node:  # Constant outputs, in case inference skipped them
@@ -213,5 +213,5 @@ def allowed_types(schema, type_str: str | None) -> set[str]:
     return {type_str}
 
 
-TYPE_STR = {TensorProto.FLOAT: "tensor(float)", TensorProto.FLOAT16: "tensor(float16)",
+TYPE_STR: dict[int, str] = {TensorProto.FLOAT: "tensor(float)", TensorProto.FLOAT16: "tensor(float16)",
             TensorProto.BFLOAT16: "tensor(bfloat16)", TensorProto.DOUBLE: "tensor(double)"}

@@ -545,9 +545,9 @@ def _plan_node(node: onnx.NodeProto, info: G.GraphInfo, F: int, target: int, pro
     for cand in cands:
         conv_in = frozenset(j for j, v in in_vars.items() if v in cand)
         conv_out = frozenset(i for i, v in out_vars.items() if v in cand)
-        in_t = [target if j in conv_in else t for j, t in enumerate(orig_in)]
-        out_t = [target if i in conv_out else t for i, t in enumerate(orig_out)]
-        r = probe_kernel(node, in_t, out_t, opset=opset, provider=provider, float_in_types=orig_in,
+        in_types = [target if j in conv_in else ty for j, ty in enumerate(orig_in)]
+        out_types = [target if i in conv_out else ty for i, ty in enumerate(orig_out)]
+        r = probe_kernel(node, in_types, out_types, opset=opset, provider=provider, float_in_types=orig_in,
                          float_out_types=orig_out, **kw)
         if r.ok:
             if not r.verified:
@@ -661,9 +661,10 @@ def _native_once(model: onnx.ModelProto, F: int, target: int, provider: str,
         elif plan.mode == "float":
             res.kept_float.append(KeptFloat(node.name, node.op_type, plan.reason))
         new_nodes += pre + [node] + post
-    for o in info.graph_outputs:  # every graph output keeps its name and source float type
-        if o in avail and F not in avail[o]:
-            raise ModelError(f"internal error: graph output {o!r} has no {element_type_name(F)} version")
+    for out_name in info.graph_outputs:  # every graph output keeps its name and source float type
+        if out_name in avail and F not in avail[out_name]:
+            raise ModelError(f"internal error: graph output {out_name!r} has no "
+                             f"{element_type_name(F)} version")
     del g.node[:]
     g.node.extend(new_nodes)
     for vi in g.value_info:

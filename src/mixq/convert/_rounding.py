@@ -121,6 +121,6 @@ def round_tensor_inplace(t: TensorProto, target: int) -> int:
 
 def element_type_name(t: int) -> str:
     """'float32', 'float16', 'bfloat16', ... for an ONNX element type."""
-    return {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16",
-            TensorProto.BFLOAT16: "bfloat16", TensorProto.DOUBLE: "float64"}.get(
-        t, onnx.TensorProto.DataType.Name(t).lower())
+    names: dict[int, str] = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16",
+                             TensorProto.BFLOAT16: "bfloat16", TensorProto.DOUBLE: "float64"}
+    return names.get(t, onnx.TensorProto.DataType.Name(t).lower())

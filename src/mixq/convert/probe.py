@@ -103,14 +103,14 @@ def _one_node_model(node: onnx.NodeProto, in_types: Sequence[int | None],
             names.append("")
             continue
         names.append(f"i{k}")
-        inputs.append(helper.make_tensor_value_info(f"i{k}", t, None))
+        inputs.append(helper.make_tensor_value_info(f"i{k}", t or onnx.TensorProto.UNDEFINED, None))
     outs, onames = [], []
     for k, (name, t) in enumerate(zip(node.output, out_types)):
         if not name:
             onames.append("")
             continue
         onames.append(f"o{k}")
-        outs.append(helper.make_tensor_value_info(f"o{k}", t, None))
+        outs.append(helper.make_tensor_value_info(f"o{k}", t or onnx.TensorProto.UNDEFINED, None))
     n = helper.make_node(node.op_type, names, onames, domain=node.domain, name="probe")
     n.attribute.extend(node.attribute)
     g = helper.make_graph([n], "probe", inputs, outs)

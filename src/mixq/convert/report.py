@@ -142,7 +142,7 @@ def op_counts(original: onnx.ModelProto, converted: Counter[str], kept: Sequence
 
 # ----------------------------------------------------------------------------- fidelity
 
-_NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
+_NP: dict[int, type] = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
        TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.INT8: np.int8,
        TensorProto.UINT8: np.uint8, TensorProto.BOOL: np.bool_, TensorProto.INT16: np.int16,
        TensorProto.UINT16: np.uint16, TensorProto.UINT32: np.uint32, TensorProto.UINT64: np.uint64}

@@ -114,7 +114,7 @@ class _Reservoir:
         if x.shape[0] != y.shape[0]:
             raise DataError(f"layer input has {x.shape[0]} rows but its output has {y.shape[0]}; "
                             "fast finetuning needs the batch on axis 0 of both")
-        if self.x is None:
+        if self.x is None or self.y is None:
             self.x = np.empty((self.cap,) + x.shape[1:], np.float32)
             self.y = np.empty((self.cap,) + y.shape[1:], np.float32)
         elif x.shape[1:] != self.x.shape[1:] or y.shape[1:] != self.y.shape[1:]:
@@ -128,12 +128,11 @@ class _Reservoir:
                 j = int(self.rng.integers(0, self.seen + 1))
                 slot = j if j < self.cap else -1
             if slot >= 0:
-                self.x[slot] = x[i]
-                self.y[slot] = y[i]
+                self.x[slot], self.y[slot] = x[i], y[i]
             self.seen += 1
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.x is None or self.n == 0:
+        if self.x is None or self.y is None or self.n == 0:
             raise DataError("calibration data is empty: no sample reached the layer")
         return self.x[:self.n], self.y[:self.n]
 
@@ -214,8 +213,8 @@ def find_layers(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, 
             wa = numpy_helper.to_array(inits[w])
             if wa.dtype != np.float32 or not np.all(np.isfinite(wa)):
                 why = "the weight is not a finite float32 tensor"
-        if why is not None:
-            skipped[n.name] = why
+        if why is not None or tp is None or tp.format is None:
+            skipped[n.name] = why or "the weight is not quantized by the plan"
             continue
         fmt = get_format(tp.format)
         layers.append(_Layer(node=n, spec=LayerSpec.from_node(n), weight=w, bias=b,
@@ -224,8 +223,8 @@ def find_layers(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, 
                              bias_scale=_bias_scale(n, b, plan, qparams, inits)))
     if isinstance(config, AdaRoundConfig) and not layers and skipped and all(
             "AdaRound learns integer rounding" in r for r in skipped.values()):
-        fmts = sorted({plan.tensors[n.input[1]].format for n in g.node if n.name in skipped
-                       and n.input[1] in plan.tensors})
+        fmts = sorted({plan.tensors[n.input[1]].format or "float" for n in g.node
+                       if n.name in skipped and n.input[1] in plan.tensors})
         raise ConfigError(f"AdaRound needs integer weight formats; this plan's weights are "
                           f"{', '.join(map(str, fmts))}. Use AdaQuantConfig instead.")
     return layers, skipped
@@ -436,7 +435,7 @@ def _optimize_layer(torch: Any, layer: _Layer, model: onnx.ModelProto, x_np: np.
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     bs = min(config.batch_size, n)
-    es: EarlyStop | None = config.early_stop
+    es = config.early_stop if isinstance(config.early_stop, EarlyStop) else None
     best = (loss_before, None, None)  # loss, weight, bias (None: plain)
     bad_checks = 0
     stopped = False
@@ -531,7 +530,7 @@ def _optimize_layer(torch: Any, layer: _Layer, model: onnx.ModelProto, x_np: np.
     loss_after, best_w, best_b = best
     kept_plain = best_w is None
     weights: dict[str, np.ndarray] = {}
-    if not kept_plain:
+    if best_w is not None:
         weights[layer.weight] = best_w.numpy().astype(np.float32)
         if best_b is not None and layer.bias is not None and isinstance(config, AdaQuantConfig) \
                 and config.update_bias:
