@@ -3,7 +3,8 @@
 Public API:
     quantize(model, config, calibration_data, output_path=...) -> QuantizeResult
     QuantConfig, get_default_config(name), PRESETS
-    PrecisionPlan, TensorPrecision
+    PrecisionPlan, TensorPrecision, Pipeline (the stages, for clients that run them one by one)
+    PerTensor, PerChannel, PerBlock (weight granularity)
     get_format(name), list_formats()
     ModelQuantizer (the documented front door, see mixq.compat)
 """
@@ -11,12 +12,15 @@ from .api import QuantizeResult, quantize
 from .config import PRESETS, LayerRule, QuantConfig, get_default_config
 from .errors import ConfigError, DataError, FormatError, MixqError, ModelError, OutputError
 from .formats import get_format, list_formats
+from .granularity import Granularity, PerBlock, PerChannel, PerTensor
+from .pipeline import Pipeline
 from .plan.plan import PrecisionPlan, TensorPrecision
 
 __version__ = "0.1.0"
 
 __all__ = [
     "quantize", "QuantizeResult", "QuantConfig", "LayerRule", "get_default_config", "PRESETS",
-    "PrecisionPlan", "TensorPrecision", "get_format", "list_formats",
+    "PrecisionPlan", "TensorPrecision", "get_format", "list_formats", "Pipeline",
+    "Granularity", "PerTensor", "PerChannel", "PerBlock",
     "MixqError", "ConfigError", "DataError", "FormatError", "ModelError", "OutputError",
 ]
