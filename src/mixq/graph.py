@@ -132,6 +132,16 @@ class NameAllocator:
         self._taken.add(candidate)
         return candidate
 
+    def exact(self, name: str) -> str:
+        """`name` itself when free, else `name_2`, `name_3`...: for passes whose names users
+        see (a folded bias), kept as they were when nothing collides."""
+        candidate, i = name, 2
+        while candidate in self._taken:
+            candidate = f"{name}_{i}"
+            i += 1
+        self._taken.add(candidate)
+        return candidate
+
     def reserve(self, name: str) -> None:
         """Mark `name` as used (a name the caller creates itself)."""
         self._taken.add(name)

@@ -288,3 +288,22 @@ def test_rewrite_postconditions_node_order_and_value_info():
             known.update(n.output)
         block_outs = {n.output[0] for n in q.graph.node if n.domain == "com.mixq"}
         assert {v.name for v in q.graph.value_info} <= block_outs
+
+
+def test_batchnorm_fold_bias_name_never_collides():
+    """The folded bias takes `<weight>_bnfold_bias`, which the model may already use."""
+    m = model("""<ir_version: 8, opset_import: ["": 17]>
+        g (float[1,3,6,6] x, float[4,3,3,3] W, float[4] s, float[4] b, float[4] mu, float[4] var,
+           float[4] W_bnfold_bias) => (float[1,4,4,4] y, float[4] z) {
+            c = Conv(x, W)
+            y = BatchNormalization(c, s, b, mu, var)
+            z = Relu(W_bnfold_bias) }""", W=(4, 3, 3, 3), s=(4,), b=(4,), mu=(4,), W_bnfold_bias=(4,))
+    m.graph.initializer.append(numpy_helper.from_array(np.ones(4, np.float32), "var"))
+    keep = [i for i in m.graph.input if i.name == "x"]
+    del m.graph.input[:]
+    m.graph.input.extend(keep)
+    fs = feeds(m)
+    res = _quantize_runs(m, "A8W8", fs)
+    assert res.prepare.batchnorms_folded == 1
+    ref, got = run(m, fs[0]), run(res.model, fs[0])
+    assert np.allclose(ref[1], got[1], atol=0.02)  # the unrelated tensor keeps its own values (int8 steps)

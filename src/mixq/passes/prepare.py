@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import ModelError
-from ..graph import PassResult
+from ..graph import NameAllocator, PassResult
 
 #: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
 TARGET_OPSET = 21
@@ -178,6 +178,7 @@ def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = 
     graph_outputs = {o.name for o in g.output}
     removed: set[int] = set()
     folded = 0
+    names: NameAllocator | None = None  # built on the first fold: most models have no BN
     for bn in g.node:
         if bn.op_type != "BatchNormalization" or len(bn.output) != 1 or bn.domain not in ("", "ai.onnx"):
             continue
@@ -202,7 +203,9 @@ def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = 
         new_w = (w.astype(np.float64) * factor.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
         new_b = ((b - mean) * factor + beta).astype(np.float32)
         w_t.CopyFrom(numpy_helper.from_array(new_w, w_t.name))
-        bias_name = f"{conv.input[1]}_bnfold_bias"
+        if names is None:
+            names = NameAllocator.for_model(model)
+        bias_name = names.exact(f"{conv.input[1]}_bnfold_bias")
         g.initializer.append(numpy_helper.from_array(new_b, bias_name))
         while len(conv.input) < 3:
             conv.input.append("")
