@@ -307,3 +307,34 @@ def test_batchnorm_fold_bias_name_never_collides():
     assert res.prepare.batchnorms_folded == 1
     ref, got = run(m, fs[0]), run(res.model, fs[0])
     assert np.allclose(ref[1], got[1], atol=0.02)  # the unrelated tensor keeps its own values (int8 steps)
+
+
+def test_batchnorm_fold_declines_a_weight_an_if_branch_reads():
+    """Folding BN scales the Conv weight in place: with the weight also read inside an If
+    branch the fold would silently change the branch's result; it is declined, with why."""
+    rng = np.random.default_rng(0)
+    W = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
+    inits = [numpy_helper.from_array(W, "W")] + [
+        numpy_helper.from_array(v.astype(np.float32), n) for n, v in
+        (("s", rng.random(4) + 0.5), ("b", rng.standard_normal(4)), ("mu", rng.standard_normal(4)),
+         ("var", rng.random(4) + 0.5))]
+    then_g = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", 1, [1, 4, 4, 4])])
+    else_g = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["e"], pads=[0, 0, 0, 0])], "else", [],
+                               [helper.make_tensor_value_info("e", 1, [1, 4, 4, 4])])
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "mu", "var"], ["y"], name="bn"),
+             helper.make_node("If", ["cond"], ["z"], name="branch", then_branch=then_g, else_branch=else_g)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [1, 3, 6, 6]),
+                                       helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("y", 1, [1, 4, 4, 4]),
+                           helper.make_tensor_value_info("z", 1, [1, 4, 4, 4])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    pipe = mixq.pipeline.Pipeline.load(m)
+    assert pipe.prepare_report.batchnorms_folded == 0
+    bn = next(p for p in pipe.prepare_report.passes if p.name == "fold BatchNorm")
+    assert bn.declined and "subgraph" in bn.declined[0][1]
+    feed = {"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32), "cond": np.array(True)}
+    ref, got = run(m, feed), run(pipe.model, feed)
+    assert np.allclose(ref[1], got[1], atol=1e-5)

@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import ModelError
-from ..graph import NameAllocator, PassResult
+from ..graph import GraphIndex, NameAllocator, PassResult
 
 #: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
 TARGET_OPSET = 21
@@ -42,15 +42,6 @@ def model_opset(model: onnx.ModelProto) -> int:
         if imp.domain in ("", "ai.onnx"):
             return int(imp.version)
     return 0
-
-
-def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    out: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for i in n.input:
-            if i:
-                out.setdefault(i, []).append(n)
-    return out
 
 
 def constants_to_initializers(model: onnx.ModelProto) -> int:
@@ -168,29 +159,36 @@ def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
     return default
 
 
-def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None) -> int:
+def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
+                   result: PassResult | None = None) -> int:
     """Fold BatchNormalization into a preceding Conv whose output only feeds it (deferred
-    initializers are read from `base_dir`)."""
+    initializers are read from `base_dir`). In place; declined folds are recorded in `result`
+    with the reason. Uses count subgraph reads: a weight an If branch also reads is never
+    changed behind the branch's back."""
     g = model.graph
     inits = _init_map(g)
-    cons = _consumers(g)
-    producer = {o: n for n in g.node for o in n.output}
-    graph_outputs = {o.name for o in g.output}
+    ix = GraphIndex.of(model)
+    graph_outputs = set(ix.outputs)
     removed: set[int] = set()
     folded = 0
     names: NameAllocator | None = None  # built on the first fold: most models have no BN
     for bn in g.node:
         if bn.op_type != "BatchNormalization" or len(bn.output) != 1 or bn.domain not in ("", "ai.onnx"):
             continue
-        conv = producer.get(bn.input[0])
-        if conv is None or conv.op_type != "Conv" or len(cons.get(bn.input[0], [])) != 1:
+        conv = ix.producer(bn.input[0])
+        why = None
+        if conv is None or conv.op_type != "Conv":
+            why = "not fed by a Conv"
+        elif len(ix.consumers(bn.input[0])) != 1 or bn.input[0] in graph_outputs:
+            why = "the Conv output has other uses"
+        elif conv.input[1] not in inits or not all(x in inits for x in bn.input[1:5]):
+            why = "the weight or the BatchNorm parameters are computed at run time"
+        elif len(ix.consumers(conv.input[1])) != 1:
+            why = "the Conv weight is shared with another node (or a subgraph)"
+        if why is not None:
+            if result is not None:
+                result.decline(bn.name or bn.output[0], why)
             continue
-        if bn.input[0] in graph_outputs or conv.input[1] not in inits:
-            continue
-        if not all(x in inits for x in bn.input[1:5]):
-            continue
-        if len(cons.get(conv.input[1], [])) != 1:
-            continue  # weight shared with another node: folding would change that node
         gamma, beta, mean, var = (tensor_array(inits[x], base_dir).astype(np.float64) for x in bn.input[1:5])
         eps = float(_attr(bn, "epsilon", 1e-5))
         w_t = inits[conv.input[1]]
@@ -230,15 +228,15 @@ def fold_pad_into_conv(model: onnx.ModelProto) -> int:
     and QuantizeLinear on EfficientNet-Lite0); as Conv padding it is the same computation."""
     g = model.graph
     inits = _init_map(g)
-    cons = _consumers(g)
-    graph_outputs = {o.name for o in g.output}
+    ix = GraphIndex.of(model)
+    graph_outputs = set(ix.outputs)
     removed: set[int] = set()
     for pad in g.node:
         if pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx") or len(pad.input) < 2:
             continue
         # string attributes compared as bytes: a damaged model's need not be UTF-8
         mode = next((a.s for a in pad.attribute if a.name == "mode"), b"constant")
-        readers = cons.get(pad.output[0], [])
+        readers = ix.consumers(pad.output[0])  # an If/Loop reading it counts: never folded
         if mode != b"constant" or pad.output[0] in graph_outputs or not readers or \
                 (len(pad.input) > 3 and pad.input[3]) or pad.input[1] not in inits:
             continue
@@ -618,7 +616,9 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
         rep.notes.append(f"opset {rep.opset_from} converted down to {rep.opset_to}, the newest "
                          "onnxruntime runs")
     if fold_bn:
-        rep.batchnorms_folded = counted("fold BatchNorm", fold_batchnorm(m, base_dir))
+        bn = PassResult("fold BatchNorm")
+        rep.batchnorms_folded = bn.changed = fold_batchnorm(m, base_dir, bn)
+        rep.passes.append(bn)
     rep.nodes_folded = counted("fold constants", fold_constants(m, base_dir))
     # after folding: exporters compute the pads
     rep.pads_folded = counted("fold Pad into Conv", fold_pad_into_conv(m))
