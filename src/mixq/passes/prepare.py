@@ -185,9 +185,9 @@ def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = 
             why = "the weight or the BatchNorm parameters are computed at run time"
         elif len(ix.consumers(conv.input[1])) != 1:
             why = "the Conv weight is shared with another node (or a subgraph)"
-        if why is not None:
+        if why is not None or conv is None:
             if result is not None:
-                result.decline(bn.name or bn.output[0], why)
+                result.decline(bn.name or bn.output[0], why or "not fed by a Conv")
             continue
         gamma, beta, mean, var = (tensor_array(inits[x], base_dir).astype(np.float64) for x in bn.input[1:5])
         eps = float(_attr(bn, "epsilon", 1e-5))

@@ -83,6 +83,7 @@ class _Requests:
     passthrough_of: dict[str, str] = field(default_factory=dict)
     float_scalars: list[str] = field(default_factory=list)
     float_nodes: dict[str, str] = field(default_factory=dict)
+    float_ids: dict[int, str] = field(default_factory=dict)  # id(node) -> why (names may repeat)
     untyped: dict[str, str] = field(default_factory=dict)
     fused: dict[str, str] = field(default_factory=dict)   # compute output -> activation output
     left: dict[str, str] = field(default_factory=dict)    # tensor -> why a policy left it float
@@ -150,6 +151,7 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
         if why_not is not None:
             if node.op_type != "Constant":
                 req.float_nodes[node.name] = why_not
+            req.float_ids[id(node)] = why_not
             continue
         sem = semantics(node)
         assert sem is not None  # _why_float returned None
@@ -387,10 +389,9 @@ def _unplanned(ix: GraphIndex, req: _Requests, tensors: dict[str, TensorPrecisio
                ) -> dict[str, str]:
     """Every float tensor of the model that is not in the plan, with the reason."""
     skipped: dict[str, str] = {}
-    node_of = {n.name: n for n in ix.graph.node}
 
     def float_reason(n: onnx.NodeProto) -> str:
-        return req.float_nodes.get(n.name, "")
+        return req.float_ids.get(id(n), "")
 
     for name, why in req.untyped.items():
         if name not in tensors:
@@ -418,7 +419,7 @@ def _unplanned(ix: GraphIndex, req: _Requests, tensors: dict[str, TensorPrecisio
             continue
         p = ix.producer(name)
         users = ix.consumers(name)
-        quantized_users = [u for u in users if u.name not in req.float_nodes]
+        quantized_users = [u for u in users if id(u) not in req.float_ids]
         if name in ix.initializers:
             if users and not quantized_users:
                 u = users[0]
@@ -431,13 +432,13 @@ def _unplanned(ix: GraphIndex, req: _Requests, tensors: dict[str, TensorPrecisio
                 skipped[name] = (f"constant input of {u.op_type} {u.name!r} that its semantics "
                                  "leave float (a shape, scale or index operand)")
             continue
-        if p is not None and p.name in req.float_nodes and not quantized_users:
+        if p is not None and id(p) in req.float_ids and not quantized_users:
             skipped[name] = f"produced by {p.op_type} {p.name!r}, left float: {float_reason(p)}"
         elif p is None and not quantized_users:
             skipped[name] = ("graph input read only by nodes left float"
                              + (f" ({users[0].op_type} {users[0].name!r}: "
                                 f"{float_reason(users[0])})" if users else ""))
-        elif p is not None and p.name not in req.float_nodes:
+        elif p is not None and id(p) not in req.float_ids:
             sem = semantics(p)
             if sem is not None and sem.passthrough:
                 skipped[name] = (f"output of pass-through {p.op_type} {p.name!r} whose input is "
@@ -457,7 +458,6 @@ def _unplanned(ix: GraphIndex, req: _Requests, tensors: dict[str, TensorPrecisio
                 for name in names:
                     skipped.setdefault(name, f"inside the body of {node.op_type} node "
                                              f"{node.name!r}: subgraphs are left float")
-    del node_of
     return skipped
 
 

@@ -1,0 +1,76 @@
+"""The plan's stages on small graphs written in ONNX text (pure: no onnxruntime): requests from
+the op table, resolution into producer and consumer formats, and the policies."""
+from __future__ import annotations
+
+import onnx
+
+import mixq
+from mixq.graph import GraphIndex
+from mixq.plan.rules import _requests, _resolve, build_plan
+
+from ..graphs import model
+
+CHAIN = """<ir_version: 8, opset_import: ["": 17]>
+    g (float[1,3,8,8] x, float[4,3,3,3] W, float[4] B, float[4,4,1,1] W2) => (float[1,4,6,6] y) {
+        c = Conv(x, W, B)
+        r = Relu(c)
+        p = MaxPool <kernel_shape = [1, 1]> (r)
+        y = Conv(p, W2) }"""
+
+
+def _ix(text=CHAIN, **w):
+    m = model(text, **(w or {"W": (4, 3, 3, 3), "B": (4,), "W2": (4, 4, 1, 1)}))
+    return GraphIndex.of(onnx.shape_inference.infer_shapes(m))
+
+
+def test_requests_follow_the_op_table():
+    ix = _ix()
+    req = _requests(ix, mixq.get_default_config("A8W8"))
+    assert len(req.consumed["x"]) == 1 and req.consumed["x"][0][1] == "int8"
+    assert req.constants["W"].role == "weight" and req.constants["W"].channel_axis == 0
+    assert req.constants["B"].role == "bias" and req.constants["B"].format == "int32"
+    assert "c" in req.produced and req.passthrough_of["p"] == "r"
+
+
+def test_resolve_inherits_integer_parameters_through_pass_through_ops():
+    ix = _ix()
+    cfg = mixq.get_default_config("A8W8")
+    req = _requests(ix, cfg)
+    tensors = _resolve(ix, cfg, req)
+    assert tensors["p"].format == "int8" and not tensors["p"].calibrate
+    assert req.groups.find("p") == req.groups.find("r")
+
+
+def test_block_formats_do_not_survive_pass_through_ops():
+    """A MaxPool moves values across blocks: the second Conv asks for its own bfp16."""
+    ix = _ix()
+    cfg = mixq.QuantConfig(activation="bfp16", weight="bfp16")
+    plan = build_plan(ix.model, cfg, index=ix)
+    assert plan.tensors["p"].format == "bfp16" and plan.tensors["p"].block_axis == 1
+
+
+def test_layer_rule_makes_a_boundary():
+    ix = _ix()
+    cfg = mixq.QuantConfig(activation="int8", weight="int8",
+                           layer_rules=(mixq.LayerRule(op_types=frozenset({"Conv"}),
+                                                       activation="int16", weight="int8"),))
+    plan = build_plan(ix.model, cfg, index=ix)
+    assert plan.tensors["r"].format == "int8"
+    assert plan.tensors["x"].format == "int16"
+
+
+def test_fusion_policy_and_reasons():
+    ix = _ix()
+    plan = build_plan(ix.model, mixq.QuantConfig(activation="bf16", weight="bf16"), index=ix)
+    assert "c" in plan.skipped and "fused" in plan.skipped["c"]
+    plan = build_plan(ix.model, mixq.get_default_config("A8W8"), index=ix)
+    assert "fused" in plan.tensors["c"].reason and plan.tensors["c"].group == plan.tensors["r"].group
+
+
+def test_operand_only_configs_say_why_outputs_stay_float():
+    ix = _ix()
+    plan = build_plan(ix.model, mixq.get_default_config("BFP16"), index=ix)
+    assert plan.tensors["x"].format == "bfp16" and plan.tensors["p"].format == "bfp16"
+    assert "not in op_types" in plan.skipped["r"]          # Relu is not a compute op
+    assert "quantize_outputs=False" in plan.skipped["y"]   # the compute output stays float
+    assert plan.config == mixq.get_default_config("BFP16").to_dict()
