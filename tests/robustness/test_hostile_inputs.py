@@ -269,3 +269,4 @@ def test_inspect_shows_formats_in_use_and_deployed_size(tmp_path, capsys):
     assert main(["inspect", str(b)]) == 0
     out = capsys.readouterr().out
     assert "| weight | mixq BFP16 | 2 |" in out and "| activation | mixq BFP16 |" in out
+
