@@ -1,6 +1,6 @@
 """Every input checked at the door (issue 15): hostile .npz members, readers, endless
-generators, dtype kinds, `mixq eval` labels and inputs, format block sizes, `convert --shape`,
-and `mixq inspect` showing the formats in use."""
+generators, dtype kinds, `mixq eval` labels and inputs, format block sizes, and `mixq inspect`
+showing the formats in use."""
 from __future__ import annotations
 
 import io
@@ -236,23 +236,12 @@ def test_eval_models_with_different_inputs(eval_files, capsys):
     assert "different inputs" in err and "x (float32)" in err and "image (float32)" in err
 
 
-# ---------------------------------------------------------------------------- formats, convert
+# ---------------------------------------------------------------------------- formats
 @pytest.mark.parametrize("name", ["bfp(block=100000000)", "bfp(block=4097,exp=8,mant=4)"])
 def test_huge_block_size_refused(name):
     with pytest.raises(FormatError, match=r"block=\d+ is above the largest block size 4096"):
         mixq.formats.get_format(name)
     assert mixq.formats.get_format("bfp(block=4096)").block_size == 4096
-
-
-@pytest.mark.parametrize("shape,match", [("x=-1,16", "dimension -1 is not positive"),
-                                         ("x=0,16", "dimension 0 is not positive"),
-                                         ("x=100000000,16", "1600000000 elements")])
-def test_convert_shape_checked(shape, match, tmp_path, capsys):
-    src = tmp_path / "m.onnx"
-    onnx.save(MLP, src)
-    out = tmp_path / "o.onnx"
-    assert main(["convert", "bf16", str(src), str(out), "--shape", shape]) == 2
-    assert match in capsys.readouterr().err and not out.exists()
 
 
 # ---------------------------------------------------------------------------- inspect
@@ -270,3 +259,20 @@ def test_inspect_shows_formats_in_use_and_deployed_size(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| weight | mixq BFP16 | 2 |" in out and "| activation | mixq BFP16 |" in out
 
+
+
+def test_progress_total_is_the_bounded_count():
+    """The calibration progress total says what will be read, not what the file holds."""
+    totals = []
+
+    class Tick:
+        def __call__(self, i):
+            pass
+
+        def set_total(self, n):
+            totals.append(n)
+
+    stack = {"x": np.repeat(X[:, None], 5, axis=0)}  # 20 samples
+    mixq.quantize(MLP, "A8W8", CalibData(stack, max_samples=3), progress=Tick(), check_kernels=False)
+    mixq.quantize(MLP, "A8W8", stack, progress=Tick(), check_kernels=False)
+    assert totals == [3, 20]

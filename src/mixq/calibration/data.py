@@ -432,6 +432,11 @@ class CalibData:
     batch_size: int | None = None
 
 
+def sample_bound(data: Any) -> int | None:
+    """The feeds per pass ``FeedSource(data, ...)`` reads at most (None: no bound)."""
+    return data.max_samples if isinstance(data, CalibData) else DEFAULT_MAX_SAMPLES
+
+
 def _check_max_samples(max_samples: Any) -> int | None:
     if max_samples is None:
         return None

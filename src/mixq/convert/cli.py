@@ -87,28 +87,8 @@ def build_parser(target: str, *, prog: str | None = None, source_default: str = 
     return p
 
 
-#: Elements of one --shape: the fidelity check allocates random inputs of that size (1 GiB of float32).
-MAX_SHAPE_ELEMENTS = 1 << 28
-
-
-def _check_shape(item: str, dims: list[int]) -> None:
-    """Positive dims whose product stays below MAX_SHAPE_ELEMENTS (checked before allocating)."""
-    bad = [d for d in dims if d < 1]
-    if bad:
-        raise DataError(f"--shape {item!r}: dimension {bad[0]} is not positive; give sizes >= 1, "
-                        "e.g. --shape input=1,3,224,224.")
-    n = 1
-    for d in dims:
-        n *= d
-    if n > MAX_SHAPE_ELEMENTS:
-        raise DataError(f"--shape {item!r} has {n} elements, above the bound of "
-                        f"{MAX_SHAPE_ELEMENTS} for the fidelity check's random inputs; give a "
-                        "smaller shape (batch 1) or --no-eval.")
-
-
 def parse_shapes(items: Sequence[str], input_names: Sequence[str] | None = None) -> dict[str, list[int]]:
-    """Parse ``NAME=1,3,224,224`` items (or a bare ``1,3,224,224`` for a single-input model);
-    dims must be positive and their product at most :data:`MAX_SHAPE_ELEMENTS`."""
+    """Parse ``NAME=1,3,224,224`` items (or a bare ``1,3,224,224`` for a single-input model)."""
     shapes: dict[str, list[int]] = {}
     for item in items:
         name, sep, dims = item.rpartition("=")
@@ -121,7 +101,6 @@ def parse_shapes(items: Sequence[str], input_names: Sequence[str] | None = None)
             shapes[name] = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
         except ValueError as exc:
             raise DataError(f"--shape {item!r}: dimensions must be integers, e.g. --shape input=1,3,224,224.") from exc
-        _check_shape(item, shapes[name])
     return shapes
 
 
