@@ -276,3 +276,19 @@ def test_progress_total_is_the_bounded_count():
     mixq.quantize(MLP, "A8W8", CalibData(stack, max_samples=3), progress=Tick(), check_kernels=False)
     mixq.quantize(MLP, "A8W8", stack, progress=Tick(), check_kernels=False)
     assert totals == [3, 20]
+
+
+def test_eval_labels_for_a_non_classifier_output(tmp_path, capsys):
+    m = onnx.parser.parse_model("""<ir_version: 10, opset_import: ["" : 21]>
+        g (float[N, 16] x) => (float[N, 4, 4] y) {
+            s = Constant<value_ints = [-1, 4, 4]>()
+            y = Reshape(x, s)
+        }""")
+    fm = tmp_path / "f.onnx"
+    onnx.save(m, fm)
+    data = tmp_path / "d.npz"
+    np.savez(data, x=X)
+    np.save(tmp_path / "l.npy", np.zeros(4, np.int64))
+    rc = main(["eval", str(fm), str(fm), "--data", str(data), "--labels", str(tmp_path / "l.npy")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "must be (batch, classes)" in err and "(N, 4, 4)" in err, err

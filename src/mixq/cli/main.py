@@ -294,6 +294,21 @@ def _check_same_inputs(fm, qm) -> None:
                         f"model {qs}. Compare a model with its own quantized version.")
 
 
+def _check_classifier_output(fm) -> None:
+    """--labels are compared with the argmax over classes of the first output: it must be
+    (batch, classes) where its rank is known."""
+    from ..errors import DataError
+
+    out = fm.graph.output[0]
+    tt = out.type.tensor_type
+    if tt.HasField("shape") and len(tt.shape.dim) != 2:
+        dims = ", ".join(d.dim_param or str(d.dim_value) if (d.dim_param or d.HasField("dim_value"))
+                         else "?" for d in tt.shape.dim)
+        raise DataError(f"--labels are compared with the argmax over classes of the first output, "
+                        f"which must be (batch, classes); output {out.name!r} has shape ({dims}). "
+                        "Drop --labels (the SQNR/cosine table needs none)")
+
+
 def _count_labelled(feeds, labels: np.ndarray, data: str):
     """Pass `feeds` through, refusing as soon as the samples outnumber `labels`, and at the end
     when they are fewer (a partial match would print a wrong accuracy)."""
@@ -320,6 +335,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     fm, qm = load_model(args.float_model), load_model(args.quant_model)
     labels = _read_labels(args.labels) if args.labels else None
     _check_same_inputs(fm, qm)
+    if labels is not None:
+        _check_classifier_output(fm)
     rows = []
     from .._progress import track
     from ..calibration.collect import count_batches
