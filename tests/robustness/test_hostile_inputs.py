@@ -292,3 +292,14 @@ def test_eval_labels_for_a_non_classifier_output(tmp_path, capsys):
     rc = main(["eval", str(fm), str(fm), "--data", str(data), "--labels", str(tmp_path / "l.npy")])
     err = capsys.readouterr().err
     assert rc == 2 and "must be (batch, classes)" in err and "(N, 4, 4)" in err, err
+
+
+def test_npz_member_with_damaged_compressed_data(tmp_path):
+    p = tmp_path / "d.npz"
+    np.savez_compressed(p, x=np.random.default_rng(1).standard_normal((64, M.D)).astype(np.float32))
+    raw = bytearray(p.read_bytes())
+    start = raw.index(b"x.npy") + 200  # inside the deflate stream, after the .npy header
+    raw[start:start + 64] = bytes(64)
+    p.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"member 'x'|cannot read"):
+        list(as_feeds(p, MLP))

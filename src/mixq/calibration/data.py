@@ -35,6 +35,7 @@ import math
 import os
 import warnings
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -290,12 +291,12 @@ class _NpzMember:
         try:
             if self._stream is None or a < self._row:
                 self._open()
-            while self._row < a:  # skip forward in bounded pieces
-                n = min(a - self._row, max(1, MAX_FEED_BYTES // max(self.row_bytes, 1)))
+            while self._row < a:  # skip forward in pieces of ~4 MB
+                n = min(a - self._row, max(1, (1 << 22) // max(self.row_bytes, 1)))
                 self._read(n * self.row_bytes)
                 self._row += n
             buf = self._read((b - a) * self.row_bytes)
-        except (OSError, EOFError, zipfile.BadZipFile, RuntimeError) as e:  # zlib/CRC errors
+        except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # damaged data, CRC
             raise DataError(f"cannot read {self.where}: {e}; is it a complete .npz written by "
                             "numpy.savez?") from e
         self._row = b
@@ -383,7 +384,7 @@ def _load_file(path: Path, specs: Sequence[InputSpec], zfs: list[zipfile.ZipFile
             return _open_npz(path, zf)
     except DataError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise DataError(f"cannot read calibration data file {path}: {e}; is it a complete "
                         ".npy/.npz written by numpy.save/savez?") from e
     raise DataError(f"unsupported calibration data file {path}: expected .npy or .npz")
@@ -391,10 +392,14 @@ def _load_file(path: Path, specs: Sequence[InputSpec], zfs: list[zipfile.ZipFile
 
 def _file_arrays(f: Path, specs: Sequence[InputSpec], batch_size: int) -> Iterator[dict]:
     zfs: list[zipfile.ZipFile] = []
+    arrays: Mapping[str, Any] = {}
     try:
-        yield from _split_arrays(_load_file(f, specs, zfs), specs, batch_size, str(f),
-                                 max_bytes=MAX_FEED_BYTES)
+        arrays = _load_file(f, specs, zfs)
+        yield from _split_arrays(arrays, specs, batch_size, str(f), max_bytes=MAX_FEED_BYTES)
     finally:
+        for a in arrays.values():
+            if isinstance(a, _NpzMember):
+                a.close()
         for z in zfs:
             z.close()
 
