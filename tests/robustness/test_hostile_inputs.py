@@ -173,6 +173,9 @@ def test_cli_quantize_cast_and_calib_samples(tmp_path, capsys):
     assert out.exists()
     assert main(["quantize", str(src), str(out), "--calib", str(calib),
                  "--calib-samples", "-3"]) == 2
+    assert "--calib-samples -3" in capsys.readouterr().err
+    assert main(["quantize", str(src), str(out), "--preset", "BF16", "--cast"]) == 2
+    assert "no --calib was given" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- mixq eval

@@ -58,12 +58,15 @@ def _calib_data(args: argparse.Namespace):
     """args.calib, wrapped with --calib-samples / --cast when given."""
     from ..calibration.data import DEFAULT_MAX_SAMPLES, CalibData
 
+    from ..errors import ConfigError
+
     n = getattr(args, "calib_samples", None)
+    if args.calib is None and (n is not None or args.cast):
+        raise ConfigError(f"{'--cast' if args.cast else '--calib-samples'} applies to the "
+                          "calibration data, and no --calib was given; add --calib DATA or drop it")
     if args.calib is None or (n is None and not args.cast):
         return args.calib
     if n is not None and n < 0:
-        from ..errors import ConfigError
-
         raise ConfigError(f"--calib-samples {n}: give a positive number of samples, or 0 for "
                           "no bound")
     bound = DEFAULT_MAX_SAMPLES if n is None else (n or None)
