@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .data import FeedSource, InputSpec, as_feeds, input_specs_from_model, validate_feed
+from .data import CalibData, FeedSource, InputSpec, as_feeds, input_specs_from_model, validate_feed
 from .observers import CalibMethod, compute_range, compute_weight_range, pof2_exponent
 from .stats import TensorStats
 
 __all__ = [
     "TensorStats", "CalibMethod", "compute_range", "compute_weight_range", "pof2_exponent",
-    "as_feeds", "FeedSource", "InputSpec", "input_specs_from_model", "validate_feed",
+    "as_feeds", "CalibData", "FeedSource", "InputSpec", "input_specs_from_model", "validate_feed",
     "collect_stats", "CollectResult",
 ]
 

@@ -320,7 +320,7 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
                                            ) if fetch else (None, lambda: None)
         set_total = getattr(progress, "set_total", None)  # a mixq._progress.Progress
         if callable(set_total):
-            set_total(count_batches(data, input_specs_from_model(m), batch_size))
+            set_total(_bounded_count(data, input_specs_from_model(m), batch_size))
         try:
             _run(result, m, sess, fetch, from_feed, data, batch_size, axes, progress)
         finally:
@@ -360,6 +360,17 @@ def _file_shapes(path: Path, names: list[str]) -> dict[str, tuple[int, ...] | No
     if path.suffix.lower() == ".npz":
         return {n: _array_shape(path, n) for n in names}
     return None
+
+
+def _bounded_count(data: Any, specs: Sequence[Any], batch_size: int) -> int | None:
+    """count_batches of calibration `data`, capped by the sample bound the pass applies."""
+    from .data import CalibData, sample_bound
+
+    raw = data.data if isinstance(data, CalibData) else data
+    if isinstance(data, CalibData) and data.batch_size is not None:
+        batch_size = data.batch_size
+    total, bound = count_batches(raw, specs, batch_size), sample_bound(data)
+    return total if total is None or bound is None else min(total, bound)
 
 
 def count_batches(data: Any, specs: Sequence[Any], batch_size: int = 1) -> int | None:

@@ -7,8 +7,9 @@ Accepted `data` (see :func:`as_feeds`):
 * any iterable of feed dicts (a list, a generator...);
 * a mapping ``{input name: array}`` or a single array (single-input models), whose first axis
   holds samples (see "arrays" below);
-* a path to a ``.npz`` file (keys = input names) or a ``.npy`` file (single-input models; opened
-  memory-mapped, so it is never read whole);
+* a path to a ``.npz`` file (keys = input names; each member's .npy header is read and checked
+  first, then its rows are decompressed forward, one feed at a time, so it is never read whole)
+  or a ``.npy`` file (single-input models; opened memory-mapped, so it is never read whole);
 * a path to a folder of ``.npy`` / ``.npz`` files, read one file at a time in sorted name order.
 
 Arrays (from files, mappings or single arrays) are split into feeds: an array with one more
@@ -17,13 +18,24 @@ input's rank is cut along its first (batch) axis into pieces of the input's stat
 or of `batch_size` (default 1) when that dim is dynamic. Statistics do not depend on the split.
 
 Every feed is validated: unknown or missing input names, wrong rank, static dims that differ
-and dtypes that cannot be converted without changing values raise :class:`DataError`. Files are
-read with ``allow_pickle=False``.
+and dtypes of another kind raise :class:`DataError`. Dtypes: data of the input's dtype is used as
+is; another dtype of the same kind is converted when no value changes (int -> int exactly,
+float -> float rounding but never overflowing to inf); a change of kind (uint8 images into a
+float32 input, floats into an integer input) is refused unless ``cast=True`` (``--cast``), which
+converts any exact or rounding conversion. Files are read with ``allow_pickle=False``.
+
+Limits (see docs/DATA.md): a pass reads at most `max_samples` feeds (default
+:data:`DEFAULT_MAX_SAMPLES`; ``None`` = no bound), so an endless generator ends; one feed read
+from a file holds at most :data:`MAX_FEED_BYTES`; a Fortran-ordered .npz member (which cannot be
+read row by row) at most :data:`MAX_WHOLE_MEMBER_BYTES`.
 """
 from __future__ import annotations
 
+import math
 import os
+import warnings
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +46,15 @@ import onnx
 
 from mixq.errors import DataError, did_you_mean
 
-__all__ = ["InputSpec", "input_specs_from_model", "as_feeds", "FeedSource", "validate_feed"]
+__all__ = ["InputSpec", "input_specs_from_model", "as_feeds", "FeedSource", "CalibData",
+           "validate_feed", "DEFAULT_MAX_SAMPLES", "MAX_FEED_BYTES", "MAX_WHOLE_MEMBER_BYTES"]
+
+#: Feeds one pass reads by default; more are left unread (with a warning naming the bound).
+DEFAULT_MAX_SAMPLES = 4096
+#: Bytes of one feed read from a file (the memory a file source costs at once).
+MAX_FEED_BYTES = 1 << 30
+#: Bytes of an .npz member that must be read whole (Fortran order cannot be read row by row).
+MAX_WHOLE_MEMBER_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -98,7 +118,12 @@ def _specs(input_specs: Any) -> list[InputSpec]:
 
 
 # ---------------------------------------------------------------------------- validation
-def _convert(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _kind(dtype: np.dtype) -> str:
+    """'float', 'int' (signed, unsigned) or 'bool': conversions within a kind need no request."""
+    return {"f": "float", "i": "int", "u": "int", "b": "bool"}[dtype.kind]
+
+
+def _convert(name: str, arr: np.ndarray, dtype: np.dtype, cast: bool = False) -> np.ndarray:
     if dtype.kind == "O":  # an ONNX string tensor: onnxruntime takes str and object arrays
         if arr.dtype.kind not in "OU" or (arr.dtype.kind == "O" and arr.size
                                            and not all(isinstance(v, str) for v in arr.flat)):
@@ -110,6 +135,13 @@ def _convert(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if arr.dtype.kind not in "biuf" or dtype.kind not in "biuf":
         raise DataError(f"input {name!r} has dtype {arr.dtype} but the model expects {dtype}; "
                         "convert the data to the expected dtype")
+    if not cast and _kind(arr.dtype) != _kind(dtype):
+        # e.g. uint8 images into a float32 input: the values are valid numbers but almost
+        # never what the model was trained on (no scaling/normalization); never guess
+        raise DataError(f"input {name!r} has dtype {arr.dtype} but the model expects {dtype}; "
+                        f"mixq does not convert between kinds on its own (uint8 images usually "
+                        f"need scaling/normalization first): convert the data to {dtype} "
+                        f"yourself, or pass cast=True / --cast to convert the values as they are")
     if np.can_cast(arr.dtype, dtype, casting="safe"):
         return arr.astype(dtype)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -138,8 +170,10 @@ def _check_names(keys: Iterable[Any], names: list[str], at: str, expected: str) 
                         f"{at}; {expected}: {', '.join(names)}")
 
 
-def validate_feed(feed: Any, specs: Sequence[InputSpec], where: str = "") -> dict[str, np.ndarray]:
-    """Check one feed dict against the model inputs; returns it with dtypes converted."""
+def validate_feed(feed: Any, specs: Sequence[InputSpec], where: str = "", *,
+                  cast: bool = False) -> dict[str, np.ndarray]:
+    """Check one feed dict against the model inputs; returns it with dtypes converted (a change
+    of kind, e.g. uint8 -> float32, only when `cast`)."""
     at = f" (in {where})" if where else ""
     if not isinstance(feed, Mapping):
         raise DataError(f"each calibration sample must be a dict {{input name: array}}, got "
@@ -166,14 +200,15 @@ def validate_feed(feed: Any, specs: Sequence[InputSpec], where: str = "") -> dic
                 raise DataError(f"input {s.name!r}{at} has shape {tuple(arr.shape)} but the model "
                                 f"expects shape {s.shape_str} (dim {bad[0]} must be "
                                 f"{s.shape[bad[0]]})")
-        out[s.name] = _convert(s.name, arr, s.dtype)
+        out[s.name] = _convert(s.name, arr, s.dtype, cast)
     return out
 
 
 # ---------------------------------------------------------------------------- array sources
-def _split_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[InputSpec], batch_size: int,
-                  where: str) -> Iterator[dict[str, Any]]:
-    """Cut {name: array-with-samples} into feeds (see the module docstring)."""
+def _split_arrays(arrays: Mapping[str, Any], specs: Sequence[InputSpec], batch_size: int,
+                  where: str, max_bytes: int | None = None) -> Iterator[dict[str, Any]]:
+    """Cut {name: array-with-samples} into feeds (see the module docstring); with `max_bytes`
+    (file sources), a feed larger than that is refused before it is read."""
     names = [s.name for s in specs]
     _check_names(arrays, names, f" (in {where})", "expected arrays named")
     plans = {}
@@ -205,6 +240,14 @@ def _split_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[InputSpec], 
         raise DataError(f"the arrays in {where} hold different numbers of samples "
                         f"({', '.join(f'{k}: {arrays[k].shape[0]}' for k in names if arrays[k].ndim)})")
     n = counts.pop() if counts else 1
+    if max_bytes is not None:
+        feed_bytes = sum(arrays[k].dtype.itemsize * math.prod(arrays[k].shape[1:]) * plans[k][1]
+                         if plans[k][0] != "whole" else 0 for k in names)
+        if feed_bytes > max_bytes:
+            raise DataError(f"one feed from {where} would hold {feed_bytes / 1e6:.0f} MB (shapes "
+                            f"{', '.join(f'{k}: {tuple(arrays[k].shape)}' for k in names)}), above "
+                            f"the bound of {max_bytes / 1e6:.0f} MB per feed; use a smaller "
+                            "batch_size or smaller samples")
     for i in range(n):
         feed = {}
         for name in names:
@@ -216,7 +259,117 @@ def _split_arrays(arrays: Mapping[str, np.ndarray], specs: Sequence[InputSpec], 
         yield feed
 
 
-def _load_file(path: Path, specs: Sequence[InputSpec]) -> Mapping[str, np.ndarray]:
+class _NpzMember:
+    """One array of an .npz archive, read forward in row ranges (never whole).
+
+    Behaves like the read-only array slices :func:`_split_arrays` takes: ``shape``, ``ndim``,
+    ``dtype``, ``m[i]`` and ``m[a:b]``. Rows are decompressed from the member's stream as they
+    are asked for; asking for an earlier row reopens the stream."""
+
+    def __init__(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str,
+                 shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.zf, self.info, self.where = zf, info, where
+        self.shape, self.dtype, self.ndim = shape, dtype, len(shape)
+        self.row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        self._stream: Any = None
+        self._row = 0
+
+    def _open(self) -> None:
+        self._stream = self.zf.open(self.info)
+        _read_npy_header(self._stream, self.where)  # checked at load; skipped here
+        self._row = 0
+
+    def _read(self, nbytes: int) -> bytes:
+        buf = self._stream.read(nbytes)
+        if len(buf) != nbytes:
+            raise DataError(f"{self.where} ends early: its .npy header declares shape "
+                            f"{self.shape}, but the data stops before that; the file is damaged")
+        return buf
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        """Rows a..b-1 as a new array."""
+        try:
+            if self._stream is None or a < self._row:
+                self._open()
+            while self._row < a:  # skip forward in pieces of ~4 MB
+                n = min(a - self._row, max(1, (1 << 22) // max(self.row_bytes, 1)))
+                self._read(n * self.row_bytes)
+                self._row += n
+            buf = self._read((b - a) * self.row_bytes)
+        except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # damaged data, CRC
+            raise DataError(f"cannot read {self.where}: {e}; is it a complete .npz written by "
+                            "numpy.savez?") from e
+        self._row = b
+        return np.frombuffer(buf, self.dtype).reshape((b - a,) + self.shape[1:])
+
+    def __getitem__(self, key: int | slice) -> np.ndarray:
+        if isinstance(key, slice):
+            a, b, _ = key.indices(self.shape[0])
+            return self.rows(a, b)
+        return self.rows(key, key + 1)[0]
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+def _read_npy_header(f: Any, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran_order, dtype) from the .npy header at the start of stream `f`."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = fmt.read_array_header_2_0(f)
+        else:
+            raise ValueError(f".npy format version {version} is not supported")
+    except (ValueError, EOFError) as e:
+        raise DataError(f"{where} is not a .npy array ({e}); an .npz must hold one array per "
+                        "model input, written by numpy.savez / savez_compressed") from e
+    return tuple(int(d) for d in shape), bool(fortran), np.dtype(dtype)
+
+
+def _open_npz(path: Path, zf: zipfile.ZipFile) -> dict[str, np.ndarray | _NpzMember]:
+    """Check every member's header, declared size and dtype before reading any data."""
+    out: dict[str, np.ndarray | _NpzMember] = {}
+    for info in zf.infolist():
+        if info.is_dir():
+            continue
+        key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+        where = f"member {key!r} of {path}"
+        with zf.open(info) as f:
+            shape, fortran, dtype = _read_npy_header(f, where)
+            header = f.tell()
+        if dtype.hasobject:
+            raise DataError(f"{where} holds Python objects (dtype {dtype}); mixq never unpickles "
+                            "data: save numeric arrays")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if header + nbytes != info.file_size:
+            raise DataError(f"{where} declares shape {shape} of {dtype} ({nbytes} bytes) but "
+                            f"holds {info.file_size - header} bytes; the file is damaged or "
+                            "was not written by numpy.savez")
+        if len(shape) == 0 or (fortran and len(shape) > 1):
+            if nbytes > MAX_WHOLE_MEMBER_BYTES:
+                raise DataError(f"{where} is a Fortran-ordered array of {nbytes / 1e6:.0f} MB, "
+                                f"which must be read whole (the bound is "
+                                f"{MAX_WHOLE_MEMBER_BYTES / 1e6:.0f} MB); save it in C order "
+                                "(np.ascontiguousarray) or split it into several files in a "
+                                "folder")
+            with zf.open(info) as f:
+                _read_npy_header(f, where)
+                arr = np.frombuffer(f.read(nbytes), dtype)
+            out[key] = arr.reshape(shape, order="F" if fortran else "C")
+        else:
+            out[key] = _NpzMember(zf, info, where, shape, dtype)
+    return out
+
+
+def _load_file(path: Path, specs: Sequence[InputSpec], zfs: list[zipfile.ZipFile]
+               ) -> Mapping[str, Any]:
+    """The arrays of one file: a memmap (.npy) or checked, streamed members (.npz; the opened
+    archive is appended to `zfs` for the caller to close)."""
     suffix = path.suffix.lower()
     try:
         if suffix == ".npy":
@@ -226,14 +379,29 @@ def _load_file(path: Path, specs: Sequence[InputSpec]) -> Mapping[str, np.ndarra
                                 ": use a .npz with one array per input name")
             return {specs[0].name: np.load(path, mmap_mode="r", allow_pickle=False)}
         if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
+            zf = zipfile.ZipFile(path)
+            zfs.append(zf)
+            return _open_npz(path, zf)
     except DataError:
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise DataError(f"cannot read calibration data file {path}: {e}; is it a complete "
                         ".npy/.npz written by numpy.save/savez?") from e
     raise DataError(f"unsupported calibration data file {path}: expected .npy or .npz")
+
+
+def _file_arrays(f: Path, specs: Sequence[InputSpec], batch_size: int) -> Iterator[dict]:
+    zfs: list[zipfile.ZipFile] = []
+    arrays: Mapping[str, Any] = {}
+    try:
+        arrays = _load_file(f, specs, zfs)
+        yield from _split_arrays(arrays, specs, batch_size, str(f), max_bytes=MAX_FEED_BYTES)
+    finally:
+        for a in arrays.values():
+            if isinstance(a, _NpzMember):
+                a.close()
+        for z in zfs:
+            z.close()
 
 
 def _path_source(path: Path, specs: Sequence[InputSpec], batch_size: int) -> Iterator[dict]:
@@ -245,29 +413,94 @@ def _path_source(path: Path, specs: Sequence[InputSpec], batch_size: int) -> Ite
         if not files:
             raise DataError(f"calibration data is empty: folder {path} holds no .npy or .npz files")
         for f in files:
-            yield from _split_arrays(_load_file(f, specs), specs, batch_size, str(f))
+            yield from _file_arrays(f, specs, batch_size)
     else:
-        yield from _split_arrays(_load_file(path, specs), specs, batch_size, str(path))
+        yield from _file_arrays(path, specs, batch_size)
 
 
 # ---------------------------------------------------------------------------- sources
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class CalibData:
+    """Calibration `data` with reading options, accepted wherever data is (e.g. ``quantize``).
+
+    `max_samples`: feeds read per pass (default :data:`DEFAULT_MAX_SAMPLES`, ``None`` = all);
+    `cast`: convert data of another dtype kind (e.g. uint8 images into a float32 input) instead
+    of refusing it; `batch_size`: rows per feed when arrays are split along a dynamic batch axis
+    (None: the caller's choice, 1 by default)."""
+
+    data: Any
+    max_samples: int | None = DEFAULT_MAX_SAMPLES
+    cast: bool = False
+    batch_size: int | None = None
+
+
+def sample_bound(data: Any) -> int | None:
+    """The feeds per pass ``FeedSource(data, ...)`` reads at most (None: no bound)."""
+    return data.max_samples if isinstance(data, CalibData) else DEFAULT_MAX_SAMPLES
+
+
+def _check_max_samples(max_samples: Any) -> int | None:
+    if max_samples is None:
+        return None
+    if isinstance(max_samples, bool) or not isinstance(max_samples, (int, np.integer)) \
+            or max_samples < 1:
+        raise DataError(f"max_samples (--calib-samples) must be a positive integer or None (no "
+                        f"bound), got {max_samples!r}")
+    return int(max_samples)
+
+
 class FeedSource:
     """A re-iterable view of calibration data: every ``iter()`` is one validated pass.
 
     A reader is rewound (``rewind()``) before every pass but the first; a one-shot iterator
     (e.g. a generator) can be passed over only once and raises DataError on a second pass.
+    A reader's ``get_next()`` ends the data by returning None or raising StopIteration (the
+    Python end-of-iteration signal, treated the same way).
+
+    `max_samples`: feeds read per pass (default :data:`DEFAULT_MAX_SAMPLES`, ``None``: no
+    bound); when the default bound cuts a source short a warning says so. `cast`: convert data
+    of another dtype kind instead of refusing it. `data` may be a :class:`CalibData`, whose
+    options apply unless given here.
     """
 
-    def __init__(self, data: Any, input_specs: Any, *, batch_size: int = 1) -> None:
+    def __init__(self, data: Any, input_specs: Any, *, batch_size: int = 1,
+                 max_samples: int | None = _UNSET, cast: bool | None = None) -> None:
+        if isinstance(data, CalibData):
+            if max_samples is _UNSET:
+                max_samples = data.max_samples
+            if cast is None:
+                cast = data.cast
+            if data.batch_size is not None:
+                batch_size = data.batch_size
+            data = data.data
         if data is None:
             raise DataError("calibration data is empty: got None; pass a data reader, an "
                             "iterable of feed dicts, arrays, or a .npy/.npz file or folder")
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise DataError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.explicit_bound = max_samples is not _UNSET
+        self.max_samples = _check_max_samples(DEFAULT_MAX_SAMPLES if max_samples is _UNSET
+                                              else max_samples)
+        self.cast = bool(cast)
         self.data = data
         self.specs = _specs(input_specs)
         self.batch_size = batch_size
         self._passes = 0
+
+    def _reader_items(self, d: Any) -> Iterator[tuple[Any, str]]:
+        i = 0
+        while True:
+            try:
+                f = d.get_next()
+            except StopIteration:  # a get_next() written as next(it): the end of the data
+                break
+            if f is None:
+                break
+            yield f, f"reader item {i}"
+            i += 1
 
     def _raw(self, again: bool) -> Iterator[tuple[Any, str]]:
         d, specs = self.data, self.specs
@@ -293,13 +526,7 @@ class FeedSource:
                     raise DataError("the calibration data reader has no rewind() method, so it "
                                     "cannot be read a second time; add rewind() or pass a list")
                 rewind()
-            i = 0
-            while True:
-                f = d.get_next()
-                if f is None:
-                    break
-                yield f, f"reader item {i}"
-                i += 1
+            yield from self._reader_items(d)
         elif isinstance(d, Iterable):
             if again and iter(d) is d:
                 raise DataError("the calibration data is a one-shot iterator (e.g. a generator) "
@@ -316,20 +543,41 @@ class FeedSource:
         n = 0
         raw = self._raw(again=self._passes > 0)
         self._passes += 1
-        for feed, where in raw:
-            yield validate_feed(feed, self.specs, where)
-            n += 1
+        try:
+            for feed, where in raw:
+                if self.max_samples is not None and n >= self.max_samples:
+                    if not self.explicit_bound and self._passes == 1:
+                        warnings.warn(
+                            f"calibration data holds more than {self.max_samples} samples "
+                            f"(feeds); only the first {self.max_samples} are used (the default "
+                            "bound, which also ends an endless generator); pass max_samples=N "
+                            "(--calib-samples N) to use more, or None for no bound",
+                            stacklevel=2)
+                    break
+                yield validate_feed(feed, self.specs, where, cast=self.cast)
+                n += 1
+                if self.explicit_bound and n == self.max_samples:
+                    break  # asked for: read nothing more (the default bound peeks, to warn)
+        finally:
+            close = getattr(raw, "close", None)
+            if close is not None:
+                close()  # release open files of a source cut short
         if n == 0:
             raise DataError("calibration data is empty: it produced no samples; expected feed "
                             f"dicts for inputs {', '.join(s.name for s in self.specs)}")
 
 
-def as_feeds(data: Any, input_specs: Any, *, batch_size: int = 1) -> Iterator[dict[str, np.ndarray]]:
+def as_feeds(data: Any, input_specs: Any, *, batch_size: int = 1,
+             max_samples: int | None = _UNSET, cast: bool | None = None
+             ) -> Iterator[dict[str, np.ndarray]]:
     """One validated pass over calibration `data` as feed dicts ``{input name: array}``.
 
     `input_specs`: a list of :class:`InputSpec` (or ``(name, dtype, shape)`` tuples) or the
     ``onnx.ModelProto`` itself. `batch_size`: rows per feed when arrays are split along a dynamic
-    batch axis. Errors (:class:`DataError`) are raised lazily, when the bad item is reached; an
-    empty source raises when the iteration ends without a single feed.
+    batch axis. `max_samples`: feeds read (default :data:`DEFAULT_MAX_SAMPLES`; None: all).
+    `cast`: convert data of another dtype kind (e.g. uint8 -> float32) instead of refusing it.
+    Errors (:class:`DataError`) are raised lazily, when the bad item is reached; an empty source
+    raises when the iteration ends without a single feed.
     """
-    return iter(FeedSource(data, input_specs, batch_size=batch_size))
+    return iter(FeedSource(data, input_specs, batch_size=batch_size, max_samples=max_samples,
+                           cast=cast))

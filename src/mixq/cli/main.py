@@ -41,6 +41,38 @@ def _config_given(args: argparse.Namespace) -> bool:
                 or args.per_channel is not None or args.reduce_range or args.exclude_op_types)
 
 
+def _add_data_args(p: argparse.ArgumentParser, *, calib: bool) -> None:
+    """--cast (and --calib-samples for calibration data): see docs/DATA.md."""
+    p.add_argument("--cast", action="store_true",
+                   help="convert data whose dtype is of another kind than the model input's "
+                   "(e.g. uint8 images into a float32 input) instead of refusing it")
+    if calib:
+        from ..calibration.data import DEFAULT_MAX_SAMPLES
+
+        p.add_argument("--calib-samples", type=int, default=None, metavar="N",
+                       help=f"read at most N calibration samples (feeds) per pass (default "
+                       f"{DEFAULT_MAX_SAMPLES}; 0 = no bound)")
+
+
+def _calib_data(args: argparse.Namespace):
+    """args.calib, wrapped with --calib-samples / --cast when given."""
+    from ..calibration.data import DEFAULT_MAX_SAMPLES, CalibData
+
+    from ..errors import ConfigError
+
+    n = getattr(args, "calib_samples", None)
+    if args.calib is None and (n is not None or args.cast):
+        raise ConfigError(f"{'--cast' if args.cast else '--calib-samples'} applies to the "
+                          "calibration data, and no --calib was given; add --calib DATA or drop it")
+    if args.calib is None or (n is None and not args.cast):
+        return args.calib
+    if n is not None and n < 0:
+        raise ConfigError(f"--calib-samples {n}: give a positive number of samples, or 0 for "
+                          "no bound")
+    bound = DEFAULT_MAX_SAMPLES if n is None else (n or None)
+    return CalibData(args.calib, max_samples=bound, cast=args.cast)
+
+
 def _config_from_args(args: argparse.Namespace):
     import json
 
@@ -89,7 +121,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     # a replayed plan carries the config that made it; flags beside it must agree with it
     cfg = _config_from_args(args) if plan is None or _config_given(args) else None
     with _progress("calibrating") as tick:
-        res = quantize(args.input, cfg, args.calib, output_path=args.output, plan=plan,
+        res = quantize(args.input, cfg, _calib_data(args), output_path=args.output, plan=plan,
                        progress=tick)
     print(res.summary())
     print(f"\nwrote {res.output_path}")
@@ -136,29 +168,166 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init_bytes(t) -> int:
+    """Stored bytes of an initializer (external data by its recorded length)."""
+    from onnx import numpy_helper
+
+    if t.data_location == t.EXTERNAL:
+        ext = {e.key: e.value for e in t.external_data}
+        if "length" in ext:
+            return int(ext["length"])
+    if t.raw_data:
+        return len(t.raw_data)
+    try:
+        return int(numpy_helper.to_array(t).nbytes)
+    except Exception:  # noqa: BLE001 - an unreadable tensor counts nothing, the model check says why
+        return 0
+
+
+def formats_in_use(m) -> Counter:
+    """Counter of (tensor role, format) over the model: activations and weights of QDQ pairs
+    (by their quantized type), Casts to narrower floats, mixq block-format functions (by name)
+    and float weights left as they are."""
+    from onnx import helper
+
+    inits = {t.name: t for t in m.graph.initializer}
+
+    def tname(et: int) -> str:
+        name = helper.tensor_dtype_to_string(et).replace("TensorProto.", "").lower()
+        return {"float": "float32", "double": "float64"}.get(name, name)
+
+    fmt: Counter = Counter()
+    quantized: set[str] = set()
+    for n in m.graph.node:
+        if n.op_type == "QuantizeLinear" and n.domain in ("", "ai.onnx") and n.input[0] not in inits:
+            zp = inits.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+            attr = {a.name: a.i for a in n.attribute}
+            et = zp.data_type if zp is not None else attr.get("output_dtype") or 2  # uint8
+            fmt[("activation", f"QDQ {tname(et)}")] += 1
+        elif n.op_type in ("DequantizeLinear", "Cast") and n.domain in ("", "ai.onnx") \
+                and n.input[0] in inits:
+            t = inits[n.input[0]]
+            role = "bias" if n.op_type == "DequantizeLinear" and len(t.dims) == 1 and \
+                t.data_type == 6 else "weight"  # int32 vectors are biases
+            kind = "QDQ" if n.op_type == "DequantizeLinear" else "stored"
+            fmt[(role, f"{kind} {tname(t.data_type)}")] += 1
+            quantized.add(t.name)
+        elif n.op_type == "Cast" and n.domain in ("", "ai.onnx"):
+            to = next((a.i for a in n.attribute if a.name == "to"), 0)
+            if to not in (1, 11):  # a cast back to float32/64 is the other half of the pair
+                fmt[("activation", f"Cast {tname(to)}")] += 1
+        elif n.domain == "com.mixq":
+            name = n.op_type.split("_axis")[0]
+            if any(i in inits for i in n.input):
+                quantized.update(i for i in n.input if i in inits)
+                fmt[("weight", f"mixq {name}")] += 1
+            else:
+                fmt[("activation", f"mixq {name}")] += 1
+    for t in inits.values():
+        if t.name not in quantized and t.data_type in (1, 10, 11, 16) and len(t.dims) >= 2:
+            fmt[("weight", f"unquantized {tname(t.data_type)}")] += 1
+    return fmt
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .._io import load_model
 
     m = load_model(args.model)
     ops = Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in m.graph.node)
-    qtypes = Counter()
-    for n in m.graph.node:
-        if n.op_type == "DequantizeLinear":
-            qtypes["QDQ"] += 1
-        elif n.domain == "com.mixq":
-            qtypes[n.op_type] += 1
     print(f"model: {args.model}")
     opsets = ", ".join(f"{i.domain or 'ai.onnx'}:{i.version}" for i in m.opset_import)
     print(f"opset: {opsets}")
-    print(f"size: {m.ByteSize() / 1e6:.3f} MB, nodes: {len(m.graph.node)}, initializers: {len(m.graph.initializer)}")
+    weights = sum(_init_bytes(t) for t in m.graph.initializer)
+    print(f"size: {m.ByteSize() / 1e6:.3f} MB (graph), deployed weights {weights / 1e6:.3f} MB "
+          f"(MB = 10^6 bytes), nodes: {len(m.graph.node)}, initializers: {len(m.graph.initializer)}")
     print("inputs: " + ", ".join(i.name for i in m.graph.input))
     print("outputs: " + ", ".join(o.name for o in m.graph.output))
+    fmts = formats_in_use(m)
+    print("\nformats in use:\n| role | format | tensors |\n|---|---|---|")
+    for (role, f), c in sorted(fmts.items()):
+        print(f"| {role} | {f} | {c} |")
+    if not fmts:
+        print("| - | no quantized tensors, no float weights | 0 |")
     print("\n| op | count |\n|---|---|")
     for op, c in ops.most_common():
         print(f"| {op} | {c} |")
-    if qtypes:
-        print("\nquantization nodes: " + ", ".join(f"{k} x{v}" for k, v in qtypes.items()))
     return 0
+
+
+def _read_labels(path: str) -> np.ndarray:
+    """The --labels .npy: a 1-D array of integer class indices, never unpickled."""
+    from ..errors import DataError
+
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"--labels {path!r} {'is not a file' if p.exists() else 'does not exist'}"
+                        "; give a .npy file of integer class indices, one per sample")
+    try:
+        labels = np.load(p, allow_pickle=False)
+    except ValueError as exc:  # object arrays, bad headers
+        raise DataError(f"--labels {path!r} cannot be read as a numeric .npy ({exc}); mixq never "
+                        "unpickles: save the labels with np.save(path, np.asarray(labels, "
+                        "np.int64))") from exc
+    except (OSError, EOFError) as exc:
+        raise DataError(f"cannot read --labels {path!r}: {exc}") from exc
+    if not isinstance(labels, np.ndarray):  # an .npz archive
+        labels.close()
+        raise DataError(f"--labels {path!r} is an .npz archive; give a .npy file holding one "
+                        "1-D integer array")
+    if labels.ndim != 1:
+        raise DataError(f"--labels {path!r} has shape {labels.shape}; give a 1-D array of class "
+                        "indices, one per sample")
+    if labels.dtype.kind not in "iu":
+        raise DataError(f"--labels {path!r} has dtype {labels.dtype}; give integer class indices "
+                        "(np.int64), not scores or one-hot rows")
+    return labels
+
+
+def _check_same_inputs(fm, qm) -> None:
+    """The quantized model must take the float model's inputs (names and dtypes)."""
+    from ..calibration.data import input_specs_from_model
+    from ..errors import DataError
+
+    f = {s.name: s.dtype for s in input_specs_from_model(fm)}
+    q = {s.name: s.dtype for s in input_specs_from_model(qm)}
+    if f != q:
+        fs = ", ".join(f"{k} ({v})" for k, v in f.items())
+        qs = ", ".join(f"{k} ({v})" for k, v in q.items())
+        raise DataError(f"the two models take different inputs: float model {fs}; quantized "
+                        f"model {qs}. Compare a model with its own quantized version.")
+
+
+def _check_classifier_output(fm) -> None:
+    """--labels are compared with the argmax over classes of the first output: it must be
+    (batch, classes) where its rank is known."""
+    from ..errors import DataError
+
+    out = fm.graph.output[0]
+    tt = out.type.tensor_type
+    if tt.HasField("shape") and len(tt.shape.dim) != 2:
+        dims = ", ".join(d.dim_param or str(d.dim_value) if (d.dim_param or d.HasField("dim_value"))
+                         else "?" for d in tt.shape.dim)
+        raise DataError(f"--labels are compared with the argmax over classes of the first output, "
+                        f"which must be (batch, classes); output {out.name!r} has shape ({dims}). "
+                        "Drop --labels (the SQNR/cosine table needs none)")
+
+
+def _count_labelled(feeds, labels: np.ndarray, data: str):
+    """Pass `feeds` through, refusing as soon as the samples outnumber `labels`, and at the end
+    when they are fewer (a partial match would print a wrong accuracy)."""
+    from ..errors import DataError
+
+    seen = 0
+    for feed in feeds:
+        first = next(iter(feed.values()))
+        seen += first.shape[0] if first.ndim else 1
+        if seen > len(labels):
+            raise DataError(f"--labels holds {len(labels)} labels but --data {data!r} has more "
+                            f"samples (at least {seen}); give one label per sample")
+        yield feed
+    if seen != len(labels):
+        raise DataError(f"--labels holds {len(labels)} labels but --data {data!r} has {seen} "
+                        "samples; give one label per sample")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -167,7 +336,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ..evaluate import compare
 
     fm, qm = load_model(args.float_model), load_model(args.quant_model)
-    labels = np.load(args.labels, allow_pickle=False) if args.labels else None
+    labels = _read_labels(args.labels) if args.labels else None
+    _check_same_inputs(fm, qm)
+    if labels is not None:
+        _check_classifier_output(fm)
     rows = []
     from .._progress import track
     from ..calibration.collect import count_batches
@@ -175,8 +347,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     total = count_batches(args.data, input_specs_from_model(fm))
     for optimize in (True, False):
-        feeds = track(as_feeds(args.data, fm), "evaluating" + ("" if optimize else
-                      " (optimizations disabled)"), total=total)
+        feeds = as_feeds(args.data, fm, max_samples=None, cast=args.cast)  # every sample counts
+        if labels is not None:
+            feeds = _count_labelled(feeds, labels, args.data)
+        feeds = track(feeds, "evaluating" + ("" if optimize else " (optimizations disabled)"),
+                      total=total)
         c = compare(fm, qm, feeds, labels=labels, optimize=optimize)
         rows.append((optimize, c))
     print("| output | optimizations | SQNR dB | cosine | max abs err | top-1 agreement |")
@@ -212,7 +387,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
 
         raise ConfigError("--candidates needs the wide base first and at least one narrower "
                           "precision, e.g. int16/int8,int8.")
-    labels = np.load(args.labels, allow_pickle=False) if args.labels else None
+    labels = _read_labels(args.labels) if args.labels else None
     auto = AutoConfig(base=base_from_candidate(cands[0], args.preset), candidates=tuple(cands[1:]),
                       op_types=frozenset(args.op_types.split(",")), l2_target=args.l2_target,
                       top1_drop=args.top1_drop, max_size_mb=args.max_size_mb,
@@ -246,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("output")
     q.add_argument("--calib", help="calibration data: .npz, .npy or a folder of them")
     q.add_argument("--plan", help="replay a precision plan saved by `mixq plan -o`")
+    _add_data_args(q, calib=True)
     _add_config_args(q)
     q.set_defaults(func=cmd_quantize)
 
@@ -269,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("quant_model")
     e.add_argument("--data", required=True, help=".npz, .npy or folder of inputs")
     e.add_argument("--labels", help=".npy of integer labels (first output's argmax is compared)")
+    _add_data_args(e, calib=False)
     e.set_defaults(func=cmd_eval)
 
     a = sub.add_parser("auto", help="automatic mixed precision to an accuracy or size target")

@@ -238,14 +238,21 @@ def _bfp_label(block: int, exp: int, mant: int, sub: int) -> str:
     return f"bfp(block={block},exp={exp},mant={mant}" + (f",sub={sub})" if sub > 1 else ")")
 
 
+#: Largest bfp block: every block is padded to its full size in memory (values and ONNX).
+MAX_BLOCK = 4096
+
+
 def make_bfp(block: int = 8, exp: int = 8, mant: int = 7, sub: int = 1) -> BlockFormat:
     """A BFP format (with 1-bit microexponents per `sub` elements when `sub` > 1), validated.
 
-    Limits: block >= 1; 1 <= exp <= 8; mant >= 1 with the finest step
+    Limits: 1 <= block <= MAX_BLOCK (4096); 1 <= exp <= 8; mant >= 1 with the finest step
     2**(smin - [sub > 1] - mant + 1) >= 2**-149 (every value is a float32); sub divides block."""
     for key, val in (("block", block), ("exp", exp), ("mant", mant), ("sub", sub)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
             raise FormatError(f"bfp {key}={val!r} must be a positive integer")
+    if block > MAX_BLOCK:  # a block is padded to its full size: unbounded blocks exhaust memory
+        raise FormatError(f"bfp block={block} is above the largest block size {MAX_BLOCK}; "
+                          "use a block of 8..64 elements (bfp16 uses 8, MX formats 32)")
     if exp > 8:
         raise FormatError(f"bfp exp={exp}: shared exponents wider than 8 bits exceed the float32 range; use 1..8")
     if block % sub:
