@@ -9,6 +9,7 @@ Public API:
     ModelQuantizer (the documented front door, see mixq.compat)
 """
 from .api import QuantizeResult, quantize
+from .calibration.data import CalibData
 from .config import PRESETS, LayerRule, QuantConfig, get_default_config
 from .errors import ConfigError, DataError, FormatError, MixqError, ModelError, OutputError
 from .formats import get_format, list_formats
@@ -19,7 +20,7 @@ from .plan.plan import PrecisionPlan, TensorPrecision
 __version__ = "0.1.0"
 
 __all__ = [
-    "quantize", "QuantizeResult", "QuantConfig", "LayerRule", "get_default_config", "PRESETS",
+    "quantize", "QuantizeResult", "CalibData", "QuantConfig", "LayerRule", "get_default_config", "PRESETS",
     "PrecisionPlan", "TensorPrecision", "get_format", "list_formats", "Pipeline",
     "Granularity", "PerTensor", "PerChannel", "PerBlock",
     "MixqError", "ConfigError", "DataError", "FormatError", "ModelError", "OutputError",

@@ -12,6 +12,7 @@ from typing import Any
 import onnx
 
 from ._io import check_output_path, load_deferred, model_size, save_model
+from .calibration.data import CalibData
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
@@ -112,7 +113,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     ft_config = finetune if finetune is not None else getattr(config, "finetune_config", None)
     out_path = Path(output_path) if output_path is not None else None
     protect = None if isinstance(model, (onnx.ModelProto, bytes)) else model
-    data_inputs = [calibration_data] if isinstance(calibration_data, (str, os.PathLike)) else []
+    raw_data = calibration_data.data if isinstance(calibration_data, CalibData) else calibration_data
+    data_inputs = [raw_data] if isinstance(raw_data, (str, os.PathLike)) else []
     if out_path is not None:  # checked before any work, and again by save_model
         check_output_path(out_path, models=[protect], inputs=data_inputs, kind="output")
     # a big model's weights stay in their external data file: onnxruntime maps them for
@@ -213,7 +215,7 @@ def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto,
         return []
     if cpu_has_vnni() is not False:
         return []
-    if not isinstance(data, (list, tuple, str, os.PathLike)):
+    if not isinstance(data.data if isinstance(data, CalibData) else data, (list, tuple, str, os.PathLike)):
         return ["kernel check skipped: the calibration data is a one-shot reader; run "
                 "`mixq eval` to compare optimized and unoptimized onnxruntime runs"]
     from .calibration.data import as_feeds

@@ -306,3 +306,18 @@ def test_npz_member_with_damaged_compressed_data(tmp_path):
     p.write_bytes(bytes(raw))
     with pytest.raises(DataError, match=r"member 'x'|cannot read"):
         list(as_feeds(p, MLP))
+
+
+def test_wrapped_calibration_file_is_still_protected(tmp_path):
+    """CalibData(path) hides the path from a naive check: the output guard must unwrap it."""
+    from mixq.errors import OutputError
+
+    mlp = M.mlp(21)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(mlp.SerializeToString())
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32))
+    before = calib.read_bytes()
+    with pytest.raises(OutputError, match="input file"):
+        mixq.quantize(src, "A8W8", CalibData(str(calib), max_samples=4), output_path=calib)
+    assert calib.read_bytes() == before
