@@ -148,9 +148,17 @@ class QuantConfig:
             raise ConfigError("layer_rules must be LayerRule objects.")
         object.__setattr__(self, "layer_rules", rules)
         tf = self.tensor_formats
-        items = tf.items() if isinstance(tf, dict) else tf
+        if isinstance(tf, str):
+            raise ConfigError("tensor_formats must be (tensor name, format) pairs or a dict "
+                              f"{{tensor: format}}, not the string {tf!r}.")
+        items = list(tf.items() if isinstance(tf, dict) else tf)
         pairs: dict[str, str] = {}
-        for tensor, fmt in items:
+        for item in items:
+            if isinstance(item, str) or not isinstance(item, (tuple, list)) or len(item) != 2 \
+                    or not isinstance(item[0], str):
+                raise ConfigError(f"tensor_formats entry {item!r} is not a (tensor name, format) "
+                                  "pair, e.g. ('conv1.weight', 'int16').")
+            tensor, fmt = item
             name = get_format(fmt).name
             if tensor in pairs and pairs[tensor] != name:
                 raise ConfigError(f"tensor {tensor!r} is given two formats, {pairs[tensor]} and {name}.")
@@ -210,7 +218,11 @@ class QuantConfig:
         for k in ("op_types", "exclude_op_types", "exclude_nodes"):
             if isinstance(d.get(k), list):
                 d[k] = frozenset(d[k])
-        return base.with_options(**d)
+        try:
+            return base.with_options(**d)
+        except TypeError as exc:  # a value of the wrong type inside a JSON config
+            raise ConfigError(f"invalid config value: {exc}. Check the types of the config's "
+                              "fields (names are strings, lists are lists).") from exc
 
     def with_options(self, **changes: Any) -> "QuantConfig":
         """A copy with some options changed; unknown option names raise ConfigError."""
@@ -220,6 +232,29 @@ class QuantConfig:
                 raise ConfigError(f"unknown config option {k!r}." + did_you_mean(k, known)
                                   + f" Options: {', '.join(known)}.")
         return replace(self, **changes)
+
+
+def _checked_init(init: Any) -> Any:
+    """QuantConfig's generated __init__, with unknown keyword names refused as a ConfigError
+    with a "did you mean" (a misspelled `activaton=` was a bare TypeError)."""
+    import functools
+
+    known = [f.name for f in fields(QuantConfig)] + ["per_channel"]
+
+    @functools.wraps(init)
+    def __init__(self: QuantConfig, *args: Any, **kwargs: Any) -> None:
+        for k in kwargs:
+            if k not in known:
+                raise ConfigError(f"unknown config option {k!r}." + did_you_mean(k, known)
+                                  + f" Options: {', '.join(known)}.")
+        if args:
+            raise ConfigError("QuantConfig takes keyword arguments only, e.g. "
+                              "QuantConfig(activation='int16', weight='int8').")
+        init(self, **kwargs)
+    return __init__
+
+
+QuantConfig.__init__ = _checked_init(QuantConfig.__init__)  # type: ignore[method-assign]
 
 
 def _p(name: str, **kw: Any) -> QuantConfig:

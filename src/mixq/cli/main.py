@@ -35,6 +35,10 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exclude-op-types", default="", help="comma-separated op types to keep float")
 
 
+#: A --config file is a few hundred bytes; anything far larger is not one.
+_MAX_CONFIG_BYTES = 1_000_000
+
+
 def _config_given(args: argparse.Namespace) -> bool:
     """Whether any config flag was given (a replayed plan carries its own config)."""
     return bool(args.config or args.preset or args.activation or args.weight or args.calib_method
@@ -81,9 +85,14 @@ def _config_from_args(args: argparse.Namespace):
 
     if args.config:
         try:
-            d = json.loads(Path(args.config).read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read the config file {args.config!r}: {exc}") from exc
+            path = Path(args.config)
+            if path.is_file() and path.stat().st_size > _MAX_CONFIG_BYTES:
+                raise ConfigError(f"the config file {args.config!r} is larger than "
+                                  f"{_MAX_CONFIG_BYTES // 1000} kB: not a mixq config.")
+            d = json.loads(path.read_text())
+        except (OSError, ValueError, RecursionError) as exc:
+            raise ConfigError(f"cannot read the config file {args.config!r}: "
+                              f"{'nested too deeply' if isinstance(exc, RecursionError) else exc}") from exc
         if not isinstance(d, dict):
             raise ConfigError(f"the config file {args.config!r} must hold a JSON object.")
         if args.preset:

@@ -1,0 +1,47 @@
+"""Configs checked at the door (issue 15): each case raised a raw TypeError/ValueError before;
+now a ConfigError naming the option and the fix."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import mixq
+from mixq.cli.main import main
+from mixq.data import default_model_path
+from mixq.errors import ConfigError
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: mixq.QuantConfig(activaton="int8"), "did you mean: activation"),
+    (lambda: mixq.QuantConfig("int8"), "keyword"),
+    (lambda: mixq.QuantConfig(percentile="abc"), "percentile"),
+    (lambda: mixq.QuantConfig(percentile=True), "percentile"),
+    (lambda: mixq.QuantConfig(tensor_formats=["abc"]), "pair"),
+    (lambda: mixq.QuantConfig(tensor_formats=[("a", "int8", "x")]), "pair"),
+    (lambda: mixq.QuantConfig(tensor_formats="a"), "string"),
+    (lambda: mixq.QuantConfig(reduce_range="yes"), "True or False"),
+    (lambda: mixq.QuantConfig(per_channel="no"), "True or False"),
+    (lambda: mixq.QuantConfig.from_dict({"op_types": 5}), "invalid config value"),
+    (lambda: mixq.QuantConfig.from_dict({"tensor_formats": [["a"]]}), "pairs"),
+])
+def test_bad_config_values_are_config_errors(make, match):
+    with pytest.raises(ConfigError, match=f"(?i){match}"):
+        make()
+
+
+@pytest.mark.parametrize("content", ["[" * 100000 + "]" * 100000, json.dumps({"op_types": 5}),
+                                     json.dumps({"activation": ["int8"]}), "{" * 10])
+def test_cli_bad_config_files(content, tmp_path, capsys):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(content)
+    assert main(["plan", str(default_model_path()), "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mixq: error:") and "Traceback" not in err
+
+
+def test_cli_plan_output_onto_a_directory(tmp_path, capsys):
+    d = tmp_path / "plans"
+    d.mkdir()
+    assert main(["plan", str(default_model_path()), "-o", str(d)]) == 2
+    assert "directory" in capsys.readouterr().err
