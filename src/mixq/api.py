@@ -16,7 +16,7 @@ from .calibration.data import CalibData
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
-from .passes.prepare import PrepareReport, check_graph
+from .passes.prepare import PrepareReport, check_graph, model_opset
 from .passes.qdq import RewriteReport
 from .pipeline import Pipeline, config_of_plan
 from .plan.plan import PrecisionPlan
@@ -46,7 +46,7 @@ class QuantizeResult:
         lines = [f"## mixq: {self.config.name} (activations {self.config.activation}, "
                  f"weights {self.config.weight})", "",
                  "| what | value |", "|---|---|",
-                 f"| opset | {self.prepare.opset_from} -> {self.prepare.opset_to} |",
+                 f"| opset | {self.prepare.opset_from} -> {model_opset(self.model)} |",
                  f"| BatchNorms folded | {self.prepare.batchnorms_folded} |",
                  f"| Pads folded into Conv | {self.prepare.pads_folded} |",
                  f"| activations quantized | {self.rewrite.activations_quantized} |",

@@ -112,3 +112,10 @@ def test_per_block_int8_weights_with_int8_activations_fall_back_with_a_reason():
     tp = res.plan.tensors["W"]
     assert tp.block_size is None and tp.channel_axis == 1 and "not per block" in tp.reason
     run(res.model, fs[0])
+
+
+def test_summary_opset_is_the_written_models():
+    """MXFP8's functions need opset 25: the summary used to say 17 -> 21 above a note saying 25."""
+    res = mixq.quantize(str(default_model_path()), "MXFP8_E4M3", None)
+    opset = next(i.version for i in res.model.opset_import if i.domain in ("", "ai.onnx"))
+    assert f"-> {opset} |" in res.summary() and opset == 25
