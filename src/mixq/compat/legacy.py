@@ -72,6 +72,7 @@ def translate_legacy(qc: "QuantizationConfig", algo_finetune: Any = None,
                                   f"{opt}={member_name(t)} contradicts it (drop it or use QuantFormat.QDQ).")
         act_t = w_t = forced
     ch = ctx.changes
+    _block_attrs_used(extra, {act_t.name, w_t.name} | _amp_type_names(ctx))
     ch["activation"] = type_format(act_t, "activation_type", extra)
     ch["weight"] = type_format(w_t, "weight_type", extra)
     if ctx.flags.get("npu_cnn"):
@@ -101,6 +102,28 @@ def translate_legacy(qc: "QuantizationConfig", algo_finetune: Any = None,
         else:
             layer_wise_changes(req, ch)
     return _finish(ctx, finetune, amp)
+
+
+def _amp_type_names(ctx: Ctx) -> set[str]:
+    """Names of the quantization types the extra options use (AutoMixprecision, MixedPrecisionTensor)."""
+    out: set[str] = set()
+    if isinstance(ctx.amp, dict):
+        out |= {getattr(ctx.amp.get(k), "name", "") for k in ("TargetQuantType", "ActTargetQuantType",
+                                                               "WeightTargetQuantType")}
+    mpt = ctx.flags.get("mixed_precision_tensor")
+    if isinstance(mpt, dict):
+        out |= {getattr(k, "name", "") for k in mpt}
+    return out
+
+
+def _block_attrs_used(extra: dict[str, Any], type_names: set[str]) -> None:
+    """BFPAttributes / MXAttributes describe QBFP / QMX: given without such a type they would do
+    nothing, so they raise."""
+    for key, t in (("BFPAttributes", "QBFP"), ("MXAttributes", "QMX")):
+        if key in extra and t not in type_names:
+            raise ConfigError(f"extra_options['{key}'] describes the {t} type, but no type is {t} "
+                              f"(activation_type, weight_type, MixedPrecisionTensor or AutoMixprecision); "
+                              f"remove it or use ExtendedQuantType.{t}.")
 
 
 def _npu_cnn_constraints(ch: dict[str, Any], qc: "QuantizationConfig", extra: dict[str, Any]) -> None:

@@ -9,7 +9,8 @@ from ..finetune.compat import QConfig, QLayerConfig, layer_rule_of
 from ..formats import get_format
 from .algo import split_algo_config
 from .amp import build_request, layer_wise_changes
-from .legacy import Translation, _finish, _npu_cnn_constraints, _op_type_changes, _tensor_precision
+from .legacy import (Translation, _amp_type_names, _block_attrs_used, _finish, _npu_cnn_constraints,
+                     _op_type_changes, _tensor_precision)
 from .table import Ctx, translate_extra
 
 
@@ -56,6 +57,7 @@ def translate_qconfig(q: QConfig) -> Translation:
                           "when the model exceeds 2 GB (remove the option).")
     translate_extra(ctx, q.extra_options)
     ch = ctx.changes
+    _block_attrs_used(ctx.extra, _amp_type_names(ctx))  # the specs fix the global formats
     if ctx.flags.get("npu_cnn"):
         _npu_cnn_constraints(ch, None, ctx.extra)  # type: ignore[arg-type]
     _op_type_changes(ch, ctx)

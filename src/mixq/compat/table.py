@@ -374,11 +374,11 @@ EXTRA_OPTIONS: list[Entry] = [
           effect={"config.layer_rules": (LayerRule(op_types=frozenset({"Conv"}), activation="int16", weight="int8"),)}),
     Entry(EO, "FastFinetune", "maps", "fast finetuning options (keys below); used with include_fast_ft=True",
           C.mapping, _fast_ft, example={"NumIterations": 5}, effect={"error": "include_fast_ft"}),
-    Entry(EO, "BFPAttributes", "maps", "which block format QBFP is (keys below)", C.mapping, None,
-          example={"bfp_method": "to_bfp_prime", "bit_width": 13, "block_size": 16},
-          effect={"note": "with QBFP types: mx6"}),
-    Entry(EO, "MXAttributes", "maps", "which MX format QMX is (keys below)", C.mapping, None,
-          example={"element_dtype": "fp4_e2m1"}, effect={"note": "with QMX types: mxfp4"}),
+    Entry(EO, "BFPAttributes", "maps", "which block format QBFP is (keys below); given without a QBFP "
+          "type it raises", C.mapping, None,
+          example={"bfp_method": "to_bfp_prime", "bit_width": 13, "block_size": 16}, effect={"error": "QBFP"}),
+    Entry(EO, "MXAttributes", "maps", "which MX format QMX is (keys below); given without a QMX type it "
+          "raises", C.mapping, None, example={"element_dtype": "fp4_e2m1"}, effect={"error": "QMX"}),
     Entry(EO, "QuantizeBias", "maps", "False: `bias='float'` (True: int32 biases)", C.boolean,
           _bias_float_if_false, example=False, effect={"config.bias": "float"}),
     Entry(EO, "Int32Bias", "maps", "True: int32 biases (mixq's way); False raises (a bias in the weight "

@@ -122,9 +122,17 @@ class DataTypeSpec:
     def per_channel(self) -> bool:
         return bool(self._options.get("per_channel", False))
 
-    def settings(self) -> tuple[bool, str, bool, bool]:
-        """(symmetric, calibration, power-of-two, per-channel): what a layer rule cannot change."""
-        return self.symmetric, self.calibration, self.pof2, self.per_channel
+    def settings(self, role: str, given_only: bool = False) -> dict[str, Any]:
+        """What a layer rule cannot change: for input tensors symmetry, calibration and
+        power-of-two scales; for weights symmetry, power-of-two scales and granularity (weight
+        scales come from min/max whatever the calibration method). `given_only`: only the
+        options given explicitly."""
+        keys = ("symmetric", "calibration", "pof2") if role == "input_tensors" else ("symmetric", "pof2", "per_channel")
+        given = {"calibration": "calibration_method"}
+        out = {k: getattr(self, k) for k in keys}
+        if given_only:
+            out = {k: v for k, v in out.items() if given.get(k, k) in self._options}
+        return out
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self._options == other._options  # type: ignore[attr-defined]
@@ -321,13 +329,16 @@ def layer_rule_of(key: Any, global_config: QLayerConfig, opt: str, names: tuple[
     else:
         pairs = ((key, global_config.input_tensors, "input_tensors"), (key, global_config.weight, "weight"))
         act = w = key.format
+    explicit = not isinstance(key, QLayerConfig)  # a bare spec (mixq's form): its given options only
     for spec, glob, role in pairs:
-        if get_format(spec.format).needs_qparams and get_format(glob.format).needs_qparams and \
-                spec.settings() != glob.settings():
-            raise ConfigError(f"{opt}: {spec!r} ({role}): unsupported: its symmetry / calibration / scale "
-                              f"type / granularity {spec.settings()} differ from the global {role} spec's "
-                              f"{glob.settings()}; mixq's layer rules change formats only (give the same "
-                              "options, or set them on global_config).")
+        if not (get_format(spec.format).needs_qparams and get_format(glob.format).needs_qparams):
+            continue
+        mine = spec.settings(role, given_only=explicit)
+        theirs = {k: v for k, v in glob.settings(role).items() if k in mine}
+        if mine != theirs:
+            raise ConfigError(f"{opt}: {spec!r} ({role}): unsupported: its settings {mine} differ from the "
+                              f"global {role} spec's {theirs}; mixq's layer rules change formats only "
+                              "(give the same options, or set them on global_config).")
     return LayerRule(**{by: names}, activation=act, weight=w)
 
 
