@@ -260,7 +260,7 @@ def vendor_walk(model: str | os.PathLike | onnx.ModelProto, base: QuantConfig, r
 
         def measure(cfg: QuantConfig) -> float:
             return top1_loss(fn, float_results, run_results(wb.materialize(cfg)[0], eval_feeds, req.output_index))
-        target = req.top1_target
+        target: float | None = req.top1_target
     else:
         metric_name = "average L2"
 
@@ -274,10 +274,10 @@ def vendor_walk(model: str | os.PathLike | onnx.ModelProto, base: QuantConfig, r
     layers = [n for n in layers if n not in set(req.exclude)]
     if req.no_shared:
         consumers: dict[str, int] = {}
-        for n in prepared.graph.node:
-            for i in n.input:
+        for node in prepared.graph.node:
+            for i in node.input:
                 consumers[i] = consumers.get(i, 0) + 1
-        first_input = {n.name: n.input[0] for n in prepared.graph.node if n.input}
+        first_input = {node.name: node.input[0] for node in prepared.graph.node if node.input}
         layers = [n for n in layers if consumers.get(first_input.get(n, ""), 0) <= 1]
     current = measure(base) if target is not None else 0.0
     chosen: list[str] = []

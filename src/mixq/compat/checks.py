@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import math
 import numbers
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -42,7 +43,7 @@ def number(lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False
         ok_type = numbers.Integral if integer else numbers.Real
         if isinstance(value, bool) or not isinstance(value, ok_type):
             raise ConfigError(f"{option}={value!r} must be {kind}.")
-        v = int(value) if integer else float(value)
+        v = operator.index(value) if integer else float(value)  # type: ignore[arg-type]  # Integral checked above
         if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
             lb = "(" if lo_open else "["
             raise ConfigError(f"{option}={value!r} must be {kind} in {lb}{lo:g}, {hi:g}].")

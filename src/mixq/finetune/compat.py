@@ -45,6 +45,7 @@ class DataTypeSpec:
     the format (`Int8Spec`, `BFloat16Spec`, `MXFP4E2M1Spec` ...) and the vendor's defaults."""
 
     format: ClassVar[str] = ""
+    _options: dict[str, Any]
     default_symmetric: ClassVar[bool] = True
     default_calibration: ClassVar[str] = "minmax"
     default_pof2: ClassVar[bool] = False
@@ -339,7 +340,9 @@ def layer_rule_of(key: Any, global_config: QLayerConfig, opt: str, names: tuple[
             raise ConfigError(f"{opt}: {spec!r} ({role}): unsupported: its settings {mine} differ from the "
                               f"global {role} spec's {theirs}; mixq's layer rules change formats only "
                               "(give the same options, or set them on global_config).")
-    return LayerRule(**{by: names}, activation=act, weight=w)
+    if by == "op_types":
+        return LayerRule(op_types=frozenset(names), activation=act, weight=w)
+    return LayerRule(nodes=names, activation=act, weight=w)
 
 
 __all__ = ["AdaQuantConfig", "AdaRoundConfig", "DataTypeSpec", "EarlyStop", "QConfig", "QLayerConfig",
