@@ -221,6 +221,8 @@ def test_preset_details_and_copies():
     get_default_config("A8W8").extra_options["Percentile"] = 50.5  # a copy: the next call is clean
     assert "Percentile" not in get_default_config("A8W8").extra_options
     assert isinstance(mixq.get_default_config("A8W8"), QuantConfig)  # mixq's own stays typed
+    c = QConfig.get_default_config("XINT8")  # the vendor's classmethod spelling: a Config
+    assert isinstance(c, Config) and c.to_mixq() == get_default_config("XINT8").to_mixq()
     with pytest.raises(ConfigError, match="Did you mean: XINT8"):
         get_default_config("XINT"), 
 
@@ -300,6 +302,10 @@ def test_qconfig_preset(name):
     (lambda: QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec()), use_external_data_format=True), "2 GB"),
     (lambda: QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec()), ActivationSymetric=True), "Did you mean"),
     (lambda: QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec(), bias=Int8Spec())), "bias"),
+    # what only ModelQuantizer runs is refused by to_mixq (mixq.quantize), not dropped
+    (lambda: QuantizationConfig(extra_options={"AutoMixprecision": {"ActTargetQuantType": QuantType.QInt8,
+                                                                    "L2Target": 0.1}}).to_mixq(), "ModelQuantizer"),
+    (lambda: QuantizationConfig(extra_options={"CalibDataSize": 4}).to_mixq(), "ModelQuantizer"),
 ])
 def test_errors(make, match):
     with pytest.raises(ConfigError, match=match):

@@ -15,6 +15,19 @@ from .finetune_vocab import finetune_from_vendor
 from .table import QC_ENTRIES, Ctx, translate_extra
 
 
+def typed_config(tr: "Translation") -> QuantConfig:
+    """The QuantConfig for `mixq.quantize`, which runs no AutoMixprecision walk and reads the
+    calibration data as given: such requests raise instead of being dropped."""
+    if tr.amp is not None:
+        raise ConfigError("this config asks for the AutoMixprecision walk (L2Target / Top1AccTarget / "
+                          "NumTarget): run it with mixq.compat.ModelQuantizer(config).quantize_model(...); "
+                          "mixq.quantize takes fixed configs.")
+    if tr.calib_samples is not None:
+        raise ConfigError("extra_options['CalibDataSize'] is applied by mixq.compat.ModelQuantizer; with "
+                          "mixq.quantize pass the first samples yourself.")
+    return tr.config
+
+
 @dataclass
 class Translation:
     """A documented config in mixq's terms."""
@@ -228,7 +241,7 @@ class QuantizationConfig:
 
     def to_mixq(self) -> QuantConfig:
         """mixq's typed QuantConfig (what `mixq.quantize` uses)."""
-        return self.translate().config
+        return typed_config(self.translate())
 
     @property
     def finetune_config(self) -> Any:
@@ -259,7 +272,8 @@ class Config:
         return translate_legacy(self.global_quant_config, ft, amp)
 
     def to_mixq(self) -> QuantConfig:
-        return self.translate().config
+        """mixq's typed QuantConfig (what `mixq.quantize` uses)."""
+        return typed_config(self.translate())
 
     @property
     def finetune_config(self) -> Any:

@@ -299,6 +299,14 @@ class QConfig:
             s(self, opt, clean)
         self.translate()  # checked on creation
 
+    @staticmethod
+    def get_default_config(name: str) -> Any:
+        """The vendor's `QConfig.get_default_config(name)`: Config(global_quant_config=<preset name>)."""
+        from ..compat.legacy import Config
+        from ..compat.presets import get_default_config
+
+        return Config(global_quant_config=get_default_config(name))
+
     def translate(self) -> Any:
         """The mixq.compat Translation (QuantConfig, finetune config, AutoMixprecision request)."""
         from ..compat.qconfig import translate_qconfig
@@ -312,7 +320,9 @@ class QConfig:
 
     def to_mixq(self) -> QuantConfig:
         """The typed QuantConfig (the finetune config is `finetune_config`)."""
-        return self.translate().config
+        from ..compat.legacy import typed_config
+
+        return typed_config(self.translate())
 
 
 def layer_rule_of(key: Any, global_config: QLayerConfig, opt: str, names: tuple[str, ...],
