@@ -25,11 +25,21 @@ from mixq.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _pc(cfg) -> bool:
+    """Per-channel weights, whether QuantConfig spells it `per_channel` or (granularity) exposes
+    `per_channel_weights`."""
+    v = getattr(cfg, "per_channel_weights", None)
+    return bool(cfg.per_channel if v is None else v)
+
+
 def _get(tr, path: str):
     """Translation attribute path: 'config.percentile', 'flags.extra_op_types', 'amp.l2_target'."""
     obj = tr
     for part in path.split("."):
-        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+        if part == "per_channel" and isinstance(obj, QuantConfig):
+            obj = _pc(obj)
+        else:
+            obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
     return obj
 
 
@@ -159,7 +169,7 @@ def test_enum_member(entry):
             with pytest.raises(ConfigError, match="unsupported"):
                 make()
         else:
-            assert make().per_channel == (m.name == "Channel")
+            assert _pc(make()) == (m.name == "Channel")
 
 
 #: Each preset: (activation, weight, finetune algorithm) or the word its error names.
@@ -206,7 +216,7 @@ def test_preset(name):
     tr = Config(global_quant_config=q).translate()
     assert (tr.config.activation, tr.config.weight) == want[:2]
     assert (tr.finetune.algorithm if tr.finetune else None) == want[2]
-    assert tr.config.per_channel is False  # the vendor's presets are per tensor
+    assert _pc(tr.config) is False  # the vendor's presets are per tensor
 
 
 def test_preset_details_and_copies():
@@ -315,10 +325,10 @@ def test_errors(make, match):
 def test_qconfig_vendor_defaults_and_options():
     # the vendor's spec defaults: Int8Spec symmetric + Percentile, UInt8Spec asymmetric
     q = QConfig(global_config=QLayerConfig(input_tensors=UInt8Spec(), weight=Int8Spec())).to_mixq()
-    assert (q.calibration, q.activation_symmetric, q.per_channel) == ("percentile", False, False)
+    assert (q.calibration, q.activation_symmetric, _pc(q)) == ("percentile", False, False)
     q = QConfig(global_config=QLayerConfig(Int8Spec(calibration_method=CalibMethod.MinMax, symmetric=False),
                                            Int8Spec(quant_granularity=QuantGranularity.Channel, symmetric=False))).to_mixq()
-    assert (q.calibration, q.activation_symmetric, q.weight_symmetric, q.per_channel) == ("minmax", False, False, True)
+    assert (q.calibration, q.activation_symmetric, q.weight_symmetric, _pc(q)) == ("minmax", False, False, True)
     x = QConfig(global_config=QLayerConfig(Int8Spec(scale_type=ScaleType.PowerOf2, calibration_method=CalibMethod.MinMax),
                                            Int8Spec(scale_type=ScaleType.PowerOf2))).to_mixq()
     assert x.power_of_two == "nonoverflow" and x.share_concat_scales

@@ -215,6 +215,61 @@ class WalkResult:
         return {n: "narrow" for n in self.narrowed}
 
 
+def _workbench(model: Any, configs: tuple[QuantConfig, ...], data: Any, req: AmpRequest) -> tuple[Any, Any, Any, Any]:
+    """A search workbench on the prepared model with the statistics `configs` need, the prepared
+    model, all calibration feeds, and the feeds the walk evaluates on. (Works with the search
+    workbench before and after its move onto mixq.pipeline.Pipeline.)"""
+    from ..calibration.collect import collect_stats
+    from ..calibration.data import as_feeds
+    from ..formats import get_format
+    from ..search.workbench import Workbench
+
+    try:
+        from ..pipeline import Pipeline
+    except ImportError:  # the workbench before the pipeline
+        Pipeline = None  # type: ignore[assignment,misc]
+    plan_of: Callable[[QuantConfig], Any]
+    if Pipeline is not None:
+        pipe = Pipeline.load(model, defer=False)
+        prepared = pipe.model
+        plan_of = pipe.plan
+    else:
+        from .._io import load_model
+        from ..passes.prepare import prepare
+        from ..plan.rules import build_plan
+
+        prepared, _ = prepare(load_model(model))
+        ensure_names(prepared)
+
+        def _plan(cfg: QuantConfig) -> Any:
+            return build_plan(prepared, cfg)
+        plan_of = _plan
+    feeds = list(as_feeds(data, prepared))
+    if not feeds:
+        raise ConfigError("the calibration data reader gave no batches.")
+    needed: set[str] = set()
+    for cfg in configs:
+        needed |= set(plan_of(cfg).calibrated_tensors(lambda f: get_format(f).needs_qparams))
+    stats = dict(collect_stats(prepared, sorted(needed), feeds).stats) if needed else {}
+    n_eval = len(feeds) if req.data_size is None else min(len(feeds), req.data_size + 1)
+    eval_feeds = feeds[:n_eval]
+    if Pipeline is not None:
+        pipe.stats.update(stats)
+        wb = Workbench(pipe, eval_feeds, output_index=req.output_index or 0)  # type: ignore[call-arg,arg-type]
+    else:
+        wb = Workbench(prepared, stats, eval_feeds, output_index=req.output_index or 0)  # type: ignore[call-arg,arg-type]
+    return wb, prepared, feeds, eval_feeds
+
+
+def ensure_names(model: onnx.ModelProto) -> None:
+    """Name every node as mixq's pipeline does (layer rules refer to nodes by name)."""
+    try:
+        from ..pipeline import ensure_node_names
+    except ImportError:
+        from ..api import _ensure_node_names as ensure_node_names  # type: ignore[attr-defined,no-redef,assignment]
+    ensure_node_names(model)
+
+
 def _narrowed(base: QuantConfig, req: AmpRequest, nodes: list[str]) -> QuantConfig:
     if not nodes:
         return base
@@ -226,32 +281,13 @@ def vendor_walk(model: str | os.PathLike | onnx.ModelProto, base: QuantConfig, r
                 calibration_data: Any, *, output_path: str | os.PathLike | None = None,
                 finetune: Any = None) -> WalkResult:
     """Run the documented walk and quantize the chosen plan (see the module docstring)."""
-    from .._io import load_model
-    from ..api import _ensure_node_names, quantize
-    from ..calibration.collect import collect_stats
-    from ..calibration.data import as_feeds
-    from ..formats import get_format
-    from ..passes.prepare import prepare
+    from ..api import quantize
     from ..search.sensitivity import candidate_layers
-    from ..search.workbench import Workbench
 
     if calibration_data is None:
         raise ConfigError("AutoMixprecision with a target needs a calibration data reader.")
-    prepared, _ = prepare(load_model(model))
-    _ensure_node_names(prepared)
-    feeds = list(as_feeds(calibration_data, prepared))
-    if not feeds:
-        raise ConfigError("the calibration data reader gave no batches.")
     narrow_all = base.with_options(activation=req.activation, weight=req.weight)
-    from ..plan.rules import build_plan
-
-    needed: set[str] = set()
-    for cfg in (base, narrow_all):
-        needed |= set(build_plan(prepared, cfg).calibrated_tensors(lambda f: get_format(f).needs_qparams))
-    stats = dict(collect_stats(prepared, sorted(needed), feeds).stats) if needed else {}
-    n_eval = len(feeds) if req.data_size is None else min(len(feeds), req.data_size + 1)
-    eval_feeds = feeds[:n_eval]
-    wb = Workbench(prepared, stats, eval_feeds, output_index=req.output_index or 0)
+    wb, prepared, feeds, eval_feeds = _workbench(model, (base, narrow_all), calibration_data, req)
     float_results = run_results(prepared, eval_feeds, req.output_index)
 
     if req.top1_target is not None:

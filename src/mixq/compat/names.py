@@ -51,11 +51,11 @@ def check_names_against_model(config: Any, model: onnx.ModelProto) -> None:
     closest names. `config`: a compat config (QuantizationConfig, Config, QConfig) or a QuantConfig."""
     ops, nodes, _ = _names_of(config)
     if nodes:
-        from ..api import _ensure_node_names
+        from .amp import ensure_names
 
         named = onnx.ModelProto()
         named.graph.node.extend(model.graph.node)
-        _ensure_node_names(named)
+        ensure_names(named)
         extra_names = {n.name for n in named.graph.node}
     else:
         extra_names = set()
