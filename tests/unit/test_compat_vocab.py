@@ -140,9 +140,9 @@ def test_enum_member(entry):
                 QuantizationConfig(quant_format=m)
         else:
             want = {"BFPFixNeuron": "bfp16", "MXFixNeuron": "mxint8"}.get(m.name, "int8")
-            assert QuantizationConfig(quant_format=m).to_mixq().activation == want
+            assert QuantizationConfig(quant_format=m).translate().config.activation == want
     elif key in _CALIB:
-        c = QuantizationConfig(calibrate_method=m).to_mixq()
+        c = QuantizationConfig(calibrate_method=m).translate().config
         assert c.calibration == _CALIB[key]
         assert c.power_of_two == ({"NonOverflow": "nonoverflow", "MinMSE": "minmse"}[m.name]
                                   if entry.scope == "PowerOfTwoMethod" else None)
@@ -150,21 +150,21 @@ def test_enum_member(entry):
         with pytest.raises(ConfigError, match="unsupported"):
             QuantizationConfig(calibrate_method=m)
     elif entry.scope == "CalibMethod":
-        make = lambda: QConfig(global_config=QLayerConfig(Int8Spec(calibration_method=m), Int8Spec())).to_mixq()
+        make = lambda: QConfig(global_config=QLayerConfig(Int8Spec(calibration_method=m), Int8Spec())).translate().config
         if m.name in ("LayerwisePercentile", "Distribution"):
             with pytest.raises(ConfigError, match="unsupported"):
                 make()
         else:
             assert make().calibration == m.name.lower()
     elif entry.scope == "ScaleType":
-        make = lambda: QConfig(global_config=QLayerConfig(Int8Spec(scale_type=m), Int8Spec(scale_type=m))).to_mixq()
+        make = lambda: QConfig(global_config=QLayerConfig(Int8Spec(scale_type=m), Int8Spec(scale_type=m))).translate().config
         if m.name == "Int16":
             with pytest.raises(ConfigError, match="unsupported"):
                 make()
         else:
             assert (make().power_of_two is not None) == (m.name == "PowerOf2")
     else:  # QuantGranularity
-        make = lambda: QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec(quant_granularity=m))).to_mixq()
+        make = lambda: QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec(quant_granularity=m))).translate().config
         if m.name == "Group":
             with pytest.raises(ConfigError, match="unsupported"):
                 make()
@@ -220,11 +220,11 @@ def test_preset(name):
 
 
 def test_preset_details_and_copies():
-    x = get_default_config("XINT8").to_mixq()
+    x = get_default_config("XINT8").translate().config
     assert x.power_of_two == "minmse" and x.activation_symmetric and x.share_concat_scales
-    a = get_default_config("A16W8").to_mixq()
+    a = get_default_config("A16W8").translate().config
     assert a.share_concat_scales and a.fuse_activations and a.activation_symmetric
-    assert get_default_config("S8S8_AAWS").to_mixq().percentile == 99.9999
+    assert get_default_config("S8S8_AAWS").translate().config.percentile == 99.9999
     ft = get_default_config("A8W8_ADAROUND").finetune_config
     assert (ft.num_iterations, ft.learning_rate, ft.batch_size, ft.seed, ft.max_samples) == (1000, 0.1, 2, 1705472343, 1000)
     assert ft.early_stop is not None
@@ -232,7 +232,8 @@ def test_preset_details_and_copies():
     assert "Percentile" not in get_default_config("A8W8").extra_options
     assert isinstance(mixq.get_default_config("A8W8"), QuantConfig)  # mixq's own stays typed
     c = QConfig.get_default_config("XINT8")  # the vendor's classmethod spelling: a Config
-    assert isinstance(c, Config) and c.to_mixq() == get_default_config("XINT8").to_mixq()
+    assert isinstance(c, Config) and c.translate().config == get_default_config("XINT8").translate().config
+    assert get_default_config("XINT8").translate().flags["cle"]  # the vendor's presets run CLE
     with pytest.raises(ConfigError, match="Did you mean: XINT8"):
         get_default_config("XINT"), 
 
@@ -279,12 +280,12 @@ def test_qconfig_preset(name):
      "specific_tensor_precision=True"),
     (lambda: QuantizationConfig(specific_tensor_precision=True), "MixedPrecisionTensor"),
     (lambda: QuantizationConfig(extra_options={"FastFinetune": {"NumIterations": 3}}), "include_fast_ft=True"),
-    (lambda: QuantizationConfig(include_cle=True), "cross-layer equalization is not implemented"),
+    (lambda: CLEConfig(cle_balance_method="avg"), "unsupported"),
+    (lambda: CLEConfig(cle_steps=0), ">= 1"),
     (lambda: QuantizationConfig(include_sq=True), "SmoothQuant is not implemented"),
     (lambda: QuantizationConfig(enable_npu_cnn=True, per_channel=True), "per-tensor"),
     (lambda: QuantizationConfig(activation_type=QuantType.QInt8, quant_format=VitisQuantFormat.BFPFixNeuron,
                                 weight_type=QuantType.QInt16), "contradicts"),
-    (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=[CLEConfig()]), "CLEConfig: unsupported"),
     (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=[SmoothQuantConfig(alpha=0.7)]), "SmoothQuant"),
     (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=[BiasCorrectionConfig()]), "bias correction"),
     (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=[GPTQConfig()]), "GPTQ"),
@@ -316,6 +317,7 @@ def test_qconfig_preset(name):
     (lambda: QuantizationConfig(extra_options={"AutoMixprecision": {"ActTargetQuantType": QuantType.QInt8,
                                                                     "L2Target": 0.1}}).to_mixq(), "ModelQuantizer"),
     (lambda: QuantizationConfig(extra_options={"CalibDataSize": 4}).to_mixq(), "ModelQuantizer"),
+    (lambda: QuantizationConfig().to_mixq(), "include_cle=False"),
 ])
 def test_errors(make, match):
     with pytest.raises(ConfigError, match=match):
@@ -324,30 +326,30 @@ def test_errors(make, match):
 
 def test_qconfig_vendor_defaults_and_options():
     # the vendor's spec defaults: Int8Spec symmetric + Percentile, UInt8Spec asymmetric
-    q = QConfig(global_config=QLayerConfig(input_tensors=UInt8Spec(), weight=Int8Spec())).to_mixq()
+    q = QConfig(global_config=QLayerConfig(input_tensors=UInt8Spec(), weight=Int8Spec())).translate().config
     assert (q.calibration, q.activation_symmetric, _pc(q)) == ("percentile", False, False)
     q = QConfig(global_config=QLayerConfig(Int8Spec(calibration_method=CalibMethod.MinMax, symmetric=False),
-                                           Int8Spec(quant_granularity=QuantGranularity.Channel, symmetric=False))).to_mixq()
+                                           Int8Spec(quant_granularity=QuantGranularity.Channel, symmetric=False))).translate().config
     assert (q.calibration, q.activation_symmetric, q.weight_symmetric, _pc(q)) == ("minmax", False, False, True)
     x = QConfig(global_config=QLayerConfig(Int8Spec(scale_type=ScaleType.PowerOf2, calibration_method=CalibMethod.MinMax),
-                                           Int8Spec(scale_type=ScaleType.PowerOf2))).to_mixq()
+                                           Int8Spec(scale_type=ScaleType.PowerOf2))).translate().config
     assert x.power_of_two == "nonoverflow" and x.share_concat_scales
     # extra_options keys as QConfig keyword arguments or nested, as the vendor's presets write them
-    assert QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec()), AlignConcat=True).to_mixq().share_concat_scales
+    assert QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec()), AlignConcat=True).translate().config.share_concat_scales
     assert QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec()),
-                   extra_options={"FoldRelu": False}).to_mixq().fuse_activations is False
+                   extra_options={"FoldRelu": False}).translate().config.fuse_activations is False
     # layer configs: QLayerConfig keys give activation and weight formats separately
     r = QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec()),
-                layer_type_config={QLayerConfig(Int16Spec(), Int8Spec()): ["MatMul"]}).to_mixq().layer_rules
+                layer_type_config={QLayerConfig(Int16Spec(), Int8Spec()): ["MatMul"]}).translate().config.layer_rules
     assert r == (LayerRule(op_types=frozenset({"MatMul"}), activation="int16", weight="int8"),)
-    b = QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec(), bias=Int32Spec())).to_mixq()
+    b = QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec(), bias=Int32Spec())).translate().config
     assert b.bias == "int32"
     assert QLayerConfig(activation=Int16Spec(), weight=Int8Spec()).input_tensors == Int16Spec()
     # AutoMixprecisionConfig in algo_config: layer-wise precision for its op types
     amp = QConfig(global_config=QLayerConfig(Int16Spec(), Int8Spec()), algo_config=[AutoMixprecisionConfig(
-        target_layer_config=QLayerConfig(Int8Spec(), Int8Spec()), target_op_type=["Conv"])]).to_mixq()
+        target_layer_config=QLayerConfig(Int8Spec(), Int8Spec()), target_op_type=["Conv"])]).translate().config
     assert amp.layer_rules == (LayerRule(op_types=frozenset({"Conv"}), activation="int8", weight="int8"),)
-    m = QConfig(global_config=QLayerConfig(MXInt8Spec(), BFP16Spec())).to_mixq()
+    m = QConfig(global_config=QLayerConfig(MXInt8Spec(), BFP16Spec())).translate().config
     assert (m.activation, m.weight) == ("mxint8", "bfp16")
 
 
@@ -355,13 +357,13 @@ def test_layer_wise_auto_mp_follows_the_vendor_type_rules():
     rule = QuantizationConfig(activation_type=VitisQuantType.QBFloat16, weight_type=VitisQuantType.QBFloat16,
                               include_auto_mp=True, extra_options={"AutoMixprecision": {
                                   "TargetOpType": ["Conv", "MatMul"], "TargetQuantType": VitisQuantType.QBFP}}
-                              ).to_mixq().layer_rules[0]
+                              ).translate().config.layer_rules[0]
     assert (rule.activation, rule.weight) == ("bfp16", "bfp16")  # block formats: both
     rule = QuantizationConfig(activation_type=ExtendedQuantType.QInt16, extra_options={"AutoMixprecision": {
-        "TargetOpType": ["Conv"], "TargetQuantType": QuantType.QInt8}}).to_mixq().layer_rules[0]
+        "TargetOpType": ["Conv"], "TargetQuantType": QuantType.QInt8}}).translate().config.layer_rules[0]
     assert (rule.activation, rule.weight) == ("int8", "int8")  # integers: activations; weights keep weight_type
     assert QuantizationConfig(extra_options={"AutoMixprecision": {
-        "TargetTensors": ["x"], "TargetQuantType": ExtendedQuantType.QInt16}}).to_mixq().tensor_formats == (("x", "int16"),)
+        "TargetTensors": ["x"], "TargetQuantType": ExtendedQuantType.QInt16}}).translate().config.tensor_formats == (("x", "int16"),)
 
 
 def test_compat_md_is_up_to_date():

@@ -65,6 +65,34 @@ def _first_samples(data: Any, n: int, model: Any) -> list[dict[str, np.ndarray]]
     return out
 
 
+def _equalized(model_input: Any, data: Any, steps: int) -> Any:
+    """The prepared model with cross-layer equalization; checked to compute the same outputs as
+    the float model on the first calibration batch (an equalization that changed the function
+    would be a wrong model: it raises instead)."""
+    from .._io import load_model
+    from ..evaluate import make_session
+    from ..passes.prepare import prepare
+    from .amp import ensure_names
+    from .cle import equalize
+
+    prepared, _ = prepare(load_model(model_input))
+    ensure_names(prepared)
+    eq, n = equalize(prepared, steps)
+    if n == 0 or data is None:
+        return prepared if n == 0 else eq
+    first = data[0] if isinstance(data, list) and data else None
+    if first is None:
+        return eq
+    ref = make_session(prepared, optimize=False).run(None, first)
+    got = make_session(eq, optimize=False).run(None, first)
+    for r, g in zip(ref, got):
+        err = float(np.max(np.abs(np.asarray(r, np.float64) - g)))
+        if err > 1e-3 * max(1.0, float(np.max(np.abs(r)))):
+            raise ConfigError(f"internal error: cross-layer equalization changed the model's output by "
+                              f"{err:.3g}; set include_cle=False and report the model.")
+    return eq
+
+
 class ModelQuantizer:
     """The documented front door: `ModelQuantizer(config).quantize_model(in, out, reader)`.
 
@@ -91,11 +119,14 @@ class ModelQuantizer:
         data = calibration_data_reader
         if tr.calib_samples is not None and data is not None:
             data = _first_samples(data, tr.calib_samples, model)
-        elif tr.finetune is not None and data is not None and hasattr(data, "get_next"):
-            # finetuning reads the data once per layer: a one-shot reader is read once, here
+        elif (tr.finetune is not None or tr.flags.get("cle")) and data is not None and hasattr(data, "get_next"):
+            # finetuning reads the data once per layer, CLE's check once more: a one-shot reader
+            # is read once, here
             from ..calibration.data import as_feeds
 
             data = list(as_feeds(data, model))
+        if tr.flags.get("cle"):
+            model_input = _equalized(model_input, data, int(tr.flags.get("cle_steps") or 1))
         if tr.amp is not None:
             self.result = vendor_walk(model_input, self.config, tr.amp, data, output_path=model_output,
                                       finetune=tr.finetune)

@@ -73,12 +73,24 @@ class _Unsupported(AlgoConfig):
         raise ConfigError(f"algo_config: {type(self).__name__}: unsupported: {self.why}")
 
 
-class CLEConfig(_Unsupported):
+class CLEConfig(AlgoConfig):
+    """Cross-layer equalization (mixq.compat.cle): cle_steps passes; the other arguments only at
+    their defaults (mixq balances by max |w| without thresholds)."""
+
     _ARGS = {"cle_balance_method": "max", "cle_steps": 1, "cle_weight_threshold": 0.5,
              "cle_scale_append_bias": True, "cle_scale_use_threshold": True,
              "cle_total_layer_diff_threshold": 1.9e-7}
-    why = ("cross-layer equalization is not implemented; it evens out per-channel weight ranges for "
-           "per-tensor scales (use per-channel weights: QuantGranularity.Channel / per_channel=True).")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        for k, v in self.params.items():
+            if k != "cle_steps" and v != self._ARGS[k]:
+                raise ConfigError(f"CLEConfig({k}={v!r}): unsupported: mixq balances every Conv pair by max "
+                                  "|w| without thresholds (remove it).")
+        steps = self.params.get("cle_steps", 1)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ConfigError(f"CLEConfig(cle_steps={steps!r}) must be an integer >= 1.")
+        self.steps = steps
 
 
 class SmoothQuantConfig(_Unsupported):
@@ -150,9 +162,14 @@ ALGO_CONFIGS: dict[str, type[AlgoConfig]] = {c.__name__: c for c in (
     QuarotConfig, AutoMixprecisionConfig)}
 
 
+def cle_steps(algos: Any) -> int:
+    """Passes of cross-layer equalization a (checked) algo_config list asks for (0: none)."""
+    return next((a.steps for a in (algos or ()) if isinstance(a, CLEConfig)), 0)
+
+
 def split_algo_config(algos: Any, scope: str = "algo_config") -> tuple[Any, dict[str, Any] | None]:
     """(the mixq finetune config or None, the AutoMixprecision dict or None) of an algo_config
-    list; unsupported algorithms raise."""
+    list (CLEConfig: see `cle_steps`); unsupported algorithms raise."""
     if algos is None:
         return None, None
     if isinstance(algos, (str, bytes, dict)) or not hasattr(algos, "__iter__"):
@@ -172,6 +189,8 @@ def split_algo_config(algos: Any, scope: str = "algo_config") -> tuple[Any, dict
             continue
         elif isinstance(a, _Unsupported):
             a.reject()
+            continue
+        elif isinstance(a, CLEConfig):
             continue
         else:
             raise ConfigError(f"{scope}: {type(a).__name__} is not an algorithm config; use "

@@ -22,6 +22,9 @@ def typed_config(tr: "Translation") -> QuantConfig:
         raise ConfigError("this config asks for the AutoMixprecision walk (L2Target / Top1AccTarget / "
                           "NumTarget): run it with mixq.compat.ModelQuantizer(config).quantize_model(...); "
                           "mixq.quantize takes fixed configs.")
+    if tr.flags.get("cle"):
+        raise ConfigError("include_cle=True (the vendor's default) is run by mixq.compat.ModelQuantizer; "
+                          "with mixq.quantize set include_cle=False (or run ModelQuantizer).")
     if tr.calib_samples is not None:
         raise ConfigError("extra_options['CalibDataSize'] is applied by mixq.compat.ModelQuantizer; with "
                           "mixq.quantize pass the first samples yourself.")
@@ -194,8 +197,8 @@ def _finetune(ctx: Ctx, algo_finetune: Any) -> Any:
 @dataclass
 class QuantizationConfig:
     """The vendor's legacy quantization config: every field, with the vendor's defaults except
-    `include_cle` (False: CLE is not implemented, see docs/COMPAT.md) and `include_auto_mp` /
-    `include_fast_ft` (None: not given). Checked on creation; unknown fields are a TypeError, as
+    `include_auto_mp` / `include_fast_ft` (None: not given). `include_cle=True` (the vendor's
+    default) equalizes Conv pairs in ModelQuantizer; `mixq.quantize` refuses it (set False). Checked on creation; unknown fields are a TypeError, as
     for any Python class; unknown extra_options keys a ConfigError with a suggestion."""
 
     calibrate_method: Any = CalibrationMethod.MinMax
@@ -220,7 +223,7 @@ class QuantizationConfig:
     convert_nchw_to_nhwc: bool = False
     include_sq: bool = False
     include_rotation: bool = False
-    include_cle: bool = False
+    include_cle: bool = True
     include_auto_mp: bool | None = None
     include_fast_ft: bool | None = None
     enable_npu_cnn: bool = False
@@ -268,8 +271,14 @@ class Config:
     def translate(self) -> Translation:
         from .algo import split_algo_config
 
+        from .algo import cle_steps
+
         ft, amp = split_algo_config(self.algo_config)
-        return translate_legacy(self.global_quant_config, ft, amp)
+        tr = translate_legacy(self.global_quant_config, ft, amp)
+        steps = cle_steps(self.algo_config)
+        if steps:
+            tr.flags["cle"], tr.flags["cle_steps"] = True, steps
+        return tr
 
     def to_mixq(self) -> QuantConfig:
         """mixq's typed QuantConfig (what `mixq.quantize` uses)."""

@@ -7,7 +7,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..finetune.compat import QConfig, QLayerConfig, layer_rule_of
 from ..formats import get_format
-from .algo import split_algo_config
+from .algo import cle_steps, split_algo_config
 from .amp import build_request, layer_wise_changes
 from .legacy import (Translation, _amp_type_names, _block_attrs_used, _finish, _npu_cnn_constraints,
                      _op_type_changes, _tensor_precision)
@@ -95,4 +95,7 @@ def translate_qconfig(q: QConfig) -> Translation:
             amp = req
         else:
             layer_wise_changes(req, ch)
+    steps = cle_steps(q.algo_config)
+    if steps:
+        ctx.flags["cle"], ctx.flags["cle_steps"] = True, steps
     return _finish(ctx, ft, amp)

@@ -299,11 +299,10 @@ QUANTIZATION_CONFIG: list[Entry] = [
           "ExtendedQuantType.QInt16, or AutoMixprecision)", C.boolean, default=False, example=True),
     Entry(QC, "include_rotation", "unsupported", "QuaRot rotations are not implemented (use 16-bit "
           "activations or AutoMixprecision)", C.boolean, default=False, example=True),
-    Entry(QC, "include_cle", "unsupported", "cross-layer equalization is not implemented. The vendor's "
-          "default is True; mixq's QuantizationConfig defaults to False and every preset from "
-          "get_default_config runs without CLE. CLE evens out per-channel weight ranges for per-tensor "
-          "scales: use per_channel=True, which gives every output channel its own scale", C.boolean,
-          default=False, example=True),
+    Entry(QC, "include_cle", "maps", "cross-layer equalization of Conv -> [Relu] -> Conv pairs before "
+          "quantizing (mixq.compat.cle; the float function is unchanged). True is the vendor's default, kept: "
+          "ModelQuantizer runs it (mixq.quantize refuses a config that asks for it: set include_cle=False "
+          "there)", C.boolean, _flag("cle"), default=True, example=False, effect={"flags.cle": False}),
     Entry(QC, "include_auto_mp", "maps", "True runs the AutoMixprecision options (which must be given); "
           "False with AutoMixprecision raises; left unset, AutoMixprecision runs when given (as the "
           "documented L2 snippet writes it)", C.optional(C.boolean), _flag("include_auto_mp"),
@@ -490,9 +489,11 @@ EXTRA_OPTIONS: list[Entry] = [
     _u("SmoothAlpha", "SmoothQuant is not implemented (see include_sq)", example=0.5),
     *[_u(k, "QuaRot is not implemented (see include_rotation)", example=1)
       for k in ("RMatrixDim", "UseRandomHad", "RConfigPath")],
-    *[_u(k, "cross-layer equalization is not implemented (see include_cle)", example=1) for k in (
-        "CLESteps", "CLEBalanceMethod", "CLEWeightThreshold", "CLEScaleAppendBias",
-        "CLEScaleUseThreshold", "CLETotalLayerDiffThreshold")],
+    Entry(EO, "CLESteps", "maps", "passes of cross-layer equalization (with include_cle)",
+          C.number(1, integer=True), _flag("cle_steps"), example=2, effect={"flags.cle_steps": 2}),
+    _u("CLEBalanceMethod", "mixq balances by the max of |w| ('max' is what mixq does)", accept=("max",), example="avg"),
+    *[_u(k, "mixq equalizes every Conv pair it finds, without thresholds (remove it)", example=0.1) for k in (
+        "CLEWeightThreshold", "CLEScaleAppendBias", "CLEScaleUseThreshold", "CLETotalLayerDiffThreshold")],
     _u("BiasCorrection", "bias correction is not implemented (use fast finetuning: AdaQuant updates "
        "biases)"),
     *[_u(k, _INFRA, example="x") for k in (
@@ -685,8 +686,8 @@ QCONFIG_API: list[Entry] = [
     _doc("QConfig", "layer_type_config", "{QLayerConfig (or a spec): [op types]}: `layer_rules` by op "
          "type; None excludes the op types (`exclude_op_types`); same restriction as above"),
     _doc("QConfig", "exclude", "node names: `exclude_nodes`; (start, end) subgraph tuples raise"),
-    _doc("QConfig", "algo_config", "a list: AdaRoundConfig / AdaQuantConfig (one) and "
-         "AutoMixprecisionConfig; CLEConfig, SmoothQuantConfig, BiasCorrectionConfig, GPTQConfig, "
+    _doc("QConfig", "algo_config", "a list: AdaRoundConfig / AdaQuantConfig (one), "
+         "AutoMixprecisionConfig, CLEConfig; SmoothQuantConfig, BiasCorrectionConfig, GPTQConfig, "
          "QuarotConfig raise"),
     _doc("QConfig", "use_external_data_format", "unsupported: mixq writes external data itself above "
          "2 GB (remove it)"),
@@ -715,7 +716,8 @@ QCONFIG_API: list[Entry] = [
         ("AdaRoundConfig", "mixq AdaRoundConfig (arguments as the FastFinetune keys, snake_case)"),
         ("AdaQuantConfig", "mixq AdaQuantConfig (arguments as the FastFinetune keys, snake_case)"),
         ("AutoMixprecisionConfig", "the AutoMixprecision keys (target_layer_config -> TargetLayerConfig, ...)"),
-        ("CLEConfig", "unsupported: cross-layer equalization is not implemented (use per-channel weights)"),
+        ("CLEConfig", "cross-layer equalization in ModelQuantizer (cle_steps passes; the other arguments "
+                      "at their defaults only)"),
         ("SmoothQuantConfig", "unsupported: SmoothQuant is not implemented (use 16-bit activations)"),
         ("BiasCorrectionConfig", "unsupported: bias correction is not implemented (AdaQuant updates biases)"),
         ("GPTQConfig", "unsupported: GPTQ is not implemented (use AdaRoundConfig / AdaQuantConfig)"),
