@@ -261,6 +261,7 @@ def test_qconfig_preset(name):
                                                                     "TargetQuantType": QuantType.QInt16}}),
      "not a string"),
     (lambda: QuantizationConfig(op_types_to_quantize="Conv"), "not a string"),
+    (lambda: QuantizationConfig(extra_op_types_to_quantize=["NonMaxSuppression"]), "not one of them"),
     (lambda: QuantizationConfig(nodes_to_exclude="conv1"), "not a string"),
     (lambda: QuantizationConfig(extra_options={"ActivationSymetric": True}), "Did you mean: ActivationSymmetric"),
     (lambda: QuantizationConfig(extra_options={"AutoMixprecision": {"L2Targt": 0.1}}), "Did you mean: L2Target"),

@@ -167,6 +167,16 @@ def _op_type_changes(ch: dict[str, Any], ctx: Ctx) -> None:
         ch.pop("op_types", None)
     elif extra_ops and ch.get("op_types"):
         ch["op_types"] = frozenset(ch["op_types"]) | extra_ops
+    elif extra_ops:
+        # no op_types_to_quantize: mixq quantizes every op type it knows; an extra type it does
+        # not know would be dropped, so it raises
+        from ..plan.ops import OP_TABLE
+
+        unknown = sorted(set(extra_ops) - set(OP_TABLE))
+        if unknown:
+            raise ConfigError(f"extra_op_types_to_quantize: {unknown[0]!r}: unsupported: mixq quantizes the "
+                              f"op types it has semantics for ({', '.join(sorted(OP_TABLE))}); "
+                              f"{unknown[0]!r} is not one of them (remove it).")
 
 
 def _tensor_precision(ch: dict[str, Any], ctx: Ctx) -> None:
