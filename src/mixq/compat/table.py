@@ -401,6 +401,10 @@ EXTRA_OPTIONS: list[Entry] = [
           _extra_op_types, example=["Relu"], effect={"flags.extra_op_types": frozenset({"Relu"})}),
     Entry(EO, "DualQuantNodes", "maps", "`dual_quant_nodes`", C.boolean, _dual, example=True,
           effect={"config.dual_quant_nodes": True}),
+    Entry(EO, "PrintSummary", "maps", "same as print_summary", C.boolean, _print_summary, example=False,
+          effect={"print_summary": False}),
+    Entry(EO, "IgnoreWarnings", "maps", "same as ignore_warnings", C.boolean, _ignore_warnings, example=False,
+          effect={"ignore_warnings": False}),
     # -- values that are what mixq does anyway ----------------------------------------------------
     _u("ForceQuantizeNoInputCheck", "False asks the vendor to leave ops with a float input unquantized; "
        "mixq quantizes every op of op_types whatever its producer (True is what mixq does)",
@@ -498,7 +502,7 @@ EXTRA_OPTIONS: list[Entry] = [
        "biases)"),
     *[_u(k, _INFRA, example="x") for k in (
         "ExecutionProviders", "TmpDir", "UserCustomOpLibPath", "EncryptionAlgorithm", "CryptoMode",
-        "DebugMode", "PrintSummary", "IgnoreWarnings", "EvalMetrics", "EvalDataReader",
+        "DebugMode", "EvalMetrics", "EvalDataReader",
         "FillAllValueInfo", "QuantizationPreference")],
 ]
 
