@@ -238,7 +238,7 @@ def test_fidelity_lies_between_all_low_and_all_high(cls_case):
 
 def test_plan_json_round_trip_and_replay_bytes(cls_case, tmp_path):
     path, name, calib, ev, _ = cls_case
-    cfg = Config(global_quant_config=_layer_wise_config(True)).to_mixq()
+    cfg = Config(global_quant_config=_layer_wise_config(True)).translate().config  # the QuantConfig part (no CLE)
     res = mixq.quantize(path, cfg, Reader(calib, name))
     text = res.plan.to_json()
     plan = mixq.PrecisionPlan.from_json(text)

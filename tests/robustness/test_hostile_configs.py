@@ -45,3 +45,13 @@ def test_cli_plan_output_onto_a_directory(tmp_path, capsys):
     d.mkdir()
     assert main(["plan", str(default_model_path()), "-o", str(d)]) == 2
     assert "directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cfg,match", [
+    (dict(exclude_nodes=frozenset({"conv_9"})), "exclude_nodes names node 'conv_9'"),
+    (dict(op_types=frozenset({"Conv", "Matmul"})), "'Matmul' is not an ONNX op type.*MatMul"),
+    (dict(layer_rules=(mixq.LayerRule(nodes=("dense*",), activation="int16"),)), "matches no node"),
+])
+def test_names_that_match_nothing_are_errors(cfg, match):
+    with pytest.raises(ConfigError, match=match):
+        mixq.pipeline.Pipeline.load(str(default_model_path())).plan(mixq.QuantConfig(**cfg))

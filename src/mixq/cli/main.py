@@ -77,6 +77,28 @@ def _calib_data(args: argparse.Namespace):
     return CalibData(args.calib, max_samples=bound, cast=args.cast)
 
 
+def _add_finetune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--finetune", choices=["adaround", "adaquant"],
+                   help="fast finetuning before the rewrite (needs torch); other options at the "
+                   "vendor's FastFinetune defaults, as QuantizationConfig(include_fast_ft=True)")
+    p.add_argument("--ft-iters", type=int, help="finetuning iterations per layer (default: adaround "
+                   "1000, adaquant 3000)")
+    p.add_argument("--ft-lr", type=float, help="finetuning learning rate (default: adaround 0.1, "
+                   "adaquant 1e-5)")
+
+
+def _finetune_from_args(args: argparse.Namespace):
+    if args.finetune is None:
+        if args.ft_iters is not None or args.ft_lr is not None:
+            from ..errors import ConfigError
+
+            raise ConfigError("--ft-iters / --ft-lr need --finetune adaround|adaquant.")
+        return None
+    from ..compat import finetune_from_cli
+
+    return finetune_from_cli(args.finetune, args.ft_iters, args.ft_lr)
+
+
 def _config_from_args(args: argparse.Namespace):
     import json
 
@@ -129,9 +151,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     plan = _read_plan(args.plan) if args.plan else None
     # a replayed plan carries the config that made it; flags beside it must agree with it
     cfg = _config_from_args(args) if plan is None or _config_given(args) else None
+    ft = _finetune_from_args(args)
     with _progress("calibrating") as tick:
         res = quantize(args.input, cfg, _calib_data(args), output_path=args.output, plan=plan,
-                       progress=tick)
+                       progress=tick, finetune=ft)
     print(res.summary())
     print(f"\nwrote {res.output_path}")
     return 0
@@ -432,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--plan", help="replay a precision plan saved by `mixq plan -o`")
     _add_data_args(q, calib=True)
     _add_config_args(q)
+    _add_finetune_args(q)
     q.set_defaults(func=cmd_quantize)
 
     pl = sub.add_parser("plan", help="print (and save) the precision plan a config gives")

@@ -7,9 +7,11 @@ once into mixq's typed `QuantConfig` plus a fast-finetuning config.
                      algo_config=[AdaQuantConfig(num_iterations=1000, learning_rate=1e-6)])
     mixq.quantize(model, config, calibration_data)          # runs AdaQuant before the rewrite
 
-`QConfig.to_mixq()` gives the QuantConfig (what `mixq.quantize` uses); `QConfig.finetune_config`
-the AdaRound/AdaQuant config it carries (or None). Pure Python: no torch needed to build configs.
-Unknown options raise ConfigError with a "did you mean"; nothing is silently ignored.
+Spec defaults are the vendor's (Int8Spec: symmetric, float scales, Percentile calibration, per
+tensor; UInt8Spec / UInt16Spec: asymmetric; XInt8Spec: power-of-two scales by MinMSE). Every
+option changes the result or raises: see docs/COMPAT.md. `QConfig.to_mixq()` gives the
+QuantConfig (what `mixq.quantize` uses); `QConfig.finetune_config` the AdaRound/AdaQuant config
+(or None). Pure Python: no torch needed to build configs.
 """
 from __future__ import annotations
 
@@ -22,20 +24,34 @@ from ..errors import ConfigError, did_you_mean
 from ..formats import get_format
 from .config import AdaQuantConfig, AdaRoundConfig, EarlyStop
 
-_CALIB = ("minmax", "percentile", "entropy", "minmse")
+_CALIB = ("minmax", "percentile", "entropy", "minmse", "layerwisepercentile", "distribution")
+
+
+def _calib_name(name: str, value: Any) -> str:
+    m = getattr(value, "name", value)
+    if not isinstance(m, str) or m.lower() not in _CALIB:
+        raise ConfigError(f"{name}: calibration_method={value!r} must be a CalibMethod member (or one of "
+                          f"{', '.join(_CALIB[:4])})." + did_you_mean(str(m), _CALIB))
+    return m.lower()
 
 
 class DataTypeSpec:
     """A data type for input tensors, weights, biases or outputs, with its quantization options.
 
     Options (keyword only; integer and scaled-float formats only, where a scale is calibrated):
-    symmetric (bool), per_channel (bool, weights), calibration_method (a
-    mixq.compat.CalibrationMethod member or 'minmax' | 'percentile' | 'entropy' | 'minmse').
-    Subclasses fix the format (`Int8Spec`, `BFloat16Spec`, `MXFP4Spec` ...)."""
+    symmetric (bool), scale_type (ScaleType: Float32 | PowerOf2), calibration_method (CalibMethod
+    or 'minmax' | 'percentile' | 'entropy' | 'minmse'), quant_granularity (QuantGranularity:
+    Tensor | Channel), per_channel (bool; mixq's spelling of Channel granularity). Subclasses fix
+    the format (`Int8Spec`, `BFloat16Spec`, `MXFP4E2M1Spec` ...) and the vendor's defaults."""
 
     format: ClassVar[str] = ""
-    power_of_two: ClassVar[str | None] = None
-    _OPTIONS: ClassVar[tuple[str, ...]] = ("symmetric", "per_channel", "calibration_method")
+    _options: dict[str, Any]
+    default_symmetric: ClassVar[bool] = True
+    default_calibration: ClassVar[str] = "minmax"
+    default_pof2: ClassVar[bool] = False
+    power_of_two: ClassVar[str | None] = None  # kept for callers of the earlier API
+    _OPTIONS: ClassVar[tuple[str, ...]] = ("symmetric", "scale_type", "calibration_method",
+                                           "quant_granularity", "per_channel")
 
     def __init__(self, **options: Any) -> None:
         name = type(self).__name__
@@ -47,12 +63,11 @@ class DataTypeSpec:
                 raise ConfigError(f"{name}: unknown option {k!r}." + did_you_mean(k, self._OPTIONS)
                                   + f" Options: {', '.join(self._OPTIONS)}.")
         fmt = get_format(self.format)
-        scaled = fmt.needs_qparams
         clean: dict[str, Any] = {}
         for k, v in options.items():
             if v is None:
                 continue
-            if not scaled:
+            if not fmt.needs_qparams:
                 raise ConfigError(f"{name}: option {k}={v!r} does not apply to {fmt.name}, which has "
                                   "no calibrated scale; remove it.")
             if k in ("symmetric", "per_channel"):
@@ -61,12 +76,26 @@ class DataTypeSpec:
                 if k == "symmetric" and fmt.kind == "float" and v is False:
                     raise ConfigError(f"{name}: {fmt.name} is always symmetric; remove symmetric=False.")
                 clean[k] = v
-            else:
-                m = getattr(v, "value", v)
-                if not isinstance(m, str) or m.lower() not in _CALIB:
-                    raise ConfigError(f"{name}: calibration_method={v!r} must be a CalibrationMethod "
-                                      f"or one of {', '.join(_CALIB)}." + did_you_mean(str(m), _CALIB))
-                clean[k] = m.lower()
+            elif k == "calibration_method":
+                clean[k] = _calib_name(name, v)
+            elif k == "scale_type":
+                s = getattr(v, "name", None)
+                if s not in ("Float32", "PowerOf2", "Int16") or type(v).__name__ != "ScaleType":
+                    raise ConfigError(f"{name}: scale_type={v!r} must be a ScaleType member.")
+                if s == "Int16":
+                    raise ConfigError(f"{name}: scale_type=ScaleType.Int16: unsupported: mixq's scales "
+                                      "are float32 or powers of two (use ScaleType.Float32).")
+                if s == "PowerOf2" and fmt.kind != "int":
+                    raise ConfigError(f"{name}: power-of-two scales apply to integer formats only.")
+                clean["pof2"] = s == "PowerOf2"
+            else:  # quant_granularity
+                g = getattr(v, "name", None)
+                if g not in ("Tensor", "Channel", "Group") or type(v).__name__ != "QuantGranularity":
+                    raise ConfigError(f"{name}: quant_granularity={v!r} must be a QuantGranularity member.")
+                if g == "Group":
+                    raise ConfigError(f"{name}: quant_granularity=QuantGranularity.Group: unsupported "
+                                      "(unused by the vendor too; use Tensor or Channel).")
+                clean["per_channel"] = g == "Channel"
         object.__setattr__(self, "_options", clean)
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -76,8 +105,38 @@ class DataTypeSpec:
         """The value given for option `key` (None when not given)."""
         return self._options.get(key)
 
+    # the effective settings (given or the vendor's defaults)
+    @property
+    def symmetric(self) -> bool:
+        v = self._options.get("symmetric")
+        return self.default_symmetric if v is None else v
+
+    @property
+    def calibration(self) -> str:
+        return self._options.get("calibration_method", self.default_calibration)
+
+    @property
+    def pof2(self) -> bool:
+        return self._options.get("pof2", self.default_pof2)
+
+    @property
+    def per_channel(self) -> bool:
+        return bool(self._options.get("per_channel", False))
+
+    def settings(self, role: str, given_only: bool = False) -> dict[str, Any]:
+        """What a layer rule cannot change: for input tensors symmetry, calibration and
+        power-of-two scales; for weights symmetry, power-of-two scales and granularity (weight
+        scales come from min/max whatever the calibration method). `given_only`: only the
+        options given explicitly."""
+        keys = ("symmetric", "calibration", "pof2") if role == "input_tensors" else ("symmetric", "pof2", "per_channel")
+        given = {"calibration": "calibration_method"}
+        out = {k: getattr(self, k) for k in keys}
+        if given_only:
+            out = {k: v for k, v in out.items() if given.get(k, k) in self._options}
+        return out
+
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self._options == other._options  # type: ignore[attr-defined]
+        return type(self) is type(other) and self._options == other._options
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, tuple(sorted(self._options.items()))))
@@ -86,39 +145,48 @@ class DataTypeSpec:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._options.items())})"
 
 
-def _spec(cls_name: str, fmt: str, doc: str, pof2: str | None = None) -> type[DataTypeSpec]:
-    return type(cls_name, (DataTypeSpec,), {"format": fmt, "power_of_two": pof2, "__doc__": doc,
-                                            "__module__": __name__})
+def _spec(cls_name: str, fmt: str, doc: str, *, sym: bool = True, calib: str = "minmax",
+          pof2: bool = False) -> type[DataTypeSpec]:
+    return type(cls_name, (DataTypeSpec,), {
+        "format": fmt, "default_symmetric": sym, "default_calibration": calib, "default_pof2": pof2,
+        "power_of_two": "minmse" if pof2 else None, "__doc__": doc, "__module__": __name__})
 
 
-Int4Spec = _spec("Int4Spec", "int4", "Signed 4-bit integer.")
-UInt4Spec = _spec("UInt4Spec", "uint4", "Unsigned 4-bit integer.")
-Int8Spec = _spec("Int8Spec", "int8", "Signed 8-bit integer.")
-UInt8Spec = _spec("UInt8Spec", "uint8", "Unsigned 8-bit integer.")
-XInt8Spec = _spec("XInt8Spec", "int8", "Signed 8-bit integer with power-of-two scales (NPU).", "minmse")
-Int16Spec = _spec("Int16Spec", "int16", "Signed 16-bit integer.")
-UInt16Spec = _spec("UInt16Spec", "uint16", "Unsigned 16-bit integer.")
-Int32Spec = _spec("Int32Spec", "int32", "Signed 32-bit integer.")
-UInt32Spec = _spec("UInt32Spec", "uint32", "Unsigned 32-bit integer.")
+Int4Spec = _spec("Int4Spec", "int4", "Signed 4-bit integer (mixq).", calib="percentile")
+UInt4Spec = _spec("UInt4Spec", "uint4", "Unsigned 4-bit integer (mixq).", sym=False, calib="percentile")
+Int8Spec = _spec("Int8Spec", "int8", "Signed 8-bit integer: symmetric, Percentile.", calib="percentile")
+UInt8Spec = _spec("UInt8Spec", "uint8", "Unsigned 8-bit integer: asymmetric, Percentile.", sym=False,
+                  calib="percentile")
+XInt8Spec = _spec("XInt8Spec", "int8", "Signed 8-bit integer with power-of-two scales by MinMSE (NPU).",
+                  calib="minmse", pof2=True)
+Int16Spec = _spec("Int16Spec", "int16", "Signed 16-bit integer: symmetric, Percentile.", calib="percentile")
+UInt16Spec = _spec("UInt16Spec", "uint16", "Unsigned 16-bit integer: asymmetric, Percentile.", sym=False,
+                   calib="percentile")
+Int32Spec = _spec("Int32Spec", "int32", "Signed 32-bit integer (biases).", calib="percentile")
+UInt32Spec = _spec("UInt32Spec", "uint32", "Unsigned 32-bit integer.", sym=False, calib="percentile")
 BFloat16Spec = _spec("BFloat16Spec", "bf16", "bfloat16 (Cast pairs; no scale).")
 Float16Spec = _spec("Float16Spec", "fp16", "IEEE float16 (Cast pairs; no scale).")
-FP8E4M3Spec = _spec("FP8E4M3Spec", "fp8_e4m3fn", "Scaled float8 E4M3FN.")
-FP8E5M2Spec = _spec("FP8E5M2Spec", "fp8_e5m2", "Scaled float8 E5M2.")
+FP8E4M3Spec = _spec("FP8E4M3Spec", "fp8_e4m3fn", "Scaled float8 E4M3FN (mixq).")
+FP8E5M2Spec = _spec("FP8E5M2Spec", "fp8_e5m2", "Scaled float8 E5M2 (mixq).")
 BFP16Spec = _spec("BFP16Spec", "bfp16", "Block floating point, 8 elements share an 8-bit exponent.")
 MX4Spec = _spec("MX4Spec", "mx4", "Microexponents MX4.")
 MX6Spec = _spec("MX6Spec", "mx6", "Microexponents MX6.")
 MX9Spec = _spec("MX9Spec", "mx9", "Microexponents MX9.")
-MXINT8Spec = _spec("MXINT8Spec", "mxint8", "OCP MXINT8.")
+MXINT8Spec = _spec("MXINT8Spec", "mxint8", "OCP MXINT8 (also spelled MXInt8Spec).")
 MXFP8E4M3Spec = _spec("MXFP8E4M3Spec", "mxfp8_e4m3", "OCP MXFP8 E4M3.")
 MXFP8E5M2Spec = _spec("MXFP8E5M2Spec", "mxfp8_e5m2", "OCP MXFP8 E5M2.")
 MXFP6E3M2Spec = _spec("MXFP6E3M2Spec", "mxfp6_e3m2", "OCP MXFP6 E3M2.")
 MXFP6E2M3Spec = _spec("MXFP6E2M3Spec", "mxfp6_e2m3", "OCP MXFP6 E2M3.")
-MXFP4Spec = _spec("MXFP4Spec", "mxfp4", "OCP MXFP4 (E2M1 elements).")
+MXFP4Spec = _spec("MXFP4Spec", "mxfp4", "OCP MXFP4 (E2M1 elements; also spelled MXFP4E2M1Spec).")
 
 SPECS: dict[str, type[DataTypeSpec]] = {c.__name__: c for c in (
     Int4Spec, UInt4Spec, Int8Spec, UInt8Spec, XInt8Spec, Int16Spec, UInt16Spec, Int32Spec, UInt32Spec,
     BFloat16Spec, Float16Spec, FP8E4M3Spec, FP8E5M2Spec, BFP16Spec, MX4Spec, MX6Spec, MX9Spec,
     MXINT8Spec, MXFP8E4M3Spec, MXFP8E5M2Spec, MXFP6E3M2Spec, MXFP6E2M3Spec, MXFP4Spec)}
+#: The vendor's spellings of two of them.
+MXInt8Spec = MXINT8Spec
+MXFP4E2M1Spec = MXFP4Spec
+SPECS.update({"MXInt8Spec": MXINT8Spec, "MXFP4E2M1Spec": MXFP4Spec})
 
 
 def _as_spec(value: Any, option: str) -> DataTypeSpec:
@@ -130,120 +198,162 @@ def _as_spec(value: Any, option: str) -> DataTypeSpec:
                       f"(known: {', '.join(SPECS)}).")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class QLayerConfig:
-    """Data types of one layer's tensors: `input_tensors` (activations), `weight`, optional
-    `bias` (Int32Spec: int32 bias; a float spec: float bias) and `output_tensors` (must equal
-    the input spec when given: mixq quantizes outputs with the activation format)."""
+    """Data types of one layer's tensors: `input_tensors` (activations; `activation=` is the
+    vendor's deprecated alias), `weight`, optional `bias` (Int32Spec: int32 bias; a float spec:
+    float bias) and `output_tensors` (must equal the input spec when given: mixq quantizes
+    outputs with the activation format)."""
 
-    input_tensors: Any = None
-    weight: Any = None
-    bias: Any = None
-    output_tensors: Any = None
+    input_tensors: Any
+    weight: Any
+    bias: Any
+    output_tensors: Any
 
-    def __post_init__(self) -> None:
-        if self.input_tensors is None or self.weight is None:
+    def __init__(self, input_tensors: Any = None, weight: Any = None, bias: Any = None,
+                 output_tensors: Any = None, *, activation: Any = None) -> None:
+        if activation is not None:
+            if input_tensors is not None:
+                raise ConfigError("QLayerConfig: give input_tensors= or its deprecated alias activation=, "
+                                  "not both.")
+            input_tensors = activation
+        if input_tensors is None or weight is None:
             raise ConfigError("QLayerConfig needs input_tensors= and weight= specs, e.g. "
                               "QLayerConfig(input_tensors=Int8Spec(), weight=Int8Spec()).")
-        for opt in ("input_tensors", "weight", "bias", "output_tensors"):
-            v = getattr(self, opt)
-            if v is not None:
-                object.__setattr__(self, opt, _as_spec(v, opt))
-        if self.output_tensors is not None and self.output_tensors.format != self.input_tensors.format:
+        s = object.__setattr__
+        s(self, "input_tensors", _as_spec(input_tensors, "input_tensors"))
+        s(self, "weight", _as_spec(weight, "weight"))
+        s(self, "bias", None if bias is None else _as_spec(bias, "bias"))
+        s(self, "output_tensors", None if output_tensors is None else _as_spec(output_tensors, "output_tensors"))
+        if self.output_tensors is not None and self.output_tensors != self.input_tensors:
             raise ConfigError(f"output_tensors={self.output_tensors!r} differs from input_tensors="
                               f"{self.input_tensors!r}; mixq quantizes outputs with the activation "
-                              "format: drop output_tensors or make it the same spec.")
+                              "spec: drop output_tensors or make it the same spec.")
         if self.bias is not None and self.bias.format not in ("int32", "fp16", "bf16"):
-            raise ConfigError(f"bias={self.bias!r}: biases are int32 (Int32Spec()) or kept float; "
-                              "use Int32Spec() or leave bias unset.")
+            raise ConfigError(f"bias={self.bias!r}: unsupported: biases are int32 (Int32Spec()) or kept "
+                              "float in mixq; use Int32Spec() or leave bias unset.")
+        if self.input_tensors.per_channel:
+            raise ConfigError(f"input_tensors={self.input_tensors!r}: per-channel scales apply to "
+                              "weights only (activations are per tensor); remove it.")
+        wc = self.weight.option("calibration_method")
+        if wc is not None and wc not in ("minmax", "percentile"):
+            raise ConfigError(f"weight={self.weight!r}: calibration_method={wc}: unsupported for weights: "
+                              "mixq's weight scales come from the weights' min/max (per channel with "
+                              "QuantGranularity.Channel); use CalibMethod.MinMax.")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class QConfig:
     """The documented top-level config.
 
     global_config: a QLayerConfig for every layer. specific_layer_config / layer_type_config:
-    ``{spec: [node names]}`` / ``{spec: [op types]}`` for other data types on some layers
-    (``None`` as the key excludes them). exclude: node names left float. algo_config: a list
-    with at most one AdaRoundConfig / AdaQuantConfig (fast finetuning)."""
+    ``{QLayerConfig or spec: [node names]}`` / ``{...: [op types]}`` for other data types on some
+    layers (``None`` as the key excludes them). exclude: node names left float. algo_config: a
+    list with at most one AdaRoundConfig / AdaQuantConfig (fast finetuning) and at most one
+    AutoMixprecisionConfig. Other keyword arguments (and ``extra_options={...}``) are
+    extra_options keys."""
 
-    global_config: QLayerConfig | None = None
-    specific_layer_config: Mapping[Any, Iterable[str]] | None = None
-    layer_type_config: Mapping[Any, Iterable[str]] | None = None
-    exclude: Iterable[str] = field(default_factory=tuple)
-    algo_config: Iterable[Any] = field(default_factory=tuple)
+    global_config: QLayerConfig
+    specific_layer_config: Mapping[Any, tuple[str, ...]] | None
+    layer_type_config: Mapping[Any, tuple[str, ...]] | None
+    exclude: tuple[str, ...]
+    algo_config: tuple[Any, ...]
+    use_external_data_format: bool
+    extra_options: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.global_config, QLayerConfig):
+    def __init__(self, global_config: Any = None, specific_layer_config: Any = None,
+                 layer_type_config: Any = None, exclude: Any = None, algo_config: Any = None,
+                 use_external_data_format: bool = False, **kwargs: Any) -> None:
+        s = object.__setattr__
+        if not isinstance(global_config, QLayerConfig):
             raise ConfigError("QConfig needs global_config=QLayerConfig(input_tensors=..., weight=...); "
-                              f"got {self.global_config!r}.")
-        for opt in ("exclude", "algo_config"):
-            v = getattr(self, opt)
-            if v is None:
-                v = ()
-            if isinstance(v, (str, bytes)) or not isinstance(v, Iterable):
+                              f"got {global_config!r}.")
+        s(self, "global_config", global_config)
+        for opt, v in (("exclude", exclude), ("algo_config", algo_config)):
+            v = () if v is None else v
+            if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Iterable):
                 raise ConfigError(f"{opt} must be a list, not {v!r}.")
-            object.__setattr__(self, opt, tuple(v))
-        for a in self.algo_config:
-            if not isinstance(a, (AdaRoundConfig, AdaQuantConfig)):
-                raise ConfigError(f"algo_config: {type(a).__name__} is not supported; mixq runs "
-                                  "AdaRoundConfig and AdaQuantConfig (fast finetuning).")
-        if len(self.algo_config) > 1:
-            raise ConfigError("algo_config: give at most one of AdaRoundConfig / AdaQuantConfig "
-                              f"(got {len(self.algo_config)}).")
-        for opt in ("specific_layer_config", "layer_type_config"):
-            v = getattr(self, opt)
+            s(self, opt, tuple(v))
+        for e in self.exclude:
+            if not isinstance(e, str):
+                raise ConfigError(f"exclude: {e!r}: unsupported: mixq excludes nodes by name, not "
+                                  "(start, end) subgraphs (list the subgraph's node names).")
+        if not isinstance(use_external_data_format, bool):
+            raise ConfigError(f"use_external_data_format={use_external_data_format!r} must be True or False.")
+        s(self, "use_external_data_format", use_external_data_format)
+        extra = dict(kwargs.pop("extra_options", None) or {})
+        extra.update(kwargs)
+        s(self, "extra_options", extra)
+        for opt, v in (("specific_layer_config", specific_layer_config), ("layer_type_config", layer_type_config)):
             if v is None:
+                s(self, opt, None)
                 continue
             if not isinstance(v, Mapping):
-                raise ConfigError(f"{opt} must be a dict {{spec or None: [names]}}, got {v!r}.")
-            clean = {}
+                raise ConfigError(f"{opt} must be a dict {{QLayerConfig or None: [names]}}, got {v!r}.")
+            clean: dict[Any, tuple[str, ...]] = {}
             for k, names in v.items():
-                if isinstance(names, str) or not isinstance(names, Iterable):
+                if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
                     raise ConfigError(f"{opt}[{k!r}] must be a list of names, not {names!r}.")
-                clean[None if k is None else _as_spec(k, f"{opt} key")] = tuple(names)
-            object.__setattr__(self, opt, clean)
+                key = k if k is None or isinstance(k, QLayerConfig) else _as_spec(k, f"{opt} key")
+                clean[key] = tuple(names)
+            s(self, opt, clean)
+        self.translate()  # checked on creation
+
+    @staticmethod
+    def get_default_config(name: str) -> Any:
+        """The vendor's `QConfig.get_default_config(name)`: Config(global_quant_config=<preset name>)."""
+        from ..compat.legacy import Config
+        from ..compat.presets import get_default_config
+
+        return Config(global_quant_config=get_default_config(name))
+
+    def translate(self) -> Any:
+        """The mixq.compat Translation (QuantConfig, finetune config, AutoMixprecision request)."""
+        from ..compat.qconfig import translate_qconfig
+
+        return translate_qconfig(self)
 
     @property
     def finetune_config(self) -> AdaRoundConfig | AdaQuantConfig | None:
         """The fast-finetuning algorithm of `algo_config` (None when there is none)."""
-        return self.algo_config[0] if self.algo_config else None
+        return self.translate().finetune
 
     def to_mixq(self) -> QuantConfig:
         """The typed QuantConfig (the finetune config is `finetune_config`)."""
-        g = self.global_config
-        act, w = g.input_tensors, g.weight
-        changes: dict[str, Any] = {"activation": act.format, "weight": w.format, "name": "compat",
-                                   "per_channel": bool(w.option("per_channel") or False)}
-        if act.option("symmetric") is not None:
-            changes["activation_symmetric"] = act.option("symmetric")
-        if w.option("symmetric") is not None:
-            changes["weight_symmetric"] = w.option("symmetric")
-        if act.option("calibration_method") is not None:
-            changes["calibration"] = act.option("calibration_method")
-        if act.power_of_two or w.power_of_two:
-            changes["power_of_two"] = act.power_of_two or w.power_of_two
-            changes["activation_symmetric"] = True
-            changes.setdefault("calibration", "minmse")
-        if g.bias is not None:
-            changes["bias"] = "int32" if g.bias.format == "int32" else "float"
-        exclude_nodes = set(self.exclude)
-        exclude_ops: set[str] = set()
-        rules: list[LayerRule] = []
-        for opt, key in (("layer_type_config", "op_types"), ("specific_layer_config", "nodes")):
-            for spec, names in (getattr(self, opt) or {}).items():
-                if spec is None:
-                    (exclude_ops if key == "op_types" else exclude_nodes).update(names)
-                elif names:
-                    rules.append(LayerRule(**{key: names}, activation=spec.format, weight=spec.format))
-        if exclude_nodes:
-            changes["exclude_nodes"] = frozenset(exclude_nodes)
-        if exclude_ops:
-            changes["exclude_op_types"] = frozenset(exclude_ops)
-        if rules:
-            changes["layer_rules"] = tuple(rules)
-        return QuantConfig(**changes)
+        from ..compat.legacy import typed_config
+
+        return typed_config(self.translate())
+
+
+def layer_rule_of(key: Any, global_config: QLayerConfig, opt: str, names: tuple[str, ...],
+                  by: str) -> LayerRule:
+    """A LayerRule for a specific_layer_config / layer_type_config entry: its formats; any other
+    setting must equal the global one (a layer rule changes formats only)."""
+    if isinstance(key, QLayerConfig):
+        pairs = ((key.input_tensors, global_config.input_tensors, "input_tensors"),
+                 (key.weight, global_config.weight, "weight"))
+        act, w = key.input_tensors.format, key.weight.format
+        if (key.bias is not None and key.bias != global_config.bias) or \
+                (key.output_tensors is not None and key.output_tensors != global_config.output_tensors):
+            raise ConfigError(f"{opt}: {key!r}: unsupported: a layer's bias / output_tensors spec must "
+                              "equal the global config's (mixq's layer rules change formats only).")
+    else:
+        pairs = ((key, global_config.input_tensors, "input_tensors"), (key, global_config.weight, "weight"))
+        act = w = key.format
+    explicit = not isinstance(key, QLayerConfig)  # a bare spec (mixq's form): its given options only
+    for spec, glob, role in pairs:
+        if not (get_format(spec.format).needs_qparams and get_format(glob.format).needs_qparams):
+            continue
+        mine = spec.settings(role, given_only=explicit)
+        theirs = {k: v for k, v in glob.settings(role).items() if k in mine}
+        if mine != theirs:
+            raise ConfigError(f"{opt}: {spec!r} ({role}): unsupported: its settings {mine} differ from the "
+                              f"global {role} spec's {theirs}; mixq's layer rules change formats only "
+                              "(give the same options, or set them on global_config).")
+    if by == "op_types":
+        return LayerRule(op_types=frozenset(names), activation=act, weight=w)
+    return LayerRule(nodes=names, activation=act, weight=w)
 
 
 __all__ = ["AdaQuantConfig", "AdaRoundConfig", "DataTypeSpec", "EarlyStop", "QConfig", "QLayerConfig",
-           "SPECS", *SPECS]
+           "SPECS", "layer_rule_of", *SPECS]

@@ -385,6 +385,36 @@ def _check_overrides(ix: GraphIndex, config: QuantConfig) -> None:
                               f"model does not have (as a float tensor)." + did_you_mean(t, sorted(known)))
 
 
+def _check_names(ix: GraphIndex, config: QuantConfig) -> None:
+    """Names in the config that match nothing are errors, never silently nothing: an op type that
+    is no ONNX op (nor one of the model's), a node name the model does not have, a layer-rule
+    pattern that matches no node."""
+    import fnmatch
+
+    model_ops = {n.op_type for n in ix.graph.node}
+    ops = set(config.op_types or ()) | set(config.exclude_op_types)
+    for r in config.layer_rules:
+        ops |= set(r.op_types)
+    for op in sorted(ops):
+        if op not in model_ops and not onnx.defs.has(op):
+            raise ConfigError(f"op type {op!r} is not an ONNX op type, nor one of this model's."
+                              + did_you_mean(op, sorted(model_ops | set(_ONNX_OPS))))
+    nodes = [n.name for n in ix.graph.node]
+    node_set = set(nodes)
+    wanted = [(n, "exclude_nodes") for n in sorted(config.exclude_nodes)]
+    wanted += [(n, f"layer rule {i}") for i, r in enumerate(config.layer_rules) for n in r.nodes]
+    for name, where in wanted:
+        if name in node_set:
+            continue
+        if any(c in name for c in "*?[") and fnmatch.filter(nodes, name):
+            continue
+        raise ConfigError(f"{where} names node {name!r}, which matches no node of the model."
+                          + did_you_mean(name, nodes) + " `mixq check MODEL` lists the nodes.")
+
+
+_ONNX_OPS = sorted({s.name for s in onnx.defs.get_all_schemas()})
+
+
 def _unplanned(ix: GraphIndex, req: _Requests, tensors: dict[str, TensorPrecision]
                ) -> dict[str, str]:
     """Every float tensor of the model that is not in the plan, with the reason."""
@@ -468,6 +498,7 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig, *,
     See the module docstring for the stages. Tensor overrides win over everything."""
     ix = index if index is not None else GraphIndex.of(model)
     _check_overrides(ix, config)
+    _check_names(ix, config)
     req = _requests(ix, config)
     for policy in REQUEST_POLICIES:
         policy(ix, config, req)
