@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 
 from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import ModelError
+from .recognize import RecognizeReport, recognize
 
 #: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
 TARGET_OPSET = 21
@@ -33,6 +34,7 @@ class PrepareReport:
     pads_folded: int = 0
     nodes_folded: int = 0
     notes: list[str] = field(default_factory=list)
+    recognized: RecognizeReport = field(default_factory=RecognizeReport)  # written-out ops fused
 
 
 def model_opset(model: onnx.ModelProto) -> int:
@@ -513,6 +515,7 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
         m.graph.input.extend(keep)
         rep.notes.append(f"{len(shadow)} initializers were also listed as graph inputs; treated as constants")
     m = infer_shapes(m)
+    rep.recognized = recognize(m)  # after shape inference: the 1/n and axis checks need shapes
     return m, rep
 
 
