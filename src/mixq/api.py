@@ -19,6 +19,8 @@ from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
 from .passes.prepare import PrepareReport, check_graph, prepare
 from .passes.qdq import RewriteReport, apply_plan
+from .fidelity import guard as fidelity_guard
+from .plan.numerics import apply_numerics
 from .plan.plan import PrecisionPlan
 from .plan.qparams import activation_qparams, constant_qparams
 from .plan.rules import build_plan
@@ -41,6 +43,8 @@ class QuantizeResult:
     quant_bytes: int = 0
     warnings: list[str] = field(default_factory=list)
     finetune: Any = None  # mixq.finetune.FinetuneReport when a finetune config was given
+    numerics: list = field(default_factory=list)  # mixq.plan.numerics.Finding: tensors kept float
+    fidelity: Any = None  # mixq.fidelity.FidelityReport: quantized vs float on held-back samples
 
     def summary(self) -> str:
         """A short Markdown report."""
@@ -68,6 +72,8 @@ class QuantizeResult:
             lines += ["", "Left float: " + "; ".join(f"{n} x {r}" for r, n in sorted(why.items()))]
         for name, r in self.rewrite.biases_kept_float.items():
             lines.append(f"- bias {name}: {r}")
+        lines += [f"- kept float ({f.policy}): {f.tensor}: {f.reason}" for f in self.numerics]
+        lines += [f"- {ln}" for ln in (self.fidelity.lines() if self.fidelity is not None else [])]
         for w in [*self.rewrite.notes, *self.warnings, *(f"not calibrated: {k}: {v}" for k, v in self.skipped.items())]:
             lines.append(f"- {w}")
         return "\n".join(lines)
@@ -90,7 +96,7 @@ def _resolve_config(config: QuantConfig | str | None) -> QuantConfig:
 def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | str | None = None,
              calibration_data: Any = None, *, output_path: str | os.PathLike | None = None,
              plan: PrecisionPlan | None = None, progress: Callable[[int], None] | None = None,
-             check_kernels: bool = True, finetune: Any = None) -> QuantizeResult:
+             check_kernels: bool = True, finetune: Any = None, strict: bool = False) -> QuantizeResult:
     """Quantize `model` with `config` (a QuantConfig or a preset name), calibrating activations on
     `calibration_data` (a data reader, an iterable of feed dicts, a .npz/.npy file or a folder).
 
@@ -101,6 +107,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     with the QDQ semantics (int8 saturation on x86 CPUs without VNNI).
     `finetune` (a mixq.finetune AdaRoundConfig / AdaQuantConfig, or a compat QConfig's
     algo_config) adjusts the weights layer by layer before the rewrite (needs torch).
+    The result's `fidelity` compares quantized and float outputs on the last calibration
+    samples; `strict` raises a ModelError when the quantized model looks broken.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -158,6 +166,9 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
 
         res = collect_stats(prepared, needed, calibration_data, progress=progress, base_dir=base_dir)
         stats, skipped = res.stats, dict(res.skipped)
+    numerics: list = []
+    if plan is None:  # numerics policies shape a built plan; a replayed plan is applied as saved
+        the_plan, numerics = apply_numerics(the_plan, prepared, stats)
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -195,7 +206,18 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     warnings += [f"{why}; the quantized model runs only where that library is registered"
                  for why in unknown_ops.values()]
 
-    result = QuantizeResult(warnings=warnings, finetune=ft_report, model=qmodel, plan=the_plan, config=cfg, prepare=prep, rewrite=rew,
+    t = time.perf_counter()
+    float_ref = model if isinstance(model, onnx.ModelProto) else onnx.load_model_from_string(model) \
+        if isinstance(model, bytes) else str(model)
+    fid = fidelity_guard(float_ref, qmodel, calibration_data, config=cfg, size=quant_bytes,
+                         model_path=None if isinstance(float_ref, onnx.ModelProto) else float_ref,
+                         custom_ops=bool(unknown_ops))
+    timings["fidelity"] = time.perf_counter() - t
+    if strict and fid.broken:
+        if saved is not None:
+            saved.unlink(missing_ok=True)  # a broken model is never left behind
+        raise ModelError("the quantized model looks broken (--strict): " + "; ".join(fid.lines()))
+    result = QuantizeResult(numerics=numerics, fidelity=fid, warnings=warnings, finetune=ft_report, model=qmodel, plan=the_plan, config=cfg, prepare=prep, rewrite=rew,
                             calibrated=len(stats), skipped=skipped, timings=timings,
                             float_bytes=float_bytes, quant_bytes=quant_bytes)
     if saved is not None:
