@@ -32,6 +32,9 @@ from .plan import PrecisionPlan, TensorPrecision
 SENTINEL_GAP_LOG2 = 8
 #: (a) without a gap: 99.9% of the non-zero values this many binades below the absmax
 SENTINEL_BULK_LOG2 = 12
+#: (a) the gap rule needs a sentinel-sized absmax (-1e4, -1e9, -3.4e38): softmax outputs have
+#: gaps too (probabilities of 1e-17), harmless to round
+SENTINEL_MIN_LOG2 = 10
 #: (a) magnitudes from here up are float-limit sentinels, never real activations (2^100 ~ 1e30)
 SENTINEL_ABS_LOG2 = 100
 #: (b) upstream tensors with this share of values 2^SMALL_LOG2 below the absmax stay float too
@@ -67,10 +70,11 @@ def sentinel_tensors(stats: dict[str, TensorStats], *, gap_log2: int = SENTINEL_
     """(a) Tensors whose range is set by a few huge values: an empty gap of `gap_log2` binades
     or more between a cluster at the absmax and at least 1% of the non-zero values below it (an
     additive mask: real scores, then -1e4 or -3.4e38), a float-limit magnitude (>= 2^100), or
-    99.9% of the non-zero values more than 2^bulk_log2 below the absmax."""
+    99.9% of the non-zero values more than 2^bulk_log2 below the absmax. Tensors within
+    [0, 1] (probabilities, gates) are skipped: their small values are small in absolute terms."""
     out: dict[str, str] = {}
     for name, st in stats.items():
-        if st.empty:
+        if st.empty or (st.min >= 0.0 and st.max <= 1.0):
             continue
         amax = st.absmax
         lo, hi, cnt = st.abs_bins()
@@ -86,7 +90,7 @@ def sentinel_tensors(stats: dict[str, TensorStats], *, gap_log2: int = SENTINEL_
             gap = float(ratios[i])
         lower = float(np.sum(cnt[:i + 1])) if i >= 0 else 0.0
         below = float(np.sum(cnt[hi <= amax * 2.0 ** -bulk_log2]))
-        if gap >= gap_log2 and lower >= 0.01 * nonzero:
+        if gap >= gap_log2 and lower >= 0.01 * nonzero and amax >= 2.0 ** SENTINEL_MIN_LOG2:
             k = int(math.floor(math.log2(amax / hi[i])))
             out[name] = (f"additive mask / sentinel: {100 * lower / nonzero:.1f}% of the non-zero values "
                          f"lie 2^{k} below absmax ({amax:.3g}), which {100 - 100 * lower / nonzero:.2g}% set")
