@@ -19,7 +19,7 @@ from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
 from .passes.prepare import PrepareReport, check_graph, prepare
 from .passes.qdq import RewriteReport, apply_plan
-from .fidelity import guard as fidelity_guard
+from .fidelity import float_reference, guard as fidelity_guard
 from .plan.numerics import apply_numerics
 from .plan.plan import PrecisionPlan
 from .plan.qparams import activation_qparams, constant_qparams
@@ -174,6 +174,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     t = time.perf_counter()
     qparams = activation_qparams(the_plan, stats, cfg)
     qparams.update(_constant_qparams(prepared, the_plan, cfg, base_dir))
+    float_ref = float_reference(model, prepared, base_dir)  # before finetuning and the rewrite
     ft_report = None
     if ft_config is not None:  # AdaRound / AdaQuant: adjusted weights, same qparams (mixq.finetune)
         from .finetune import run_finetune
@@ -207,10 +208,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
                  for why in unknown_ops.values()]
 
     t = time.perf_counter()
-    float_ref = model if isinstance(model, onnx.ModelProto) else onnx.load_model_from_string(model) \
-        if isinstance(model, bytes) else str(model)
     fid = fidelity_guard(float_ref, qmodel, calibration_data, config=cfg, size=quant_bytes,
-                         model_path=None if isinstance(float_ref, onnx.ModelProto) else float_ref,
+                         model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
                          custom_ops=bool(unknown_ops))
     timings["fidelity"] = time.perf_counter() - t
     if strict and fid.broken:

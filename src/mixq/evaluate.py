@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 
-def make_session(model: onnx.ModelProto | str, *, optimize: bool | str = True, threads: int | None = None,
+def make_session(model: onnx.ModelProto | str | bytes, *, optimize: bool | str = True, threads: int | None = None,
                  providers: tuple[str, ...] = ("CPUExecutionProvider",)):
     """An onnxruntime session with default (True), disabled (False) or basic ("basic") graph
     optimizations. "basic" folds constants (weight DequantizeLinear included) but fuses no QDQ
@@ -33,7 +33,7 @@ def make_session(model: onnx.ModelProto | str, *, optimize: bool | str = True, t
     if threads:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
-    src = model if isinstance(model, str) else model.SerializeToString()
+    src = model if isinstance(model, (str, bytes)) else model.SerializeToString()
     return ort.InferenceSession(src, so, providers=list(providers))
 
 

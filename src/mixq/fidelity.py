@@ -209,7 +209,7 @@ def fix_command(culprits: list[Culprit], *, preset: str | None, model_path: str 
             + f" --op-types {','.join(ops)} --l2-target 0.1")
 
 
-def check_fidelity(float_model: onnx.ModelProto | str, qmodel: onnx.ModelProto | str,
+def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.ModelProto | str,
                    feeds: list[dict[str, np.ndarray]], *, probe: bool = True, max_probed: int = MAX_PROBED,
                    preset: str | None = None, model_path: str | None = None,
                    calib_path: str | None = None, formats: tuple[str, str] | None = None) -> FidelityReport:
@@ -218,7 +218,10 @@ def check_fidelity(float_model: onnx.ModelProto | str, qmodel: onnx.ModelProto |
     damage and the `mixq auto` command that would fix them."""
     fs = make_session(float_model, optimize=True)
     qs = make_session(qmodel, optimize=False)  # the QDQ semantics, as on any backend
-    names = [o.name for o in fs.get_outputs()]
+    # numeric tensors only (strings, sequences and maps are not scored)
+    names = [o.name for o in fs.get_outputs() if o.type.startswith("tensor(") and o.type != "tensor(string)"]
+    if not names:
+        return FidelityReport(not_checked="the model has no numeric tensor output")
     refs = [fs.run(names, f) for f in feeds]
     gots = [qs.run(names, f) for f in feeds]
     rep = FidelityReport(outputs=_score(names, refs, gots),
@@ -263,12 +266,25 @@ def held_back_feeds(data: object, model: onnx.ModelProto, *, samples: int = GUAR
     return list(kept)
 
 
-def guard(float_model: onnx.ModelProto | str, qmodel: onnx.ModelProto, data: object, *,
+def float_reference(model: object, prepared: onnx.ModelProto, base_dir: object) -> bytes | str | None:
+    """What the guard compares against: the prepared float model serialized (before the
+    rewrite changes it in place), or the model's path when its weights stay on disk (None
+    when neither can be had: over 2 GiB in memory)."""
+    if base_dir is not None and isinstance(model, (str, os.PathLike)):
+        return str(model)
+    if prepared.ByteSize() >= 2**31 - 1:
+        return None
+    return prepared.SerializeToString()
+
+
+def guard(float_model: onnx.ModelProto | bytes | str | None, qmodel: onnx.ModelProto, data: object, *,
           config: QuantConfig, model_path: str | None, size: int, custom_ops: bool = False) -> FidelityReport:
     """What `quantize` runs last: the comparison on the last calibration samples (a report
     saying why not, where it cannot run)."""
     if custom_ops:
         return FidelityReport(not_checked="the model has ops onnxruntime cannot run here")
+    if float_model is None:
+        return FidelityReport(not_checked="the float model is over 2 GiB in memory (run `mixq eval`)")
     if data is None:
         return FidelityReport(not_checked="no calibration data to compare on")
     if size >= 2**31 - 1:
