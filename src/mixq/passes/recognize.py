@@ -223,7 +223,7 @@ def _mean_of(idx: _Index, t: str, used: list[onnx.NodeProto]) -> tuple[str, tupl
         return axes
     if shape is None or any(a < 0 or a >= len(shape) or not shape[a] for a in axes):
         return f"ReduceSum {rs.name!r}: the reduced size is not known, so 1/n cannot be checked"
-    n = float(np.prod([shape[a] for a in axes]))
+    n = float(np.prod([int(shape[a] or 0) for a in axes]))
     want = n if scaled.op_type == "Div" else 1.0 / n
     if not _close(c, want):
         return f"{scaled.op_type} {scaled.name!r}: constant {c:g} is not {'n' if scaled.op_type == 'Div' else '1/n'} = {want:g}"
@@ -340,6 +340,8 @@ def _match_layernorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
         inv, norm_op = out, None
     else:
         return f"{anchor.op_type} {anchor.name!r} is read by {c.op_type}, not a division"
+    norm: onnx.NodeProto
+    d: str | None
     if norm_op is None and inv is not None:
         rc = idx.consumers.get(inv, [])
         if len(rc) != 1 or rc[0].op_type != "Mul":
@@ -355,10 +357,12 @@ def _match_layernorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
                 return "rsqrt * scale is not read by one Mul"
             other = _other(rc2[0], m.output[0])
             m = rc2[0]
-        norm_op = m
-        d = other
+        norm, d = m, other
+    elif norm_op is not None:
+        norm, d = norm_op, norm_op.input[0]
     else:
-        d = norm_op.input[0]
+        return "no normalisation node"
+    norm_op = norm
     if d is None:
         return "the normalisation does not read x - mean(x)"
     used.append(norm_op)
@@ -379,12 +383,13 @@ def _match_layernorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
     if rank is None:
         if axes != (-1,):
             return "x has an unknown rank and the axes are not just the last one"
-        axis, norm_shape = -1, None
+        axis, norm_shape = -1, None  # type: tuple[int, list[int] | None]
     else:
         if any(a < 0 for a in axes) or list(axes) != list(range(rank - len(axes), rank)):
             return f"the reduced axes {list(axes)} are not the trailing axes of a rank-{rank} tensor"
         axis = rank - len(axes)
-        norm_shape = shape[axis:]  # type: ignore[index]
+        dims = shape[axis:]  # type: ignore[index]
+        norm_shape = [int(v or 0) for v in dims] if all(v for v in dims) else None
     y = norm_op.output[0]
     beta: np.ndarray | None = None
     # forward: optional Mul by a constant scale, then optional Add of a constant bias
@@ -409,7 +414,7 @@ def _match_layernorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
     for name, val in (("scale", gamma), ("bias", beta)):
         if val is None:
             continue
-        if norm_shape is None or any(s is None for s in norm_shape):
+        if norm_shape is None:
             return f"the {name} cannot be checked against a normalised shape that is not static"
         k = len(norm_shape)
         lead = val.shape[:-k] if val.ndim > k else ()
@@ -513,7 +518,8 @@ def _match_gelu(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
         cs = _const_side(idx, p)
         if cs is None or (p.op_type == "Div" and p.input[0] != cs[0]):
             return None
-        x, c = cs
+        x: str | None = cs[0]
+        c = cs[1]
         if not _close(c, math.sqrt(2.0) if p.op_type == "Div" else 1.0 / math.sqrt(2.0)):
             return f"Erf {anchor.name!r}: its input is x times {c:g}, not x / sqrt(2)"
         used.append(p)
@@ -546,6 +552,8 @@ def _match_gelu(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
         if x is None:
             return None
         approx = "tanh"
+    if x is None:
+        return None
     y = _gelu_tail(idx, anchor.output[0], x, used)
     if y is None:
         return f"{anchor.op_type} {anchor.name!r} is not followed by 0.5 * x * (1 + .)"
