@@ -72,6 +72,7 @@ class QuantizeResult:
             lines += ["", "Left float: " + "; ".join(f"{n} x {r}" for r, n in sorted(why.items()))]
         for name, r in self.rewrite.biases_kept_float.items():
             lines.append(f"- bias {name}: {r}")
+        lines += [f"- written-out {k} fused into the native op: {n}" for k, n in self.prepare.recognized.counts().items()]
         lines += [f"- kept float ({f.policy}): {f.tensor}: {f.reason}" for f in self.numerics]
         lines += [f"- {ln}" for ln in (self.fidelity.lines() if self.fidelity is not None else [])]
         for w in [*self.rewrite.notes, *self.warnings, *(f"not calibrated: {k}: {v}" for k, v in self.skipped.items())]:
