@@ -25,6 +25,8 @@ BROKEN_AGREEMENT = 0.90
 BROKEN_SQNR_DB = 10.0
 #: How many activation tensors the probe puts back to float (the noisiest ones).
 MAX_PROBED = 32
+#: A probed tensor is named when putting it back to float gains at least this much output SQNR.
+MIN_GAIN_DB = 1.0
 
 
 @dataclass
@@ -191,7 +193,7 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
             continue
         found.append(Culprit(t, producer.get(t, "graph input"), gain, noise[t]))
     found.sort(key=lambda c: -c.sqnr_gain_db if math.isfinite(c.sqnr_gain_db) else -math.inf)
-    return [c for c in found if c.sqnr_gain_db > 0][:top], len(order)
+    return [c for c in found if c.sqnr_gain_db >= MIN_GAIN_DB][:top], len(order)
 
 
 def fix_command(culprits: list[Culprit], *, preset: str | None, model_path: str | None,

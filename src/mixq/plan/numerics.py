@@ -291,17 +291,18 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
 
 
 def _float_input_weights(model: onnx.ModelProto, plan: PrecisionPlan, flagged: dict[str, Finding]
-                         ) -> dict[str, str]:
+                         ) -> dict[str, tuple[str, str]]:
     """Integer weights of the MatMul/Gemm nodes whose input a policy keeps float: onnxruntime
     runs DequantizeLinear(int8 weight) -> MatMul with a float input as MatMulNBits, which
     quantizes that input on the fly (measured: a log-mel model fell from cosine 1.00 to 0.88)."""
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, str]] = {}
     for n in model.graph.node:
         if n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2 or n.input[0] not in flagged:
             continue
         tp = plan.tensors.get(n.input[1])
         if tp is not None and tp.role in ("weight", "constant") and tp.format is not None:
-            out[n.input[1]] = (f"weight of {n.op_type} {n.name!r}, whose input {n.input[0]} is kept float "
+            out[n.input[1]] = (flagged[n.input[0]].policy,
+                               f"weight of {n.op_type} {n.name!r}, whose input {n.input[0]} is kept float "
                                "(onnxruntime would quantize that input on the fly: MatMulNBits)")
     return out
 
@@ -322,8 +323,9 @@ def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str,
     flagged = {f.tensor: f for f in findings}
     for name, f in flagged.items():
         tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {f.reason}")
-    for name, why in _float_input_weights(model, plan, flagged).items():
+    for name, (pol, why) in _float_input_weights(model, plan, flagged).items():
         tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {why}")
+        findings.append(Finding(name, pol, why))
     for name, tp in plan.tensors.items():  # parameter sharers that calibrate nothing themselves
         if name in flagged or tp.role != "activation" or tp.calibrate or tp.group not in flagged:
             continue
