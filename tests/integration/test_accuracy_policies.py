@@ -250,3 +250,21 @@ def test_strict_raises_and_leaves_no_file(tmp_path, policies_off):
     with pytest.raises(mixq.errors.ModelError, match="looks broken"):
         mixq.quantize(m, "A8W8", feeds, output_path=out, check_kernels=False, strict=True)
     assert not out.exists()
+
+
+def test_class_scores_of_any_rank_are_judged_by_agreement():
+    from mixq.evaluate import OutputMetrics
+    from mixq.fidelity import check_fidelity, class_score_outputs, is_broken
+
+    assert not is_broken([OutputMetrics("p", 9.0, 0.95, 0.5, 0.98)])  # CTC probabilities: low SQNR, same labels
+    assert is_broken([OutputMetrics("p", 30.0, 0.99, 0.1, 0.85)])
+    assert is_broken([OutputMetrics("y", 9.0, 0.95, 0.5, None)])
+    nodes = [helper.make_node("Mul", ["x", "k"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=-1)]
+    m = _model(nodes, [_vi("x", [2, 5, 7])], [_vi("p", [2, 5, 7])], {"k": np.float32(4.0)})
+    assert class_score_outputs(m) == {"p"}
+    x = np.random.default_rng(0).normal(size=(2, 5, 7)).astype(np.float32)
+    bad = _model([helper.make_node("Mul", ["x", "k"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=-1)],
+                 [_vi("x", [2, 5, 7])], [_vi("p", [2, 5, 7])], {"k": np.float32(-4.0)})  # argmin instead
+    rep = check_fidelity(m, bad, [{"x": x}], probe=False)
+    assert rep.outputs[0].top1_agreement is not None and rep.outputs[0].top1_agreement < 0.2 and rep.broken
+    assert check_fidelity(m, m, [{"x": x}], probe=False).outputs[0].top1_agreement == 1.0
