@@ -211,7 +211,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     t = time.perf_counter()
     fid = fidelity_guard(float_ref, qmodel, calibration_data, config=cfg, size=quant_bytes,
                          model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
-                         custom_ops=bool(unknown_ops))
+                         custom_ops=bool(unknown_ops), stats=stats)
     timings["fidelity"] = time.perf_counter() - t
     if strict and fid.broken:
         if saved is not None:

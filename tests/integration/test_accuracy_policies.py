@@ -268,3 +268,19 @@ def test_class_scores_of_any_rank_are_judged_by_agreement():
     rep = check_fidelity(m, bad, [{"x": x}], probe=False)
     assert rep.outputs[0].top1_agreement is not None and rep.outputs[0].top1_agreement < 0.2 and rep.broken
     assert check_fidelity(m, m, [{"x": x}], probe=False).outputs[0].top1_agreement == 1.0
+
+
+def test_probe_ranks_from_statistics_finds_the_mask_first(policies_off):
+    """With the calibration statistics the probe needs no extra run, and a mask's huge values
+    do not hide its damage: probing one tensor is enough to name it."""
+    from mixq.calibration.collect import collect_stats
+    from mixq.evaluate import make_session
+    from mixq.fidelity import probe_culprits
+
+    m, feeds = _attention(-3.4e38)
+    policies_off()
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    stats = collect_stats(m, ["masked", "scores", "q", "k", "v", "x", "attn", "y", "qk"], feeds).stats
+    refs = [make_session(m).run(["y"], f) for f in feeds[:1]]
+    culprits, probed = probe_culprits(res.model, ["y"], refs, feeds[:1], max_probed=1, stats=stats)
+    assert probed == 1 and [c.tensor for c in culprits] == ["masked"], culprits
