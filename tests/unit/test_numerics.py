@@ -73,3 +73,10 @@ def test_apply_numerics_new_plan_with_reasons_and_sharers():
     assert new.tensors["r"].format is None and new.tensors["x"].format == "int8"
     same, none = apply_numerics(plan, m, stats, enabled=False)
     assert same is plan and none == []
+
+
+def test_tensor_override_is_left_as_set():
+    m = _graph([helper.make_node("Log", ["x"], ["y"])])
+    plan = PrecisionPlan(tensors={"x": TensorPrecision("x", "activation", "int8", "tensor override")})
+    new, findings = apply_numerics(plan, m, {"x": _st(RNG.normal(0, 1, 100))})
+    assert findings == [] and new.tensors["x"].format == "int8"

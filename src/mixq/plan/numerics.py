@@ -264,7 +264,8 @@ def _gridded(tp: TensorPrecision, int_only: bool) -> bool:
 
 def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats],
                   policies: tuple[str, ...] = POLICIES) -> list[Finding]:
-    """The activation tensors of `plan` that policies (a)-(d) keep float, first reason wins."""
+    """The activation tensors of `plan` that policies (a)-(d) keep float, first reason wins
+    (tensors the user set with tensor_formats are left as set)."""
     unknown = set(policies) - set(POLICIES)
     if unknown:
         from ..errors import ConfigError
@@ -284,7 +285,8 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
             continue
         for t, why in detectors[pol]().items():
             tp = acts.get(t)
-            if tp is None or t in found or not _gridded(tp, int_only=pol == "small_values"):
+            if tp is None or t in found or not _gridded(tp, int_only=pol == "small_values") \
+                    or tp.reason == "tensor override":  # the user's word wins
                 continue
             found[t] = Finding(t, pol, why)
     return list(found.values())
