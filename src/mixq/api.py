@@ -16,9 +16,12 @@ from .calibration.data import CalibData
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
+from .fidelity import float_reference
+from .fidelity import guard as fidelity_guard
 from .passes.prepare import PrepareReport, check_graph, model_opset
 from .passes.qdq import RewriteReport
 from .pipeline import Pipeline, config_of_plan
+from .plan.numerics import apply_numerics
 from .plan.plan import PrecisionPlan
 
 
@@ -39,6 +42,8 @@ class QuantizeResult:
     quant_bytes: int = 0
     warnings: list[str] = field(default_factory=list)
     finetune: Any = None  # mixq.finetune.FinetuneReport when a finetune config was given
+    numerics: list = field(default_factory=list)  # mixq.plan.numerics.Finding: tensors kept float
+    fidelity: Any = None  # mixq.fidelity.FidelityReport: quantized vs float on held-back samples
 
     def summary(self) -> str:
         """A short Markdown report."""
@@ -67,6 +72,10 @@ class QuantizeResult:
             lines += ["", "Left float: " + "; ".join(f"{n} x {r}" for r, n in sorted(why.items()))]
         for name, r in self.rewrite.biases_kept_float.items():
             lines.append(f"- bias {name}: {r}")
+        lines += [f"- written-out {k} fused into the native op: {n}"
+                  for k, n in self.prepare.recognized.counts().items()]
+        lines += [f"- kept float ({f.policy}): {f.tensor}: {f.reason}" for f in self.numerics]
+        lines += [f"- {ln}" for ln in (self.fidelity.lines() if self.fidelity is not None else [])]
         for w in [*self.prepare.notes, *self.rewrite.notes, *self.warnings,
                   *(f"not calibrated: {k}: {v}" for k, v in self.skipped.items())]:
             lines.append(f"- {w}")
@@ -88,7 +97,7 @@ def _resolve_config(config: Any) -> QuantConfig:
 def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | str | None = None,
              calibration_data: Any = None, *, output_path: str | os.PathLike | None = None,
              plan: PrecisionPlan | None = None, progress: Callable[[int], None] | None = None,
-             check_kernels: bool = True, finetune: Any = None) -> QuantizeResult:
+             check_kernels: bool = True, finetune: Any = None, strict: bool = False) -> QuantizeResult:
     """Quantize `model` with `config` (a QuantConfig or a preset name; default A8W8),
     calibrating activations on `calibration_data` (a data reader, an iterable of feed dicts, a
     .npz/.npy file or a folder).
@@ -102,6 +111,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     with the QDQ semantics (int8 saturation on x86 CPUs without VNNI).
     `finetune` (a mixq.finetune AdaRoundConfig / AdaQuantConfig, or a compat QConfig's
     algo_config) adjusts the weights layer by layer before the rewrite (needs torch).
+    The result's `fidelity` compares quantized and float outputs on the last calibration
+    samples; `strict` raises a ModelError when the quantized model looks broken.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -131,10 +142,16 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
 
     t = time.perf_counter()
     pipe.calibrate(the_plan, calibration_data, progress=progress)
+    # numerics policies read the statistics: tensors whose range or role makes a uniform grid
+    # wrong stay float, each with its reason in the plan (tensor overrides are left as set);
+    # applied to replayed plans too, so that a plan replays to the bytes its config gives
+    the_plan, numerics = apply_numerics(the_plan, pipe.model, pipe.stats,
+                                        enabled=cfg.numerics_policies)
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
     qparams = pipe.qparams(the_plan, cfg)
+    float_ref = float_reference(model, pipe.model, pipe.base_dir)  # before the rewrite changes it
     ft_report = None
     target = pipe.model
     if ft_config is not None:  # AdaRound / AdaQuant: adjusted weights, same qparams (mixq.finetune)
@@ -157,6 +174,20 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         raise ModelError(f"internal error: the quantized model fails the ONNX checker: {exc}") from exc
     timings["rewrite"] = time.perf_counter() - t - timings.get("finetune", 0.0)
 
+    from .check import custom_op_problems
+
+    custom_ops = [why for why in custom_op_problems(pipe.model).values() if "custom op library" in why]
+    # the fidelity guard: quantized against float on the last calibration samples; runs before
+    # the save, so that --strict leaves an existing output untouched when the model is broken
+    t = time.perf_counter()
+    fid = fidelity_guard(float_ref, qmodel, calibration_data, config=cfg, size=quant_bytes,
+                         model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
+                         custom_ops=bool(custom_ops), stats=pipe.stats)
+    del float_ref
+    timings["fidelity"] = time.perf_counter() - t
+    if strict and fid.broken:
+        raise ModelError("the quantized model looks broken (strict): " + "; ".join(fid.lines()))
+
     saved, save_s = None, 0.0
     if out_path is not None:  # first: the kernel check then loads the file instead of a copy
         t = time.perf_counter()
@@ -166,15 +197,13 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     warnings = _check_optimized_kernels(pipe.model, qmodel, cfg, calibration_data, saved) \
         if check_kernels else []
     timings["kernel check"] = time.perf_counter() - t
-    from .check import custom_op_problems
-
     warnings += [f"{why}; the quantized model runs only where that library is registered"
-                 for why in custom_op_problems(pipe.model).values() if "custom op library" in why]
+                 for why in custom_ops]
     warnings += [f"prepare: {n}" for n in pipe.prepare_report.notes if "shape inference failed" in n]
 
-    result = QuantizeResult(warnings=warnings, finetune=ft_report, model=qmodel, plan=the_plan,
-                            config=cfg, prepare=pipe.prepare_report, rewrite=rew,
-                            calibrated=len(pipe.stats), skipped=dict(pipe.calib_skipped),
+    result = QuantizeResult(numerics=numerics, fidelity=fid, warnings=warnings, finetune=ft_report,
+                            model=qmodel, plan=the_plan, config=cfg, prepare=pipe.prepare_report,
+                            rewrite=rew, calibrated=len(pipe.stats), skipped=dict(pipe.calib_skipped),
                             timings=timings, float_bytes=float_bytes, quant_bytes=quant_bytes)
     if saved is not None:
         result.output_path = saved

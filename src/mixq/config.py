@@ -84,6 +84,10 @@ class QuantConfig:
     layer_rules: layer-wise precision, later rules win (see LayerRule).
     tensor_formats: tensor-wise precision: (tensor name, format) pairs; the tensor is in that
         format everywhere (weights and activations alike).
+    numerics_policies: after calibration, keep float the tensors a uniform grid would break
+        (additive masks and sentinels, inputs of Log/Reciprocal/Sqrt/Div, cancelling
+        subtractions, Concats of very different ranges), each with its reason in the plan
+        (docs/ACCURACY.md); False quantizes them as asked.
     dual_quant_nodes: at a precision boundary, the consumers in another format read both
         quantization nodes in series (producer's then consumer's format), so that backend
         compilers see both; otherwise they read one conversion node from the float tensor.
@@ -108,6 +112,7 @@ class QuantConfig:
     layer_rules: tuple[LayerRule, ...] = ()
     tensor_formats: tuple[tuple[str, str], ...] = ()
     dual_quant_nodes: bool = False
+    numerics_policies: bool = True
     name: str = "custom"
     per_channel: InitVar[bool | None] = None
 
@@ -118,7 +123,8 @@ class QuantConfig:
             object.__setattr__(self, "granularity", PerChannel() if per_channel else PerTensor())
         object.__setattr__(self, "granularity", granularity_from(self.granularity))
         for opt in ("reduce_range", "share_concat_scales", "quantize_outputs", "fuse_activations",
-                    "dual_quant_nodes", "activation_symmetric", "weight_symmetric"):
+                    "dual_quant_nodes", "activation_symmetric", "weight_symmetric",
+                    "numerics_policies"):
             if not isinstance(getattr(self, opt), bool):
                 raise ConfigError(f"{opt}={getattr(self, opt)!r} must be True or False.")
         if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)):

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 
-def make_session(model: onnx.ModelProto | str, *, optimize: bool | str = True, threads: int | None = None,
+def make_session(model: onnx.ModelProto | str | bytes, *, optimize: bool | str = True, threads: int | None = None,
                  providers: tuple[str, ...] = ("CPUExecutionProvider",)):
     """An onnxruntime session with default (True), disabled (False) or basic ("basic") graph
     optimizations. "basic" folds constants (weight DequantizeLinear included) but fuses no QDQ
@@ -33,7 +33,7 @@ def make_session(model: onnx.ModelProto | str, *, optimize: bool | str = True, t
     if threads:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
-    src = model if isinstance(model, str) else model.SerializeToString()
+    src = model if isinstance(model, (str, bytes)) else model.SerializeToString()
     return ort.InferenceSession(src, so, providers=list(providers))
 
 
@@ -50,8 +50,12 @@ class OutputMetrics:
 
 @dataclass
 class ErrorStats:
-    """Streaming error statistics of an output against its reference (float64 sums; pairs where
-    either side is NaN/inf are left out), plus top-1 agreement for classifier-like outputs."""
+    """Streaming error statistics of an output against its reference (float64 sums), plus top-1
+    agreement for classifier-like outputs.
+
+    Pairs where the reference is NaN/inf are left out (the float model's own doing). A NaN/inf
+    in the compared output where the reference is finite (`bad`) scores worst: SQNR -inf,
+    cosine 0, max error inf, and its row counts as a top-1 disagreement."""
 
     sig: float = 0.0
     noise: float = 0.0
@@ -61,11 +65,15 @@ class ErrorStats:
     agree: int = 0
     rows: int = 0
     classifier: bool = True
+    bad: int = 0
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
         ref, got = np.asarray(ref), np.asarray(got)
         r, q = ref.astype(np.float64), got.astype(np.float64)
-        finite = np.isfinite(r) & np.isfinite(q)
+        ref_ok = np.isfinite(r)
+        broken = ref_ok & ~np.isfinite(q)
+        self.bad += int(np.count_nonzero(broken))
+        finite = ref_ok & ~broken
         r, q = np.where(finite, r, 0.0), np.where(finite, q, 0.0)  # zeros add nothing to a sum
         self.sig += float(np.sum(r * r))
         self.noise += float(np.sum((r - q) ** 2))
@@ -74,7 +82,10 @@ class ErrorStats:
         if r.size:
             self.maxerr = max(self.maxerr, float(np.max(np.abs(r - q))))
         if ref.ndim == 2 and ref.shape[1] > 1:
-            self.agree += int(np.sum(np.argmax(ref, 1) == np.argmax(got, 1)))
+            same = np.argmax(ref, 1) == np.argmax(got, 1)
+            if got.shape == ref.shape:
+                same &= ~np.any(broken.reshape(ref.shape), axis=1)
+            self.agree += int(np.sum(same))
             self.rows += ref.shape[0]
         else:
             self.classifier = False
@@ -82,7 +93,10 @@ class ErrorStats:
 
     @property
     def sqnr_db(self) -> float:
-        """10*log10(signal / noise): inf without noise, -inf for noise on a zero signal."""
+        """10*log10(signal / noise): inf without noise, -inf for noise on a zero signal or for
+        any NaN/inf where the reference is finite."""
+        if self.bad:
+            return -math.inf
         if self.noise == 0.0:
             return math.inf
         if self.sig == 0.0:
@@ -91,14 +105,18 @@ class ErrorStats:
 
     @property
     def cosine(self) -> float:
-        """Cosine similarity (1.0 for two all-zero outputs, 0.0 when only one is)."""
+        """Cosine similarity (1.0 for two all-zero outputs, 0.0 when only one is or when the
+        output has NaN/inf where the reference is finite)."""
+        if self.bad:
+            return 0.0
         if self.sig == 0.0 or self.nb == 0.0:
             return float(self.sig == self.nb)
         return self.dot / math.sqrt(self.sig * self.nb)
 
     def result(self, name: str) -> OutputMetrics:
         top1 = self.agree / self.rows if self.classifier and self.rows else None
-        return OutputMetrics(name, self.sqnr_db, float(self.cosine), self.maxerr, top1)
+        return OutputMetrics(name, self.sqnr_db, float(self.cosine),
+                             math.inf if self.bad else self.maxerr, top1)
 
 
 @dataclass

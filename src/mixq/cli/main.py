@@ -42,7 +42,8 @@ _MAX_CONFIG_BYTES = 1_000_000
 def _config_given(args: argparse.Namespace) -> bool:
     """Whether any config flag was given (a replayed plan carries its own config)."""
     return bool(args.config or args.preset or args.activation or args.weight or args.calib_method
-                or args.per_channel is not None or args.reduce_range or args.exclude_op_types)
+                or args.per_channel is not None or args.reduce_range or args.exclude_op_types
+                or getattr(args, "numerics_policies", None) is False)
 
 
 def _add_data_args(p: argparse.ArgumentParser, *, calib: bool) -> None:
@@ -133,6 +134,8 @@ def _config_from_args(args: argparse.Namespace):
         changes["per_channel"] = args.per_channel
     if args.reduce_range:
         changes["reduce_range"] = True
+    if getattr(args, "numerics_policies", None) is False:
+        changes["numerics_policies"] = False
     if args.exclude_op_types:
         changes["exclude_op_types"] = frozenset(s for s in args.exclude_op_types.split(",") if s)
     if changes:
@@ -154,7 +157,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     ft = _finetune_from_args(args)
     with _progress("calibrating") as tick:
         res = quantize(args.input, cfg, _calib_data(args), output_path=args.output, plan=plan,
-                       progress=tick, finetune=ft)
+                       progress=tick, finetune=ft, strict=args.strict)
     print(res.summary())
     print(f"\nwrote {res.output_path}")
     return 0
@@ -453,6 +456,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("output")
     q.add_argument("--calib", help="calibration data: .npz, .npy or a folder of them")
     q.add_argument("--plan", help="replay a precision plan saved by `mixq plan -o`")
+    q.add_argument("--strict", action="store_true",
+                   help="exit non-zero, writing nothing, when the fidelity guard finds the "
+                   "quantized model broken (top-1 agreement < 90 %% or SQNR < 10 dB vs float)")
+    q.add_argument("--no-numerics-policies", dest="numerics_policies", action="store_false",
+                   default=None, help="quantize every planned tensor even where a uniform grid "
+                   "breaks it (masks, Log/Reciprocal inputs, cancellation); see docs/ACCURACY.md")
     _add_data_args(q, calib=True)
     _add_config_args(q)
     _add_finetune_args(q)

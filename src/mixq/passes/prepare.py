@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import ModelError
 from ..graph import GraphIndex, NameAllocator, PassResult
+from .recognize import RecognizeReport, recognize
 
 #: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
 TARGET_OPSET = 21
@@ -35,6 +36,7 @@ class PrepareReport:
     nodes_folded: int = 0
     notes: list[str] = field(default_factory=list)
     passes: list[PassResult] = field(default_factory=list)
+    recognized: RecognizeReport = field(default_factory=RecognizeReport)  # written-out ops fused
 
 
 def model_opset(model: onnx.ModelProto) -> int:
@@ -634,6 +636,8 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     m = infer_shapes(m, inference)
     rep.passes.append(inference)
     rep.notes += inference.notes
+    rep.recognized = recognize(m)  # after shape inference: the 1/n and axis checks need shapes
+    rep.passes.append(PassResult("recognize", changed=len(rep.recognized.fused)))
     return m, rep
 
 

@@ -1,0 +1,370 @@
+"""The fidelity guard: does the quantized model still compute what the float one does?
+
+`check_fidelity` runs both models once on a few held-back samples and scores every output (SQNR,
+cosine, top-1 agreement where the output looks like class scores; NaN/inf score worst). When the
+model looks broken, a cheap probe names the quantized tensors that do the most damage: the
+activations' quantization noise is measured in one run, and the noisiest ones are put back to
+float one at a time (their QuantizeLinear/DequantizeLinear pair bypassed), each kept when it buys
+the most output SQNR.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .config import QuantConfig
+from .evaluate import ErrorStats, OutputMetrics, make_session
+
+#: Below these the model is called broken.
+BROKEN_AGREEMENT = 0.90
+BROKEN_SQNR_DB = 10.0
+#: How many activation tensors the probe puts back to float (the noisiest ones).
+MAX_PROBED = 32
+#: Samples the probe runs on (the first held-back feeds): each probe is a session and a run.
+PROBE_SAMPLES = 8
+#: A probed tensor is named when putting it back to float gains at least this much output SQNR.
+MIN_GAIN_DB = 1.0
+
+
+@dataclass
+class Culprit:
+    """A quantized activation and the output SQNR its Q/DQ pair costs."""
+
+    tensor: str
+    producer_op: str
+    sqnr_gain_db: float  # output SQNR with this tensor float minus the quantized model's
+    noise_db: float  # the tensor's own SQNR under quantization
+
+
+@dataclass
+class FidelityReport:
+    """Quantized vs float outputs on held-back samples, and the probe's findings when broken."""
+
+    outputs: list[OutputMetrics] = field(default_factory=list)
+    samples: int = 0
+    broken: bool = False
+    culprits: list[Culprit] = field(default_factory=list)
+    probed: int = 0
+    fix_command: str | None = None
+    not_checked: str | None = None  # why no comparison was run
+
+    def worst(self) -> OutputMetrics | None:
+        """The output with the lowest SQNR."""
+        return min(self.outputs, key=lambda o: o.sqnr_db) if self.outputs else None
+
+    def lines(self) -> list[str]:
+        """Markdown lines for the quantize summary."""
+        if self.not_checked:
+            return [f"fidelity not checked: {self.not_checked}"]
+        out = [f"fidelity on {self.samples} held-back samples: " + "; ".join(
+            f"{o.name}: SQNR {o.sqnr_db:.1f} dB, cosine {o.cosine:.4f}"
+            + (f", top-1 agreement {100 * o.top1_agreement:.1f}%" if o.top1_agreement is not None else "")
+            for o in self.outputs)]
+        if self.broken:
+            out.append(f"WARNING: the quantized model looks broken (SQNR < {BROKEN_SQNR_DB:g} dB or "
+                       f"agreement < {100 * BROKEN_AGREEMENT:.0f}%)")
+            if self.culprits:
+                out.append("most damage from (back to float, output SQNR gain): " + ", ".join(
+                    f"{c.tensor} ({c.producer_op}, +{c.sqnr_gain_db:.1f} dB)" for c in self.culprits))
+            elif self.probed == 0:
+                out.append("no tensor probed: the model has no QuantizeLinear/DequantizeLinear "
+                           "activation pairs to put back to float")
+            else:
+                out.append(f"no single activation's Q/DQ pair accounts for the damage ({self.probed} probed)")
+            if self.fix_command:
+                out.append(f"try: {self.fix_command}")
+        return out
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (inf as None)."""
+        def num(v: float | None) -> float | None:
+            return None if v is None or not math.isfinite(v) else float(v)
+        return {"samples": self.samples, "broken": self.broken, "probed": self.probed,
+                "fix_command": self.fix_command,
+                "outputs": [{"name": o.name, "sqnr_db": num(o.sqnr_db), "cosine": num(o.cosine),
+                             "top1_agreement": num(o.top1_agreement)} for o in self.outputs],
+                "culprits": [{"tensor": c.tensor, "op": c.producer_op, "sqnr_gain_db": num(c.sqnr_gain_db)}
+                             for c in self.culprits]}
+
+
+def is_broken(outputs: list[OutputMetrics]) -> bool:
+    """Any output with NaN/inf where float is finite, a class-score output with top-1
+    agreement below BROKEN_AGREEMENT, or another output below BROKEN_SQNR_DB. Class scores are
+    judged by agreement alone: probabilities near 0 and 1 give a low SQNR for small, harmless
+    errors (a CTC recognizer at A8W8: 9.5 dB, the same characters)."""
+    return any(o.sqnr_db == -math.inf or (o.top1_agreement < BROKEN_AGREEMENT if o.top1_agreement is not None
+                                           else o.sqnr_db < BROKEN_SQNR_DB) for o in outputs)
+
+
+def class_score_outputs(model: onnx.ModelProto) -> set[str]:
+    """Graph outputs written (through Q/DQ nodes and reshapes) by a Softmax/LogSoftmax over its
+    last axis: class scores along the last axis whatever their rank (a CTC recognizer's
+    (B, T, C); an opset-12 Softmax(axis=2) upgraded to Reshape -> Softmax -> Reshape)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*model.graph.value_info, *model.graph.output]
+             if v.type.tensor_type.HasField("shape")}
+    out = set()
+    for o in model.graph.output:
+        n = producer.get(o.name)
+        while n is not None and n.op_type in ("QuantizeLinear", "DequantizeLinear", "Identity", "Reshape", "Flatten"):
+            n = producer.get(n.input[0])
+        if n is not None and n.op_type in ("Softmax", "LogSoftmax"):
+            axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
+            rank = ranks.get(n.output[0])
+            if axis == -1 or (rank is not None and axis == rank - 1):
+                out.add(o.name)
+    return out
+
+
+def _score(names: list[str], refs: list[list[np.ndarray]], gots: list[list[np.ndarray]],
+           classes: frozenset[str] | set[str] = frozenset()) -> list[OutputMetrics]:
+    accs = {n: ErrorStats() for n in names}
+    for ref, got in zip(refs, gots):
+        for n, r, q in zip(names, ref, got):
+            if n in classes and r.ndim > 2 and r.shape == q.shape and r.shape[-1] > 1:
+                r, q = r.reshape(-1, r.shape[-1]), q.reshape(-1, q.shape[-1])  # rows of class scores
+            accs[n].update(r, q)
+    return [accs[n].result(n) for n in names]
+
+
+def _qdq_pairs(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """Activation tensor -> the DequantizeLinear outputs that stand for it (Q on a run-time
+    tensor feeding DQ nodes)."""
+    inits = {t.name for t in model.graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    out: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        if n.op_type != "QuantizeLinear" or not n.input or n.input[0] in inits:
+            continue
+        dqs = [r.output[0] for r in readers.get(n.output[0], []) if r.op_type == "DequantizeLinear"]
+        if dqs:
+            out.setdefault(n.input[0], []).extend(dqs)
+    return out
+
+
+def _bypass(model: onnx.ModelProto, tensor: str, dq_outs: list[str]) -> onnx.ModelProto:
+    """A copy of `model` whose readers of `dq_outs` read `tensor` itself (graph only: the
+    initializers are shared by reference through a shallow ModelProto holding the same data)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    gone = set(dq_outs)
+    for n in m.graph.node:
+        if n.op_type == "QuantizeLinear" and n.input and n.input[0] == tensor:
+            continue
+        for k, i in enumerate(n.input):
+            if i in gone:
+                n.input[k] = tensor
+    for o in m.graph.output:
+        if o.name in gone:
+            return model  # a DQ output is a graph output: leave this tensor alone
+    return m
+
+
+def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
+                          for n in names if n not in have)
+    return m
+
+
+def _noise_db(pairs: dict[str, list[str]], qmodel: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]
+              ) -> dict[str, float]:
+    """Each quantized activation's own SQNR (float value vs its dequantized value), one run."""
+    names = [t for t in pairs if pairs[t]]
+    extra = [x for t in names for x in (t, pairs[t][0])]
+    sess = make_session(_with_outputs(qmodel, extra), optimize=False)
+    accs = {t: ErrorStats() for t in names}
+    for feed in feeds:
+        vals = dict(zip(extra, sess.run(extra, feed)))
+        for t in names:
+            a, b = vals[t], vals[pairs[t][0]]
+            if a.shape == b.shape:
+                accs[t].update(a, b)
+    return {t: accs[t].sqnr_db for t in names}
+
+
+def _noise_from_stats(pairs: dict[str, list[str]], qmodel: onnx.ModelProto, stats: dict) -> dict[str, float]:
+    """Each quantized activation's SQNR estimated from its calibration statistics and its
+    QuantizeLinear scale: rms^2 / (step^2 / 12) (no run: measuring it means fetching every
+    activation, 23 s for 8 samples of EfficientNet-Lite0)."""
+    inits = {t.name: t for t in qmodel.graph.initializer}
+    out: dict[str, float] = {}
+    for n in qmodel.graph.node:
+        t = n.input[0] if n.op_type == "QuantizeLinear" and n.input else None
+        if t is None or t not in pairs or t not in stats or t in out or n.input[1] not in inits:
+            continue
+        scale = onnx.numpy_helper.to_array(inits[n.input[1]])
+        if scale.size != 1 or stats[t].empty:
+            continue
+        step2 = float(scale.reshape(())) ** 2 / 12.0
+        # the median magnitude, not the rms: a mask's -3.4e38 would make any step look small
+        lo, hi, cnt = stats[t].abs_bins()
+        half = np.searchsorted(np.cumsum(cnt), (float(np.sum(cnt)) + 1) / 2) if cnt.size else 0
+        mag = float((lo[half] + hi[half]) / 2) if cnt.size else 0.0
+        out[t] = 10.0 * math.log10(mag * mag / step2) if mag > 0 and step2 > 0 else -math.inf
+    return out
+
+
+def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.ndarray]],
+                   feeds: list[dict[str, np.ndarray]], *, max_probed: int = MAX_PROBED, top: int = 3,
+                   stats: dict | None = None) -> tuple[list[Culprit], int]:
+    """Put the `max_probed` noisiest quantized activations back to float one at a time and
+    return the `top` that raise the worst output's SQNR most (and how many were probed). The
+    noise is estimated from the calibration `stats` where given, else measured in one run."""
+    pairs = _qdq_pairs(qmodel)
+    if not pairs:
+        return [], 0
+    noise = _noise_from_stats(pairs, qmodel, stats) if stats else {}
+    if not noise:
+        noise = _noise_db(pairs, qmodel, feeds)
+    order = sorted(noise, key=lambda t: noise[t])[:max_probed]
+    producer = {o: n.op_type for n in qmodel.graph.node for o in n.output}
+
+    def worst_sqnr(model: onnx.ModelProto) -> float:
+        s = make_session(model, optimize="basic")
+        gots = [s.run(names, f) for f in feeds]
+        return min(o.sqnr_db for o in _score(names, refs, gots))
+
+    base = worst_sqnr(qmodel)
+    found = []
+    for t in order:
+        variant = _bypass(qmodel, t, pairs[t])
+        if variant is qmodel:
+            continue
+        gain = worst_sqnr(variant) - base
+        if math.isnan(gain):
+            continue
+        found.append(Culprit(t, producer.get(t, "graph input"), gain, noise[t]))
+    found.sort(key=lambda c: -c.sqnr_gain_db if math.isfinite(c.sqnr_gain_db) else -math.inf)
+    return [c for c in found if c.sqnr_gain_db >= MIN_GAIN_DB][:top], len(order)
+
+
+def fix_command(culprits: list[Culprit], *, preset: str | None, model_path: str | None,
+                calib_path: str | None, formats: tuple[str, str] | None = None) -> str:
+    """The `mixq auto` command that searches a mixed plan between a wide base (int16/int8 for
+    integer formats, bf16 otherwise) and the preset's formats, over these ops."""
+    from .formats import get_format
+
+    ops = sorted({"Conv", "ConvTranspose", "Gemm", "MatMul"} | {c.producer_op for c in culprits
+                                                                 if c.producer_op != "graph input"})
+    act, wgt = formats or ("int8", "int8")
+    base = "int16/int8" if get_format(act).kind == "int" else "bf16"
+    return (f"mixq auto {model_path or 'MODEL.onnx'} OUT.onnx --calib {calib_path or 'CALIB.npz'} "
+            f"--candidates {base},{act}/{wgt}" + (f" --preset {preset}" if preset else "")
+            + f" --op-types {','.join(ops)} --l2-target 0.1")
+
+
+def _rows(feed: dict[str, np.ndarray]) -> int:
+    v = next(iter(feed.values()), None)
+    return int(v.shape[0]) if v is not None and v.ndim else 1
+
+
+def probe_budget(size: int) -> int:
+    """How many tensors the probe puts back to float for a model of `size` bytes: each is a
+    session and a run (EfficientNet-Lite0, 18 MB: 32 probes took 4 minutes on 2 busy cores)."""
+    return MAX_PROBED if size < 2**21 else 8 if size < 2**25 else 4
+
+
+def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.ModelProto | str,
+                   feeds: list[dict[str, np.ndarray]], *, probe: bool = True, max_probed: int = MAX_PROBED,
+                   preset: str | None = None, model_path: str | None = None,
+                   calib_path: str | None = None, formats: tuple[str, str] | None = None,
+                   stats: dict | None = None) -> FidelityReport:
+    """Score `qmodel` against `float_model` on `feeds` (one onnxruntime run of each; keep the
+    feeds small, e.g. <= 64 samples). When broken and `probe`, name the tensors that do the most
+    damage and the `mixq auto` command that would fix them (`stats`: the calibration
+    statistics, name -> TensorStats, which rank the tensors to probe without a run)."""
+    fs = make_session(float_model, optimize=True)
+    qs = make_session(qmodel, optimize="basic")  # the QDQ semantics (constants folded, no integer fusions)
+    # numeric tensors only (strings, sequences and maps are not scored)
+    names = [o.name for o in fs.get_outputs() if o.type.startswith("tensor(") and o.type != "tensor(string)"]
+    if not names:
+        return FidelityReport(not_checked="the model has no numeric tensor output")
+    refs = [fs.run(names, f) for f in feeds]
+    gots = [qs.run(names, f) for f in feeds]
+    q = qmodel if isinstance(qmodel, onnx.ModelProto) else onnx.load(qmodel)
+    rep = FidelityReport(outputs=_score(names, refs, gots, class_score_outputs(q)),
+                         samples=sum(_rows(f) for f in feeds))
+    rep.broken = is_broken(rep.outputs)
+    if rep.broken and probe:
+        k, held = 0, 0
+        while k < len(feeds) and held < PROBE_SAMPLES:
+            held += _rows(feeds[k])
+            k += 1
+        rep.culprits, rep.probed = probe_culprits(q, names, refs[:k], feeds[:k], max_probed=max_probed,
+                                                  stats=stats)
+        rep.fix_command = fix_command(rep.culprits, preset=preset, model_path=model_path,
+                                      calib_path=calib_path, formats=formats)
+    return rep
+
+
+#: Samples the guard in `quantize` compares on (the last ones of the calibration data).
+GUARD_SAMPLES = 32
+
+
+def held_back_feeds(data: object, model: onnx.ModelProto, *, samples: int = GUARD_SAMPLES
+                    ) -> list[dict[str, np.ndarray]] | None:
+    """The last `samples` samples of re-readable calibration data (a list / tuple of feeds or a
+    file / folder) as feeds, or None for a one-shot reader (it cannot be read twice)."""
+    import os
+    from collections import deque
+
+    from .calibration.data import as_feeds
+
+    if not isinstance(data, (list, tuple, str, os.PathLike)):
+        return None
+    kept: deque[dict[str, np.ndarray]] = deque()
+    held = 0
+    for feed in as_feeds(data, model, batch_size=8):
+        kept.append(feed)
+        held += _rows(feed)
+        while len(kept) > 1 and held - _rows(kept[0]) >= samples:
+            held -= _rows(kept.popleft())
+    return list(kept)
+
+
+def float_reference(model: object, prepared: onnx.ModelProto, base_dir: object) -> bytes | str | None:
+    """What the guard compares against: the prepared float model serialized (before the
+    rewrite changes it in place), or the model's path when its weights stay on disk (None
+    when neither can be had: over 2 GiB in memory)."""
+    if base_dir is not None and isinstance(model, (str, os.PathLike)):
+        return str(model)
+    if prepared.ByteSize() >= 2**31 - 1:
+        return None
+    return prepared.SerializeToString()
+
+
+def guard(float_model: onnx.ModelProto | bytes | str | None, qmodel: onnx.ModelProto, data: object, *,
+          config: QuantConfig, model_path: str | None, size: int, custom_ops: bool = False,
+          stats: dict | None = None) -> FidelityReport:
+    """What `quantize` runs last: the comparison on the last calibration samples (a report
+    saying why not, where it cannot run)."""
+    if custom_ops:
+        return FidelityReport(not_checked="the model has ops onnxruntime cannot run here")
+    if float_model is None:
+        return FidelityReport(not_checked="the float model is over 2 GiB in memory (run `mixq eval`)")
+    if data is None:
+        return FidelityReport(not_checked="no calibration data to compare on")
+    if size >= 2**31 - 1:
+        return FidelityReport(not_checked="the quantized model is over 2 GiB (run `mixq eval`)")
+    feeds = held_back_feeds(data, qmodel)
+    if feeds is None:
+        return FidelityReport(not_checked="the calibration data is a one-shot reader (run `mixq eval` "
+                                          "on held-out data)")
+    from .config import PRESETS
+
+    calib = str(data) if isinstance(data, (str, os.PathLike)) else None
+    preset = config.name if config.name.upper() in PRESETS else None
+    return check_fidelity(float_model, qmodel, feeds, probe=True, max_probed=probe_budget(size),
+                          preset=preset, model_path=model_path, calib_path=calib,
+                          formats=(config.activation, config.weight), stats=stats)

@@ -1,0 +1,684 @@
+"""Recognise normalisations and activations written out as element-wise ops and fuse them into
+the native ONNX op: LayerNormalization (opset 17), Gelu (opset 20) and Softmax.
+
+Why: a LayerNorm written out as ReduceMean/Sub/Mul/Sqrt/Div (or, from JAX, with the variance as
+E[x^2] - E[x]^2) exposes every intermediate to quantization, and the variance cancels
+catastrophically once its terms sit on an integer grid. The native op is quantized only at its
+input and output, and computes the same function.
+
+Each rule is pattern / check / rewrite over the onnx protos. A matcher returns None when the
+anchor node is not the pattern at all, a reason string when the pattern is there but a check
+fails (the fusion would change the meaning: another axis, a constant out of tolerance, an
+intermediate read elsewhere or a graph output), or a `_Match`. The pass works in place.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+#: Relative tolerance of the constants a pattern needs (0.5, 1, sqrt(2), sqrt(2/pi), 0.044715, 1/n).
+CONST_RTOL = 1e-4
+
+
+@dataclass
+class Fusion:
+    """One fusion: the native op that replaced `nodes` (their names), writing `output`."""
+
+    kind: str
+    output: str
+    nodes: list[str]
+
+
+@dataclass
+class Declined:
+    """A match left alone, with the check that failed."""
+
+    kind: str
+    anchor: str
+    reason: str
+
+
+@dataclass
+class RecognizeReport:
+    """What `recognize` fused and what it declined."""
+
+    fused: list[Fusion] = field(default_factory=list)
+    declined: list[Declined] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Fusions per native op type."""
+        out: dict[str, int] = {}
+        for f in self.fused:
+            out[f.kind] = out.get(f.kind, 0) + 1
+        return out
+
+
+@dataclass
+class _Match:
+    nodes: list[onnx.NodeProto]  # every node replaced (the last one writes `output`)
+    output: str
+    new_node: onnx.NodeProto
+    new_inits: list[onnx.TensorProto] = field(default_factory=list)
+
+
+class _Index:
+    """Producers, consumers, constants and shapes of a graph (rebuilt after each rule)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        g = model.graph
+        self.model = model
+        self.producer: dict[str, onnx.NodeProto] = {o: n for n in g.node for o in n.output if o}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in g.node:
+            for i in n.input:
+                if i:
+                    self.consumers.setdefault(i, []).append(n)
+        self.inits = {t.name: t for t in g.initializer}
+        self.outputs = {o.name for o in g.output}
+        self.info = {v.name: v for v in [*g.value_info, *g.input, *g.output]}
+        self.opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.names = {i.name for i in g.input} | set(self.producer) | set(self.inits)
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The value of a constant tensor (initializer or Constant node), else None."""
+        if name in self.inits:
+            t = self.inits[name]
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                return None
+            return numpy_helper.to_array(t)
+        p = self.producer.get(name)
+        if p is not None and p.op_type == "Constant":
+            for a in p.attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+                if a.name == "value_float":
+                    return np.array(a.f, np.float32)
+        return None
+
+    def scalar(self, name: str) -> float | None:
+        """A constant holding one value (any shape of size 1)."""
+        v = self.const(name)
+        if v is None or v.size != 1 or v.dtype.kind not in "fiu":
+            return None
+        return float(v.reshape(()))
+
+    def prod(self, name: str, *ops: str) -> onnx.NodeProto | None:
+        """The node producing `name` when its op type is one of `ops`."""
+        p = self.producer.get(name)
+        if p is None or p.domain not in ("", "ai.onnx") or p.op_type not in ops:
+            return None
+        return p
+
+    def shape(self, name: str) -> list[int | None] | None:
+        v = self.info.get(name)
+        if v is None or not v.type.tensor_type.HasField("shape"):
+            if name in self.inits:
+                return list(self.inits[name].dims)
+            return None
+        return [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+
+    def elem_type(self, name: str) -> int:
+        v = self.info.get(name)
+        if v is not None and v.type.tensor_type.elem_type:
+            return int(v.type.tensor_type.elem_type)
+        return onnx.TensorProto.FLOAT
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.names:
+            k += 1
+            name = f"{base}_{k}"
+        self.names.add(name)
+        return name
+
+
+def _close(v: float | None, want: float) -> bool:
+    return v is not None and math.isclose(v, want, rel_tol=CONST_RTOL, abs_tol=0.0)
+
+
+def _attr_i(n: onnx.NodeProto, name: str, default: int) -> int:
+    for a in n.attribute:
+        if a.name == name:
+            return int(a.i)
+    return default
+
+
+def _other(n: onnx.NodeProto, name: str) -> str | None:
+    """The other input of a binary node that reads `name` (None when it does not)."""
+    if len(n.input) != 2:
+        return None
+    if n.input[0] == name:
+        return n.input[1]
+    if n.input[1] == name:
+        return n.input[0]
+    return None
+
+
+def _const_side(idx: _Index, n: onnx.NodeProto) -> tuple[str, float] | None:
+    """(the non-constant input, the scalar) of a binary node with one scalar constant input."""
+    if len(n.input) != 2:
+        return None
+    for c, x in ((1, 0), (0, 1)):
+        v = idx.scalar(n.input[c])
+        if v is not None and idx.const(n.input[x]) is None:
+            return n.input[x], v
+    return None
+
+
+def _reduce_axes(idx: _Index, n: onnx.NodeProto, rank: int | None) -> tuple[int, ...] | str:
+    """Normalized (non-negative where the rank is known) axes of a Reduce* node, or a reason."""
+    if _attr_i(n, "keepdims", 1) != 1:
+        return f"{n.op_type} {n.name!r} drops the reduced axes (keepdims=0)"
+    axes: list[int] | None = None
+    for a in n.attribute:
+        if a.name == "axes":
+            axes = list(a.ints)
+    if len(n.input) > 1 and n.input[1]:
+        v = idx.const(n.input[1])
+        if v is None:
+            return f"{n.op_type} {n.name!r} takes its axes at run time"
+        axes = [int(a) for a in v.reshape(-1)]
+    if not axes:
+        if _attr_i(n, "noop_with_empty_axes", 0):
+            return f"{n.op_type} {n.name!r} reduces nothing (noop_with_empty_axes)"
+        if rank is None:
+            return f"{n.op_type} {n.name!r} reduces all axes of a tensor of unknown rank"
+        axes = list(range(rank))
+    if rank is not None:
+        axes = [a + rank if a < 0 else a for a in axes]
+    return tuple(sorted(axes))
+
+
+def _mean_of(idx: _Index, t: str, used: list[onnx.NodeProto]) -> tuple[str, tuple[int, ...]] | str | None:
+    """(x, axes) when `t` is the mean of x over axes (ReduceMean, or ReduceSum times 1/n or
+    divided by n); appends the nodes to `used`."""
+    rm = idx.prod(t, "ReduceMean")
+    if rm is not None:
+        shape = idx.shape(rm.input[0])
+        axes = _reduce_axes(idx, rm, len(shape) if shape is not None else None)
+        if isinstance(axes, str):
+            return axes
+        used.append(rm)
+        return rm.input[0], axes
+    scaled = idx.prod(t, "Mul", "Div")
+    if scaled is None:
+        return None
+    cs = _const_side(idx, scaled)
+    if cs is None:
+        return None
+    s, c = cs
+    if scaled.op_type == "Div" and scaled.input[0] != s:
+        return None
+    rs = idx.prod(s, "ReduceSum")
+    if rs is None:
+        return None
+    shape = idx.shape(rs.input[0])
+    axes = _reduce_axes(idx, rs, len(shape) if shape is not None else None)
+    if isinstance(axes, str):
+        return axes
+    if shape is None or any(a < 0 or a >= len(shape) or not shape[a] for a in axes):
+        return f"ReduceSum {rs.name!r}: the reduced size is not known, so 1/n cannot be checked"
+    n = float(np.prod([int(shape[a] or 0) for a in axes]))
+    want = n if scaled.op_type == "Div" else 1.0 / n
+    if not _close(c, want):
+        return f"{scaled.op_type} {scaled.name!r}: constant {c:g} is not {'n' if scaled.op_type == 'Div' else '1/n'} = {want:g}"
+    used += [rs, scaled]
+    return rs.input[0], axes
+
+
+def _square_of(idx: _Index, t: str, used: list[onnx.NodeProto]) -> str | None:
+    """x when `t` is x*x or Pow(x, 2)."""
+    p = idx.prod(t, "Mul", "Pow")
+    if p is None or len(p.input) != 2:
+        return None
+    if p.op_type == "Mul" and p.input[0] == p.input[1]:
+        used.append(p)
+        return p.input[0]
+    if p.op_type == "Pow" and _close(idx.scalar(p.input[1]), 2.0):
+        used.append(p)
+        return p.input[0]
+    return None
+
+
+def _check_private(idx: _Index, nodes: list[onnx.NodeProto], output: str) -> str | None:
+    """A reason when an intermediate tensor is read outside `nodes` or is a graph output."""
+    ids = {id(n) for n in nodes}
+    for n in nodes:
+        for o in n.output:
+            if not o or o == output:
+                continue
+            if o in idx.outputs:
+                return f"intermediate {o!r} is a graph output"
+            for c in idx.consumers.get(o, []):
+                if id(c) not in ids:
+                    return f"intermediate {o!r} is also read by {c.op_type} {c.name!r} outside the pattern"
+    return None
+
+
+# ---------------------------------------------------------------------------- LayerNorm
+def _variance_of(idx: _Index, v: str, x: str, axes: tuple[int, ...], used: list[onnx.NodeProto]
+                 ) -> str | None:
+    """None when `v` is the (biased) variance of x over `axes`, else a reason."""
+    clamp = idx.prod(v, "Relu", "Max")  # flax: max(0, E[x^2] - E[x]^2)
+    if clamp is not None:
+        if clamp.op_type == "Max":
+            cs = _const_side(idx, clamp)
+            if cs is None or cs[1] != 0.0 or len(clamp.input) != 2:
+                return f"Max {clamp.name!r} before the epsilon is not a clamp at 0"
+            used.append(clamp)
+            v = cs[0]
+        else:
+            used.append(clamp)
+            v = clamp.input[0]
+    mean_sq = _mean_of(idx, v, used)
+    if isinstance(mean_sq, tuple):  # (x - mean)^2 form
+        sq, ax2 = mean_sq
+        d = _square_of(idx, sq, used)
+        if d is None:
+            return "the variance is not the mean of a square"
+        sub = idx.prod(d, "Sub")
+        if sub is None or sub.input[0] != x:
+            return "the squared term is not x - mean(x)"
+        m = _mean_of(idx, sub.input[1], used)
+        if not isinstance(m, tuple) or m[0] != x or m[1] != axes or ax2 != axes:
+            return "the variance is taken over other axes or another mean"
+        used.append(sub)
+        return None
+    if isinstance(mean_sq, str):
+        return mean_sq
+    sub = idx.prod(v, "Sub")  # E[x^2] - E[x]^2 form
+    if sub is None:
+        return "the value under the epsilon is not a recognised variance"
+    ex2 = _mean_of(idx, sub.input[0], used)
+    if not isinstance(ex2, tuple):
+        return ex2 or "E[x^2] - E[x]^2: the first term is not a mean"
+    if ex2[1] != axes or _square_of(idx, ex2[0], used) != x:
+        return "E[x^2] - E[x]^2: the first term is not the mean of x^2 over the same axes"
+    msq = _square_of(idx, sub.input[1], used)
+    if msq is None:
+        return "E[x^2] - E[x]^2: the second term is not a square"
+    m = _mean_of(idx, msq, used)
+    if not isinstance(m, tuple) or m != (x, axes):
+        return "E[x^2] - E[x]^2: the second term is not the square of mean(x) over the same axes"
+    used.append(sub)
+    return None
+
+
+def _match_layernorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
+    """Anchor: the Sqrt of (variance + eps), or Pow(variance + eps, -0.5)."""
+    if anchor.op_type == "Pow" and not _close(idx.scalar(anchor.input[1]), -0.5):
+        return None
+    add = idx.prod(anchor.input[0], "Add")
+    if add is None:
+        return None
+    cs = _const_side(idx, add)
+    if cs is None or cs[1] < 0:
+        return None
+    var, eps = cs
+    used: list[onnx.NodeProto] = [add, anchor]
+    out = anchor.output[0]
+    cons = idx.consumers.get(out, [])
+    if len(cons) != 1:
+        return f"{anchor.op_type} {anchor.name!r} has {len(cons)} readers"
+    c = cons[0]
+    gamma: np.ndarray | None = None
+    if anchor.op_type == "Sqrt" and c.op_type == "Div" and c.input[1] == out:
+        if idx.scalar(c.input[0]) is not None and _close(idx.scalar(c.input[0]), 1.0):
+            inv, norm_op = c.output[0], None  # 1 / sqrt: a reciprocal
+            used.append(c)
+        else:
+            inv, norm_op = None, c  # d / sqrt
+    elif anchor.op_type == "Sqrt" and c.op_type == "Reciprocal":
+        inv, norm_op = c.output[0], None
+        used.append(c)
+    elif anchor.op_type == "Pow":
+        inv, norm_op = out, None
+    else:
+        return f"{anchor.op_type} {anchor.name!r} is read by {c.op_type}, not a division"
+    norm: onnx.NodeProto
+    d: str | None
+    if norm_op is None and inv is not None:
+        rc = idx.consumers.get(inv, [])
+        if len(rc) != 1 or rc[0].op_type != "Mul":
+            return "the inverse standard deviation is not read by one Mul"
+        m = rc[0]
+        other = _other(m, inv)
+        g = idx.const(other) if other is not None else None
+        if g is not None:  # rsqrt * gamma, then d * that
+            gamma = g
+            used.append(m)
+            rc2 = idx.consumers.get(m.output[0], [])
+            if len(rc2) != 1 or rc2[0].op_type != "Mul":
+                return "rsqrt * scale is not read by one Mul"
+            other = _other(rc2[0], m.output[0])
+            m = rc2[0]
+        norm, d = m, other
+    elif norm_op is not None:
+        norm, d = norm_op, norm_op.input[0]
+    else:
+        return "no normalisation node"
+    norm_op = norm
+    if d is None:
+        return "the normalisation does not read x - mean(x)"
+    used.append(norm_op)
+    sub = idx.prod(d, "Sub")
+    if sub is None:
+        return "the normalised tensor is not x - mean(x)"
+    x = sub.input[0]
+    mean = _mean_of(idx, sub.input[1], used)
+    if not isinstance(mean, tuple) or mean[0] != x:
+        return mean if isinstance(mean, str) else "the subtracted value is not mean(x)"
+    axes = mean[1]
+    used.append(sub)
+    why = _variance_of(idx, var, x, axes, used)
+    if why is not None:
+        return why
+    shape = idx.shape(x)
+    rank = len(shape) if shape is not None else None
+    if rank is None:
+        if axes != (-1,):
+            return "x has an unknown rank and the axes are not just the last one"
+        axis, norm_shape = -1, None  # type: tuple[int, list[int] | None]
+    else:
+        if any(a < 0 for a in axes) or list(axes) != list(range(rank - len(axes), rank)):
+            return f"the reduced axes {list(axes)} are not the trailing axes of a rank-{rank} tensor"
+        axis = rank - len(axes)
+        dims = shape[axis:]  # type: ignore[index]
+        norm_shape = [int(v or 0) for v in dims] if all(v for v in dims) else None
+    y = norm_op.output[0]
+    beta: np.ndarray | None = None
+    # forward: optional Mul by a constant scale, then optional Add of a constant bias
+    for op in ("Mul", "Add"):
+        if op == "Mul" and gamma is not None:
+            continue
+        rc = idx.consumers.get(y, [])
+        if len(rc) != 1 or rc[0].op_type != op or y in idx.outputs:
+            continue
+        other = _other(rc[0], y)
+        val = idx.const(other) if other is not None else None
+        if val is None:
+            continue
+        if op == "Mul":
+            gamma = val
+        else:
+            beta = val
+        used.append(rc[0])
+        y = rc[0].output[0]
+    # scale/bias must broadcast over the normalised axes only
+    params: list[np.ndarray] = []
+    for name, val in (("scale", gamma), ("bias", beta)):
+        if val is None:
+            continue
+        if norm_shape is None:
+            return f"the {name} cannot be checked against a normalised shape that is not static"
+        k = len(norm_shape)
+        lead = val.shape[:-k] if val.ndim > k else ()
+        if any(s != 1 for s in lead):
+            return f"the {name} of shape {list(val.shape)} varies outside the normalised axes"
+        try:
+            params.append(np.broadcast_to(val.reshape(val.shape[len(lead):]), norm_shape))
+        except ValueError:
+            return f"the {name} of shape {list(val.shape)} does not broadcast to {norm_shape}"
+    why = _check_private(idx, used, y)
+    if why is not None:
+        return why
+    if idx.opset < 17:
+        return f"LayerNormalization needs opset 17 (the model has {idx.opset})"
+    dtype = helper.tensor_dtype_to_np_dtype(idx.elem_type(x))
+    inits = []
+    ins = [x]
+    if gamma is None:
+        if norm_shape is None:
+            return "no scale and the normalised shape is not static"
+        gamma_arr = np.ones(norm_shape, dtype)
+    else:
+        gamma_arr = np.ascontiguousarray(params[0], dtype)
+    sname = idx.fresh(f"{y}_ln_scale")
+    inits.append(numpy_helper.from_array(gamma_arr, sname))
+    ins.append(sname)
+    if beta is not None:
+        bname = idx.fresh(f"{y}_ln_bias")
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(params[-1], dtype), bname))
+        ins.append(bname)
+    node = helper.make_node("LayerNormalization", ins, [y], name=idx.fresh(f"{norm_op.name or y}_layernorm"),
+                            axis=axis, epsilon=float(eps))
+    return _Match(list({id(n): n for n in used}.values()), y, node, inits)
+
+
+# ---------------------------------------------------------------------------- GELU
+def _gelu_tail(idx: _Index, g_out: str, x: str, used: list[onnx.NodeProto]) -> str | None:
+    """y for 0.5 * x * (1 + g) in its usual arrangements (appends the nodes), else None."""
+    add = None
+    rc = idx.consumers.get(g_out, [])
+    if len(rc) == 1 and rc[0].op_type == "Add":
+        cs = _const_side(idx, rc[0])
+        if cs is not None and cs[0] == g_out and _close(cs[1], 1.0):
+            add = rc[0]
+    if add is None:
+        return None
+    used.append(add)
+    t = add.output[0]
+    rc = idx.consumers.get(t, [])
+    if len(rc) != 1 or rc[0].op_type != "Mul":
+        return None
+    m1 = rc[0]
+    other = _other(m1, t)
+    if other is None:
+        return None
+    used.append(m1)
+    half = idx.scalar(other)
+    if _close(half, 0.5) or other == x:  # (1+g)*0.5 then *x, or x*(1+g) then *0.5
+        rc2 = idx.consumers.get(m1.output[0], [])
+        if len(rc2) != 1 or rc2[0].op_type != "Mul":
+            return None
+        m2 = rc2[0]
+        o2 = _other(m2, m1.output[0])
+        if o2 is None or (other == x and not _close(idx.scalar(o2), 0.5)) or (other != x and o2 != x):
+            return None
+        used.append(m2)
+        return m2.output[0]
+    p = idx.prod(other, "Mul")  # (x*0.5) * (1+g)
+    cs = _const_side(idx, p) if p is not None else None
+    if p is None or cs is None or cs[0] != x or not _close(cs[1], 0.5):
+        return None
+    used.append(p)
+    return m1.output[0]
+
+
+def _cube_of(idx: _Index, t: str, used: list[onnx.NodeProto]) -> str | None:
+    p = idx.prod(t, "Pow", "Mul")
+    if p is None or len(p.input) != 2:
+        return None
+    if p.op_type == "Pow":
+        if _close(idx.scalar(p.input[1]), 3.0):
+            used.append(p)
+            return p.input[0]
+        return None
+    for a, b in ((0, 1), (1, 0)):
+        sub: list[onnx.NodeProto] = []
+        x = _square_of(idx, p.input[a], sub)
+        if x is not None and x == p.input[b]:
+            used += [p, *sub]
+            return x
+    return None
+
+
+def _match_gelu(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
+    """Anchor: the Erf (x / sqrt 2) or the Tanh (sqrt(2/pi) * (x + 0.044715 x^3))."""
+    used: list[onnx.NodeProto] = [anchor]
+    if anchor.op_type == "Erf":
+        p = idx.prod(anchor.input[0], "Div", "Mul")
+        if p is None:
+            return None
+        cs = _const_side(idx, p)
+        if cs is None or (p.op_type == "Div" and p.input[0] != cs[0]):
+            return None
+        x: str | None = cs[0]
+        c = cs[1]
+        if not _close(c, math.sqrt(2.0) if p.op_type == "Div" else 1.0 / math.sqrt(2.0)):
+            return f"Erf {anchor.name!r}: its input is x times {c:g}, not x / sqrt(2)"
+        used.append(p)
+        approx = "none"
+    else:
+        p = idx.prod(anchor.input[0], "Mul")
+        cs = _const_side(idx, p) if p is not None else None
+        if p is None or cs is None:
+            return None
+        s, c = cs
+        if not _close(c, math.sqrt(2.0 / math.pi)):
+            return f"Tanh {anchor.name!r}: its input is scaled by {c:g}, not sqrt(2/pi)"
+        add = idx.prod(s, "Add")
+        if add is None or len(add.input) != 2:
+            return None
+        x = None
+        for a, b in ((0, 1), (1, 0)):
+            m = idx.prod(add.input[b], "Mul")
+            mcs = _const_side(idx, m) if m is not None else None
+            if m is None or mcs is None:
+                continue
+            sub: list[onnx.NodeProto] = []
+            cx = _cube_of(idx, mcs[0], sub)
+            if cx is not None and cx == add.input[a]:
+                if not _close(mcs[1], 0.044715):
+                    return f"Tanh {anchor.name!r}: the cubic coefficient is {mcs[1]:g}, not 0.044715"
+                x = cx
+                used += [p, add, m, *sub]
+                break
+        if x is None:
+            return None
+        approx = "tanh"
+    if x is None:
+        return None
+    y = _gelu_tail(idx, anchor.output[0], x, used)
+    if y is None:
+        return f"{anchor.op_type} {anchor.name!r} is not followed by 0.5 * x * (1 + .)"
+    why = _check_private(idx, used, y)
+    if why is not None:
+        return why
+    if idx.opset < 20:
+        return f"Gelu needs opset 20 (the model has {idx.opset})"
+    node = helper.make_node("Gelu", [x], [y], name=idx.fresh(f"{anchor.name or y}_gelu"), approximate=approx)
+    return _Match(used, y, node)
+
+
+# ---------------------------------------------------------------------------- Softmax
+def _match_softmax(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
+    """Anchor: the Exp of exp(x - max(x)) / sum(exp(x - max(x))) (the max is optional)."""
+    e = anchor.output[0]
+    rc = idx.consumers.get(e, [])
+    rs = [c for c in rc if c.op_type == "ReduceSum"]
+    dv = [c for c in rc if c.op_type == "Div" and c.input[0] == e]
+    if not rs:
+        return None
+    if len(rc) != 2 or len(rs) != 1 or len(dv) != 1:
+        return f"Exp {anchor.name!r} is read by {[c.op_type for c in rc]}, not one ReduceSum and one Div"
+    rsum, div = rs[0], dv[0]
+    if div.input[1] != rsum.output[0]:
+        return f"Div {div.name!r} does not divide by the sum of the exponentials"
+    used = [anchor, rsum, div]
+    x = anchor.input[0]
+    sub = idx.prod(x, "Sub")
+    if sub is not None:
+        mx = idx.prod(sub.input[1], "ReduceMax")
+        if mx is not None and mx.input[0] == sub.input[0]:
+            shape = idx.shape(mx.input[0])
+            max_axes = _reduce_axes(idx, mx, len(shape) if shape is not None else None)
+            if isinstance(max_axes, str):
+                return max_axes
+            used = [mx, sub, *used]
+            x = sub.input[0]
+        else:
+            max_axes = None
+    else:
+        max_axes = None
+    shape = idx.shape(x)
+    axes = _reduce_axes(idx, rsum, len(shape) if shape is not None else None)
+    if isinstance(axes, str):
+        return axes
+    if len(axes) != 1:
+        return f"ReduceSum {rsum.name!r} sums over {len(axes)} axes; Softmax takes one"
+    if max_axes is not None and max_axes != axes:
+        return f"the max is taken over axes {list(max_axes)}, the sum over {list(axes)}"
+    y = div.output[0]
+    why = _check_private(idx, used, y)
+    if why is not None:
+        return why
+    if idx.opset < 13:
+        return f"Softmax over one axis needs opset 13 (the model has {idx.opset})"
+    node = helper.make_node("Softmax", [x], [y], name=idx.fresh(f"{div.name or y}_softmax"), axis=axes[0])
+    return _Match(used, y, node)
+
+
+_RULES: list[tuple[str, tuple[str, ...], Callable[[_Index, onnx.NodeProto], _Match | str | None]]] = [
+    ("LayerNormalization", ("Sqrt", "Pow"), _match_layernorm),
+    ("Gelu", ("Erf", "Tanh"), _match_gelu),
+    ("Softmax", ("Exp",), _match_softmax),
+]
+
+
+def _apply(model: onnx.ModelProto, matches: list[_Match]) -> None:
+    g = model.graph
+    last: dict[int, _Match] = {}
+    pos = {id(n): i for i, n in enumerate(g.node)}
+    for m in matches:  # the fused node goes where the last replaced node was
+        last_id = max((id(n) for n in m.nodes), key=lambda i: pos[i])
+        last[last_id] = m
+    drop = {id(n) for m in matches for n in m.nodes}
+    new_nodes = []
+    for n in g.node:
+        if id(n) in last:
+            new_nodes.append(last[id(n)].new_node)
+        if id(n) not in drop:
+            new_nodes.append(n)
+    gone = {o for m in matches for n in m.nodes for o in n.output if o != m.output}
+    del g.node[:]
+    g.node.extend(new_nodes)
+    for m in matches:
+        g.initializer.extend(m.new_inits)
+    keep_vi = [v for v in g.value_info if v.name not in gone]
+    del g.value_info[:]
+    g.value_info.extend(keep_vi)
+    # constants only the replaced nodes read
+    read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    for n in g.node:
+        for a in n.attribute:
+            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                return  # subgraphs may read outer constants: leave the initializers alone
+    keep = [t for t in g.initializer if t.name in read]
+    if len(keep) != len(g.initializer):
+        del g.initializer[:]
+        g.initializer.extend(keep)
+
+
+def recognize(model: onnx.ModelProto) -> RecognizeReport:
+    """Fuse written-out LayerNorm, GELU and Softmax of `model`'s main graph into the native ops,
+    in place, where the fusion is exact in meaning. Run it on a model whose shapes are inferred
+    (the ReduceSum-times-1/n forms and the normalised axes need static shapes)."""
+    report = RecognizeReport()
+    for kind, anchors, rule in _RULES:
+        idx = _Index(model)
+        matches: list[_Match] = []
+        claimed: set[int] = set()
+        for node in list(model.graph.node):
+            if node.op_type not in anchors or node.domain not in ("", "ai.onnx") or id(node) in claimed:
+                continue
+            res = rule(idx, node)
+            if res is None:
+                continue
+            if isinstance(res, str):
+                report.declined.append(Declined(kind, node.name or node.output[0], res))
+                continue
+            ids = {id(n) for n in res.nodes}
+            if ids & claimed:
+                continue
+            claimed |= ids
+            matches.append(res)
+            report.fused.append(Fusion(kind, res.output, [n.name or n.output[0] for n in res.nodes]))
+        if matches:
+            _apply(model, matches)
+    return report

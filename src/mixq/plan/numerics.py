@@ -1,0 +1,336 @@
+"""Numerics-aware plan policies: activation tensors a uniform grid would ruin, found from the
+prepared graph and the calibration statistics, kept float with the reason in the plan.
+
+Each detector is a pure function returning {tensor: reason}:
+
+- `sentinel_tensors` (a): the range is set by a few huge values (additive attention masks of
+  -1e4 .. -3.4e38, padding sentinels): the scale they force rounds every real value to 0.
+- `small_value_inputs` (b): inputs of ops whose output depends on the relative precision of
+  small values (Log, Reciprocal, Sqrt, Pow with a negative exponent, the divisor of Div): a
+  grid that rounds small values to 0 sends them to -inf / inf.
+- `cancellation_inputs` (c): inputs of a Sub/Add whose output is far smaller than its inputs
+  (E[x^2] - E[x]^2): the inputs' rounding error is the whole result.
+- `concat_range_outputs` (d): a Concat joining ranges more than a factor apart (boxes 0..640
+  with probabilities 0..1): one grid for the output leaves the small input a code or two.
+- `op_scope_notes` (e): quantized nodes that no integer kernel executes (informational).
+
+`apply_numerics` applies (a)-(d) to a plan.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import onnx
+
+from ..calibration.stats import TensorStats
+from ..formats import get_format
+from .plan import PrecisionPlan, TensorPrecision
+
+#: (a) an empty gap of this many binades below the largest values marks a sentinel cluster
+SENTINEL_GAP_LOG2 = 8
+#: (a) without a gap: 99.9% of the non-zero values this many binades below the absmax
+SENTINEL_BULK_LOG2 = 12
+#: (a) the gap rule needs a sentinel-sized absmax (-1e4, -1e9, -3.4e38): softmax outputs have
+#: gaps too (probabilities of 1e-17), harmless to round
+SENTINEL_MIN_LOG2 = 10
+#: (a) magnitudes from here up are float-limit sentinels, never real activations (2^100 ~ 1e30)
+SENTINEL_ABS_LOG2 = 100
+#: (b) upstream tensors with this share of values 2^SMALL_LOG2 below the absmax stay float too
+SMALL_SHARE = 0.10
+SMALL_LOG2 = 8
+#: (c) output rms this many times below the larger input rms is a cancellation
+CANCEL_RATIO = 8.0
+#: (d) input absmax ratio above which a Concat output is kept float
+CONCAT_RATIO = 16.0
+
+POLICIES = ("sentinel", "small_values", "cancellation", "concat")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One tensor a policy keeps float (or a node note), and why."""
+
+    tensor: str
+    policy: str
+    reason: str
+
+
+def _rms(st: TensorStats) -> float:
+    lo, hi, cnt = st.abs_bins()
+    if not cnt.size:
+        return 0.0
+    mid = (lo + hi) / 2
+    return float(math.sqrt(float(np.sum(cnt * mid * mid)) / float(np.sum(cnt))))
+
+
+def sentinel_tensors(stats: dict[str, TensorStats], *, gap_log2: int = SENTINEL_GAP_LOG2,
+                     bulk_log2: int = SENTINEL_BULK_LOG2) -> dict[str, str]:
+    """(a) Tensors whose range is set by a few huge values: an empty gap of `gap_log2` binades
+    or more between a cluster at the absmax and at least 1% of the non-zero values below it (an
+    additive mask: real scores, then -1e4 or -3.4e38), a float-limit magnitude (>= 2^100), or
+    99.9% of the non-zero values more than 2^bulk_log2 below the absmax. Tensors within
+    [0, 1] (probabilities, gates) are skipped: their small values are small in absolute terms."""
+    out: dict[str, str] = {}
+    for name, st in stats.items():
+        if st.empty or (st.min >= 0.0 and st.max <= 1.0):
+            continue
+        amax = st.absmax
+        lo, hi, cnt = st.abs_bins()
+        nz = lo > 0  # exact zeros (what a mask leaves unmasked, ReLU's zeros) are not counted
+        lo, hi, cnt = lo[nz], hi[nz], cnt[nz]
+        if cnt.size == 0:
+            continue
+        nonzero = float(np.sum(cnt))
+        gap, i = 0.0, -1
+        if cnt.size > 1:  # the widest gap between consecutive non-empty bins (ascending)
+            ratios = np.log2(lo[1:] / np.maximum(hi[:-1], np.finfo(np.float64).tiny))
+            i = int(np.argmax(ratios))
+            gap = float(ratios[i])
+        lower = float(np.sum(cnt[:i + 1])) if i >= 0 else 0.0
+        below = float(np.sum(cnt[hi <= amax * 2.0 ** -bulk_log2]))
+        if gap >= gap_log2 and lower >= 0.01 * nonzero and amax >= 2.0 ** SENTINEL_MIN_LOG2:
+            k = int(math.floor(math.log2(amax / hi[i])))
+            out[name] = (f"additive mask / sentinel: {100 * lower / nonzero:.1f}% of the non-zero values "
+                         f"lie 2^{k} below absmax ({amax:.3g}), which {100 - 100 * lower / nonzero:.2g}% set")
+        elif amax >= 2.0 ** SENTINEL_ABS_LOG2:
+            out[name] = f"additive mask / sentinel: absmax {amax:.3g} is a float-limit value, not an activation"
+        elif below >= 0.999 * nonzero and below < nonzero:
+            out[name] = (f"additive mask / sentinel: {100 * below / nonzero:.1f}% of the non-zero values "
+                         f"lie 2^{bulk_log2} below absmax ({amax:.3g})")
+    return out
+
+
+def _scalar(inits: dict[str, onnx.TensorProto], name: str) -> float | None:
+    t = inits.get(name)
+    if t is None or t.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    v = onnx.numpy_helper.to_array(t)
+    return float(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind in "fiu" else None
+
+
+def small_share(st: TensorStats, log2_below: int = SMALL_LOG2) -> float:
+    """Share of the non-zero values more than 2^log2_below below the absmax (what an 8-bit grid
+    rounds to 0 or to its first code)."""
+    lo, hi, cnt = st.abs_bins()
+    nz = lo > 0
+    total = float(np.sum(cnt[nz]))
+    if total == 0.0:
+        return 0.0
+    return float(np.sum(cnt[nz & (hi <= st.absmax * 2.0 ** -log2_below)])) / total
+
+
+def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | None = None, *,
+                       share: float = SMALL_SHARE) -> dict[str, str]:
+    """(b) Run-time inputs of Log, Reciprocal, Sqrt, Pow with a negative exponent and the
+    divisor of Div; then, walking back through their producers, every run-time input whose
+    statistics hold a small-value population (`share` of the non-zero values more than 2^8
+    below the absmax): the quiet bins of a spectrogram reach the Log through the filterbank
+    MatMul, and rounding them anywhere upstream sends them to log(eps)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    out: dict[str, str] = {}
+    stack: list[tuple[str, str, int]] = []
+    for n in model.graph.node:
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        name, what = None, ""
+        if n.op_type in ("Log", "Reciprocal", "Sqrt") and n.input:
+            name, what = n.input[0], f"read by {n.op_type} {n.name!r}"
+        elif n.op_type == "Pow" and len(n.input) == 2:
+            e = _scalar(inits, n.input[1])
+            if e is not None and e < 0:
+                name, what = n.input[0], f"raised to {e:g} by Pow {n.name!r}"
+        elif n.op_type == "Div" and len(n.input) == 2:
+            name, what = n.input[1], f"divisor of Div {n.name!r}"
+        if name and name not in inits and name not in out:
+            out[name] = (f"small values matter: {what}; a uniform grid rounds small values to 0 "
+                         "and the op turns them into inf")
+            stack.append((name, what, 0))
+    while stats and stack:
+        name, what, depth = stack.pop()
+        p = producer.get(name)
+        if p is None or depth >= 8:
+            continue
+        for i in p.input:
+            if not i or i in inits or i in out or i not in stats:
+                continue
+            sh = small_share(stats[i])
+            if sh >= share:
+                out[i] = (f"small values matter: feeds the tensor {what} through {p.op_type} {p.name!r}, "
+                          f"and {100 * sh:.0f}% of its non-zero values lie 2^{SMALL_LOG2} below its absmax")
+                stack.append((i, what, depth + 1))
+    return out
+
+
+def _ancestors(producer: dict[str, onnx.NodeProto], inits: set[str], t: str, depth: int = 6) -> set[str]:
+    seen, frontier = {t}, [t]
+    for _ in range(depth):
+        nxt = []
+        for x in frontier:
+            p = producer.get(x)
+            for i in (p.input if p is not None else []):
+                if i and i not in inits and i not in seen:
+                    seen.add(i)
+                    nxt.append(i)
+        frontier = nxt
+    return seen
+
+
+def cancellation_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats], *,
+                        ratio: float = CANCEL_RATIO) -> dict[str, str]:
+    """(c) Run-time inputs of a Sub/Add whose output rms is more than `ratio` times below the
+    larger input rms (catastrophic cancellation), and the tensors between them and their
+    nearest common source (E[x^2] and E[x]^2 both come from x: every rounding on the way to
+    the Sub lands in the result; x's own rounding only adds to the variance)."""
+    inits = {t.name for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    out: dict[str, str] = {}
+    for n in model.graph.node:
+        if n.op_type not in ("Sub", "Add") or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
+            continue
+        o = n.output[0]
+        if o not in stats or any(i not in stats for i in n.input):
+            continue
+        r_out = _rms(stats[o])
+        r_in = max(_rms(stats[i]) for i in n.input)
+        if r_in == 0.0 or r_out * ratio > r_in:
+            continue
+        k = math.log2(r_in / r_out) if r_out > 0 else math.inf
+        why = (f"cancellation: {n.op_type} {n.name!r} outputs rms 2^-{k:.0f} of its inputs'; their "
+               "rounding error would be the whole result")
+        for i in n.input:
+            out.setdefault(i, why)
+        a, b = (_ancestors(producer, inits, i) for i in n.input)
+        common = a & b
+        if common:
+            for t in sorted((a | b) - common):
+                if t in stats:
+                    out.setdefault(t, why + " (on the way from their common source)")
+    return out
+
+
+def concat_range_outputs(model: onnx.ModelProto, stats: dict[str, TensorStats], *,
+                         ratio: float = CONCAT_RATIO) -> dict[str, str]:
+    """(d) Outputs of a Concat whose inputs' absmax differ by more than `ratio`."""
+    out: dict[str, str] = {}
+    inits = {t.name for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type != "Concat" or n.domain not in ("", "ai.onnx"):
+            continue
+        amax = [stats[i].absmax for i in n.input if i in stats and not stats[i].empty]
+        amax += [0.0 for i in n.input if i in inits]  # constants do not set the ratio
+        live = [a for a in amax if a > 0]
+        if len(live) < 2 or max(live) <= ratio * min(live):
+            continue
+        out[n.output[0]] = (f"Concat {n.name!r} joins ranges {max(live):.3g} and {min(live):.3g} "
+                            f"({max(live) / min(live):.0f}x apart): one grid would leave the small "
+                            "input a few codes (its inputs stay quantized on their own grids)")
+    return out
+
+
+#: Op types whose QDQ form onnxruntime (and the usual NPU compilers) execute as integer kernels.
+INTEGER_KERNEL_OPS = frozenset({
+    "Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Mul", "AveragePool", "GlobalAveragePool",
+    "Concat", "Sigmoid", "LeakyRelu", "Softmax", "Relu", "Clip", "MaxPool", "Resize", "Gather",
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Split", "Pad",
+    "Identity", "DepthToSpace", "SpaceToDepth", "HardSigmoid", "HardSwish", "Expand", "Tile",
+    "ReduceMax", "ReduceMin", "GlobalMaxPool", "LayerNormalization", "InstanceNormalization",
+    "Gelu", "Tanh", "PRelu", "Where",
+})
+
+
+def op_scope_notes(plan: PrecisionPlan, model: onnx.ModelProto) -> dict[str, str]:
+    """(e) Quantized nodes whose op has no integer kernel: they run as DequantizeLinear -> float
+    op -> QuantizeLinear (rounding error, no speed-up). Informational; the plan is unchanged."""
+    planned = {n for n, tp in plan.tensors.items() if tp.role == "activation" and tp.format is not None}
+    out: dict[str, str] = {}
+    for n in model.graph.node:
+        if n.op_type in INTEGER_KERNEL_OPS or n.name in plan.float_nodes:
+            continue
+        if n.output and n.output[0] in planned:
+            out[n.name] = (f"{n.op_type} has no integer kernel in onnxruntime: it runs in float "
+                           "between DequantizeLinear and QuantizeLinear")
+    return out
+
+
+def _gridded(tp: TensorPrecision, int_only: bool) -> bool:
+    fmts = [f for f in [tp.format, *tp.consumer_formats.values()] if f is not None]
+    if int_only:
+        return any(get_format(f).kind == "int" for f in fmts)
+    return bool(fmts)
+
+
+def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats],
+                  policies: tuple[str, ...] = POLICIES) -> list[Finding]:
+    """The activation tensors of `plan` that policies (a)-(d) keep float, first reason wins
+    (tensors the user set with tensor_formats are left as set)."""
+    unknown = set(policies) - set(POLICIES)
+    if unknown:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"unknown numerics policy {sorted(unknown)[0]!r}; choose from {', '.join(POLICIES)}")
+    acts = {n: tp for n, tp in plan.tensors.items() if tp.role == "activation"}
+    cal = {n: s for n, s in stats.items() if n in acts}
+    found: dict[str, Finding] = {}
+    detectors = {
+        "sentinel": lambda: sentinel_tensors(cal),
+        "small_values": lambda: small_value_inputs(model, cal),
+        "cancellation": lambda: cancellation_inputs(model, cal),
+        "concat": lambda: concat_range_outputs(model, cal),
+    }
+    for pol in POLICIES:
+        if pol not in policies:
+            continue
+        for t, why in detectors[pol]().items():
+            tp = acts.get(t)
+            if tp is None or t in found or not _gridded(tp, int_only=pol == "small_values") \
+                    or tp.reason == "tensor override":  # the user's word wins
+                continue
+            found[t] = Finding(t, pol, why)
+    return list(found.values())
+
+
+def _float_input_weights(model: onnx.ModelProto, plan: PrecisionPlan, flagged: dict[str, Finding]
+                         ) -> dict[str, tuple[str, str]]:
+    """Integer weights of the MatMul/Gemm nodes whose input a policy keeps float: onnxruntime
+    runs DequantizeLinear(int8 weight) -> MatMul with a float input as MatMulNBits, which
+    quantizes that input on the fly (measured: a log-mel model fell from cosine 1.00 to 0.88)."""
+    out: dict[str, tuple[str, str]] = {}
+    for n in model.graph.node:
+        if n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2 or n.input[0] not in flagged:
+            continue
+        tp = plan.tensors.get(n.input[1])
+        if tp is not None and tp.role in ("weight", "constant") and tp.format is not None:
+            out[n.input[1]] = (flagged[n.input[0]].policy,
+                               f"weight of {n.op_type} {n.name!r}, whose input {n.input[0]} is kept float "
+                               "(onnxruntime would quantize that input on the fly: MatMulNBits)")
+    return out
+
+
+def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats], *,
+                   enabled: bool = True, policies: tuple[str, ...] = POLICIES
+                   ) -> tuple[PrecisionPlan, list[Finding]]:
+    """A new plan with the activation tensors the policies flag left float (format None, no
+    consumer formats), each with its reason ("kept float: ..."), and the findings. Tensors that
+    only reuse a flagged tensor's parameters (pass-through outputs, fused pre-activations of
+    its group) are left float with it. `enabled=False` returns the plan unchanged."""
+    if not enabled:
+        return plan, []
+    findings = find_numerics(plan, model, stats, policies)
+    if not findings:
+        return plan, []
+    tensors = dict(plan.tensors)
+    flagged = {f.tensor: f for f in findings}
+    for name, f in flagged.items():
+        tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {f.reason}")
+    for name, (pol, why) in _float_input_weights(model, plan, flagged).items():
+        tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {why}")
+        findings.append(Finding(name, pol, why))
+    for name, tp in plan.tensors.items():  # parameter sharers that calibrate nothing themselves
+        if name in flagged or tp.role != "activation" or tp.calibrate or tp.group not in flagged:
+            continue
+        tensors[name] = replace(tp, format=None, consumer_formats={},
+                                reason=f"kept float with {tp.group}: {flagged[tp.group].reason}")
+    return replace(plan, tensors=tensors), findings

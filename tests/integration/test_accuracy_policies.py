@@ -1,0 +1,297 @@
+"""Accuracy by default (issue 16): one synthetic graph per known cause of a broken 8/16-bit model.
+
+Each test quantizes with the policies on (numerics policies and the recognition pass: the
+default) and checks the output against float, then switches the policy off and checks that the
+same graph fails: the policy is what fixes it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixq
+import mixq.api
+import mixq.passes.prepare
+from mixq.evaluate import compare
+from mixq.passes.recognize import RecognizeReport
+
+
+def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", inputs, outputs,
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _vi(name, shape, t=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+@pytest.fixture
+def policies_off(monkeypatch):
+    """Switch the numerics policies and the recognition pass off."""
+    def off() -> None:
+        monkeypatch.setattr(mixq.api, "apply_numerics", lambda plan, model, stats, **kw: (plan, []))
+        monkeypatch.setattr(mixq.passes.prepare, "recognize", lambda m: RecognizeReport())
+    return off
+
+
+def _quantize_and_compare(m, preset, feeds, *, part=None):
+    res = mixq.quantize(m, preset, feeds, check_kernels=False)
+    if part is None:
+        cmp = compare(m, res.model, feeds)
+        return res, cmp.first().cosine
+    # the cosine of one slice of the (first) output
+    import onnxruntime as ort
+
+    fs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    qs = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = np.concatenate([fs.run(None, f)[0][..., part] for f in feeds]).ravel().astype(np.float64)
+    got = np.concatenate([qs.run(None, f)[0][..., part] for f in feeds]).ravel().astype(np.float64)
+    if not np.all(np.isfinite(got)):
+        return res, 0.0
+    return res, float(ref @ got / math.sqrt((ref @ ref) * (got @ got) + 1e-300))
+
+
+# ------------------------------------------------------------------ (1) additive attention mask
+def _attention(mask_value: float):
+    rng = np.random.default_rng(0)
+    T, D = 12, 16
+    inits = {"wq": rng.normal(0, 0.4, (D, D)).astype(np.float32), "wk": rng.normal(0, 0.4, (D, D)).astype(np.float32),
+             "rsd": np.float32(1 / math.sqrt(D)),
+             "wv": rng.normal(0, 0.3, (D, D)).astype(np.float32), "zero": np.float32(0.0),
+             "neg": np.float32(mask_value), "one": np.float32(1.0), "ax": np.array([1, 2], np.int64)}
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("MatMul", ["x", "wk"], ["k"]),
+        helper.make_node("MatMul", ["x", "wv"], ["v"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+        helper.make_node("Mul", ["qk", "rsd"], ["scores"]),  # / sqrt(d)
+        helper.make_node("Equal", ["mask", "one"], ["keep"]),
+        helper.make_node("Where", ["keep", "zero", "neg"], ["madd"]),
+        helper.make_node("Unsqueeze", ["madd", "ax"], ["madd3"]),  # (B, 1, T): same for every query
+        helper.make_node("Add", ["scores", "madd3"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["attn"], axis=-1),
+        helper.make_node("MatMul", ["attn", "v"], ["y"]),
+    ]
+    inits["ax"] = np.array([1], np.int64)
+    m = _model(nodes, [_vi("x", ["B", T, D]), _vi("mask", ["B", T])], [_vi("y", ["B", T, D])], inits)
+    feeds = []
+    for b in range(8):
+        x = rng.normal(0, 1, (4, T, D)).astype(np.float32)
+        mask = np.ones((4, T), np.float32)
+        for r in range(4):  # padded sequences of different lengths
+            mask[r, rng.integers(4, T):] = 0.0
+        feeds.append({"x": x, "mask": mask})
+    return m, feeds
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "A16W8"])
+@pytest.mark.parametrize("mask_value", [-3.4e38, -1e4])
+def test_additive_attention_mask_kept_float(preset, mask_value, policies_off):
+    m, feeds = _attention(mask_value)
+    res, cos = _quantize_and_compare(m, preset, feeds)
+    assert cos >= 0.99, res.summary()
+    why = res.plan.tensors["masked"].reason
+    assert res.plan.tensors["masked"].format is None and "additive mask / sentinel" in why, why
+    assert "kept float" in res.summary() and not res.fidelity.broken
+    policies_off()
+    if preset == "A16W8" and mask_value > -1e30:
+        return  # -1e4 costs int16 3 bits of its 16: still fine; -3.4e38 costs all of them
+    res_off, cos_off = _quantize_and_compare(m, preset, feeds)
+    assert cos_off < 0.9, cos_off
+    assert res_off.fidelity.broken  # and the guard says so
+    assert any(c.tensor in ("masked", "madd", "madd3") for c in res_off.fidelity.culprits), res_off.fidelity.lines()
+
+
+# ------------------------------------------------------------------ (2) E[x^2] - E[x]^2 LayerNorm
+def _ex2_layernorm():
+    rng = np.random.default_rng(1)
+    T, C = 6, 32
+    n = 1.0 / C
+    inits = {"w1": rng.normal(0, 0.3, (C, C)).astype(np.float32),
+             "b1": (rng.normal(0, 0.3, C) + 24.0).astype(np.float32),  # residual stream offset
+             "w2": rng.normal(0, 0.3, (C, 8)).astype(np.float32), "ax": np.array([-1], np.int64),
+             "n": np.float32(n), "eps": np.float32(1e-6), "g": rng.uniform(0.5, 1.5, C).astype(np.float32),
+             "beta": rng.normal(0, 0.1, C).astype(np.float32)}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"]), helper.make_node("Add", ["h0", "b1"], ["h"]),
+        helper.make_node("ReduceSum", ["h", "ax"], ["s1"]), helper.make_node("Mul", ["s1", "n"], ["mean"]),
+        helper.make_node("Mul", ["h", "h"], ["h2"]), helper.make_node("ReduceSum", ["h2", "ax"], ["s2"]),
+        helper.make_node("Mul", ["s2", "n"], ["ex2"]), helper.make_node("Mul", ["mean", "mean"], ["m2"]),
+        helper.make_node("Sub", ["ex2", "m2"], ["var"]), helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["sd"]), helper.make_node("Reciprocal", ["sd"], ["inv"]),
+        helper.make_node("Sub", ["h", "mean"], ["d"]), helper.make_node("Mul", ["d", "inv"], ["nrm"]),
+        helper.make_node("Mul", ["nrm", "g"], ["sc"]), helper.make_node("Add", ["sc", "beta"], ["ln"]),
+        helper.make_node("MatMul", ["ln", "w2"], ["y"]),
+    ]
+    m = _model(nodes, [_vi("x", ["B", T, C])], [_vi("y", ["B", T, 8])], inits)
+    feeds = [{"x": rng.normal(0, 1, (4, T, C)).astype(np.float32)} for _ in range(8)]
+    return m, feeds
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "A16W8"])
+def test_ex2_layernorm_fused(preset, policies_off):
+    m, feeds = _ex2_layernorm()
+    res, cos = _quantize_and_compare(m, preset, feeds)
+    assert cos >= 0.99, res.summary()
+    assert res.prepare.recognized.counts() == {"LayerNormalization": 1}
+    assert any(n.op_type == "LayerNormalization" for n in res.model.graph.node)
+    policies_off()
+    _, cos_off = _quantize_and_compare(m, preset, feeds)
+    if preset == "A8W8":  # at 16 bits the cancellation costs little
+        assert cos_off < 0.9, cos_off
+
+
+def test_ex2_layernorm_cancellation_policy_alone(monkeypatch):
+    """With the recognition pass off, the cancellation policy keeps the variance's terms float."""
+    monkeypatch.setattr(mixq.passes.prepare, "recognize", lambda m: RecognizeReport())
+    m, feeds = _ex2_layernorm()
+    res, cos = _quantize_and_compare(m, "A8W8", feeds)
+    assert cos >= 0.99, res.summary()
+    assert {f.tensor for f in res.numerics if f.policy == "cancellation"} >= {"ex2", "m2"}
+    assert res.plan.tensors["ex2"].reason.startswith("kept float: cancellation")
+
+
+# ------------------------------------------------------------------ (3) Concat of boxes and scores
+def _detector():
+    rng = np.random.default_rng(2)
+    N, F, K = 50, 16, 6
+    inits = {"wb": rng.normal(0, 0.5, (F, 4)).astype(np.float32), "wc": rng.normal(0, 1.0, (F, K)).astype(np.float32),
+             "s640": np.float32(640.0)}
+    nodes = [
+        helper.make_node("MatMul", ["feat", "wb"], ["b0"]), helper.make_node("Sigmoid", ["b0"], ["b1"]),
+        helper.make_node("Mul", ["b1", "s640"], ["boxes"]),
+        helper.make_node("MatMul", ["feat", "wc"], ["c0"]), helper.make_node("Sigmoid", ["c0"], ["probs"]),
+        helper.make_node("Concat", ["boxes", "probs"], ["det"], axis=-1),
+    ]
+    m = _model(nodes, [_vi("feat", ["B", N, F])], [_vi("det", ["B", N, 4 + K])], inits)
+    feeds = [{"feat": rng.normal(0, 1, (2, N, F)).astype(np.float32)} for _ in range(8)]
+    return m, feeds, slice(4, None)
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "A16W8"])
+def test_concat_of_boxes_and_scores(preset, policies_off):
+    m, feeds, probs = _detector()
+    res, cos = _quantize_and_compare(m, preset, feeds, part=probs)
+    assert cos >= 0.99, res.summary()
+    assert res.plan.tensors["det"].format is None
+    assert "x apart" in res.plan.tensors["det"].reason and "Concat" in res.plan.tensors["det"].reason
+    _, box_cos = _quantize_and_compare(m, preset, feeds, part=slice(0, 4))
+    assert box_cos >= 0.99
+    policies_off()
+    _, cos_off = _quantize_and_compare(m, preset, feeds, part=probs)
+    if preset == "A8W8":  # 640 / 127 per code: the probabilities are 0 or one code
+        assert cos_off < 0.9, cos_off
+
+
+# ------------------------------------------------------------------ (5) Log of a spectrogram
+def _log_mel():
+    rng = np.random.default_rng(3)
+    T, F, M = 20, 64, 16
+    fb = np.zeros((F, M), np.float32)  # triangular-ish filterbank: each mel band sums 4 bins
+    for j in range(M):
+        fb[4 * j:4 * j + 4, j] = [0.5, 1.0, 1.0, 0.5]
+    inits = {"fb": fb, "eps": np.float32(1e-10), "w": rng.normal(0, 0.2, (M, 10)).astype(np.float32)}
+    nodes = [
+        helper.make_node("MatMul", ["spec", "fb"], ["mel"]), helper.make_node("Add", ["mel", "eps"], ["mel_e"]),
+        helper.make_node("Log", ["mel_e"], ["logmel"]), helper.make_node("MatMul", ["logmel", "w"], ["y"]),
+    ]
+    m = _model(nodes, [_vi("spec", ["B", T, F])], [_vi("y", ["B", T, 10])], inits)
+    feeds = []
+    for _ in range(8):
+        # power spectrum: a few loud low bands, many quiet high bands (5 decades below)
+        level = np.exp(-np.arange(F) / 4.0).astype(np.float32) * 100.0
+        spec = level * rng.gamma(2.0, 0.5, (2, T, F)).astype(np.float32)
+        feeds.append({"spec": spec.astype(np.float32)})
+    return m, feeds
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "A16W8"])
+def test_log_of_quiet_bins(preset, policies_off):
+    m, feeds = _log_mel()
+    res, cos = _quantize_and_compare(m, preset, feeds)
+    assert cos >= 0.99, res.summary()
+    reasons = {f.tensor: f.reason for f in res.numerics}
+    assert "mel_e" in reasons and "Log" in reasons["mel_e"]
+    assert "spec" in reasons and "mel" in reasons  # quiet bins reach the Log through the MatMul
+    policies_off()
+    _, cos_off = _quantize_and_compare(m, preset, feeds)
+    # the quiet bands become log(eps) (int8) or -inf clipped to the grid's end (int16)
+    assert cos_off < (0.9 if preset == "A8W8" else 0.97), cos_off
+
+
+# ------------------------------------------------------------------ fidelity: NaN scores worst
+def test_all_nan_output_scores_worst():
+    from mixq.evaluate import ErrorStats
+    from mixq.fidelity import check_fidelity
+
+    ref = np.random.default_rng(0).normal(size=(4, 10)).astype(np.float32)
+    st = ErrorStats().update(ref, np.full_like(ref, np.nan)).result("y")
+    assert st.sqnr_db == -math.inf and st.cosine == 0.0 and st.top1_agreement == 0.0
+    one = ErrorStats().update(ref, np.where(np.arange(10) == 3, np.inf, ref)).result("y")  # one inf column
+    assert one.sqnr_db == -math.inf and one.cosine == 0.0 and one.top1_agreement == 0.0
+    # a model whose output is all NaN: Sqrt of a negative
+    nodes = [helper.make_node("Sub", ["x", "big"], ["neg"]), helper.make_node("Sqrt", ["neg"], ["y"])]
+    good = _model([helper.make_node("Identity", ["x"], ["y"])], [_vi("x", [4, 10])], [_vi("y", [4, 10])], {})
+    bad = _model(nodes, [_vi("x", [4, 10])], [_vi("y", [4, 10])], {"big": np.float32(1e3)})
+    rep = check_fidelity(good, bad, [{"x": np.abs(ref)}], probe=False)
+    o = rep.outputs[0]
+    assert rep.broken and o.sqnr_db == -math.inf and o.cosine == 0.0 and o.top1_agreement == 0.0
+
+
+def test_strict_raises_and_leaves_no_file(tmp_path, policies_off):
+    m, feeds = _attention(-3.4e38)
+    policies_off()
+    out = tmp_path / "q.onnx"
+    with pytest.raises(mixq.errors.ModelError, match="looks broken"):
+        mixq.quantize(m, "A8W8", feeds, output_path=out, check_kernels=False, strict=True)
+    assert not out.exists()
+
+
+def test_class_scores_of_any_rank_are_judged_by_agreement():
+    from mixq.evaluate import OutputMetrics
+    from mixq.fidelity import check_fidelity, class_score_outputs, is_broken
+
+    assert not is_broken([OutputMetrics("p", 9.0, 0.95, 0.5, 0.98)])  # CTC probabilities: low SQNR, same labels
+    assert is_broken([OutputMetrics("p", 30.0, 0.99, 0.1, 0.85)])
+    assert is_broken([OutputMetrics("y", 9.0, 0.95, 0.5, None)])
+    nodes = [helper.make_node("Mul", ["x", "k"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=-1)]
+    m = _model(nodes, [_vi("x", [2, 5, 7])], [_vi("p", [2, 5, 7])], {"k": np.float32(4.0)})
+    assert class_score_outputs(m) == {"p"}
+    x = np.random.default_rng(0).normal(size=(2, 5, 7)).astype(np.float32)
+    bad = _model([helper.make_node("Mul", ["x", "k"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=-1)],
+                 [_vi("x", [2, 5, 7])], [_vi("p", [2, 5, 7])], {"k": np.float32(-4.0)})  # argmin instead
+    rep = check_fidelity(m, bad, [{"x": x}], probe=False)
+    assert rep.outputs[0].top1_agreement is not None and rep.outputs[0].top1_agreement < 0.2 and rep.broken
+    assert check_fidelity(m, m, [{"x": x}], probe=False).outputs[0].top1_agreement == 1.0
+
+
+def test_probe_ranks_from_statistics_finds_the_mask_first(policies_off):
+    """With the calibration statistics the probe needs no extra run, and a mask's huge values
+    do not hide its damage: probing one tensor is enough to name it."""
+    from mixq.calibration.collect import collect_stats
+    from mixq.evaluate import make_session
+    from mixq.fidelity import probe_culprits
+
+    m, feeds = _attention(-3.4e38)
+    policies_off()
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    stats = collect_stats(m, ["masked", "scores", "q", "k", "v", "x", "attn", "y", "qk"], feeds).stats
+    refs = [make_session(m).run(["y"], f) for f in feeds[:1]]
+    culprits, probed = probe_culprits(res.model, ["y"], refs, feeds[:1], max_probed=1, stats=stats)
+    assert probed == 1 and [c.tensor for c in culprits] == ["masked"], culprits
+
+
+def test_config_flag_switches_the_policies_off():
+    """QuantConfig(numerics_policies=False) (CLI --no-numerics-policies) quantizes the mask as
+    asked: the same failure the policy prevents."""
+    m, feeds = _attention(-3.4e38)
+    cfg = mixq.get_default_config("A8W8")
+    _, cos_on = _quantize_and_compare(m, cfg, feeds)
+    res_off, cos_off = _quantize_and_compare(m, cfg.with_options(numerics_policies=False), feeds)
+    assert cos_on >= 0.99 and cos_off < 0.9
+    assert res_off.plan.tensors["masked"].format is not None

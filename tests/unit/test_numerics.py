@@ -1,0 +1,82 @@
+"""Numerics detectors on hand-made statistics, and apply_numerics on a plan."""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from mixq.calibration.stats import TensorStats
+from mixq.plan.numerics import (apply_numerics, cancellation_inputs, concat_range_outputs,
+                                sentinel_tensors, small_value_inputs)
+from mixq.plan.plan import PrecisionPlan, TensorPrecision
+
+RNG = np.random.default_rng(0)
+
+
+def _st(x) -> TensorStats:
+    return TensorStats.from_array(np.asarray(x, np.float32))
+
+
+def test_sentinel_flags_masks_not_ordinary_tensors():
+    scores = RNG.normal(0, 3, 4000)
+    masked = np.where(RNG.random(4000) < 0.4, -1e4, 0.0)
+    stats = {"mask_add": _st(scores + masked), "mask_max": _st(scores + masked * 3.4e34),
+             "normal": _st(scores), "relu": _st(np.maximum(scores, 0)),
+             "softmax": _st(np.r_[RNG.uniform(0.5, 1, 970), np.full(30, 1e-17)]),
+             "tiny_tail": _st(np.r_[scores, 1e-20, -1e-25]), "heavy": _st(np.r_[scores * 1e-4, 50.0])}
+    found = sentinel_tensors(stats)
+    assert set(found) == {"mask_add", "mask_max", "heavy"}, found
+    assert "2^" in found["mask_add"] and "below absmax (1e+04)" in found["mask_add"]
+
+
+def _graph(nodes, inits=()):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], list(inits))
+    return helper.make_model(g)
+
+
+def test_small_value_inputs_walk_back_only_through_quiet_tensors():
+    m = _graph([helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Mul", ["a", "a"], ["p"]),
+                helper.make_node("Log", ["p"], ["y"])],
+               [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")])
+    quiet = _st(np.r_[np.full(50, 100.0), np.full(50, 1e-4)])
+    loud = _st(RNG.normal(0, 1, 1000))
+    out = small_value_inputs(m, {"p": quiet, "a": quiet, "x": loud})
+    assert set(out) == {"p", "a"} and "Log" in out["p"] and "through Mul" in out["a"]
+    out = small_value_inputs(m, {"p": quiet, "a": loud, "x": quiet})
+    assert set(out) == {"p"}  # the walk stops at a tensor without quiet values
+
+
+def test_cancellation_and_concat():
+    m = _graph([helper.make_node("Sub", ["x", "b"], ["d"]), helper.make_node("Concat", ["x", "d"], ["y"], axis=0)])
+    big, small = _st(RNG.normal(100, 1, 1000)), _st(RNG.normal(0, 1, 1000))
+    assert set(cancellation_inputs(m, {"x": big, "b": big, "d": small})) == {"x", "b"}
+    assert cancellation_inputs(m, {"x": small, "b": small, "d": small}) == {}
+    found = concat_range_outputs(m, {"x": big, "d": small})
+    assert set(found) == {"y"} and "Concat" in found["y"]
+    assert concat_range_outputs(m, {"x": small, "d": small}) == {}
+
+
+def test_apply_numerics_new_plan_with_reasons_and_sharers():
+    m = _graph([helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node("Reshape", ["s", "shape"], ["r"]),
+                helper.make_node("Log", ["r"], ["y"])],
+               [numpy_helper.from_array(np.array([4], np.int64), "shape")])
+    tp = {"x": TensorPrecision("x", "activation", "int8", "in"),
+          "s": TensorPrecision("s", "activation", "int8", "out", group="s"),
+          "r": TensorPrecision("r", "activation", "int8", "pass", group="s", calibrate=False)}
+    plan = PrecisionPlan(tensors=tp)
+    scores = RNG.normal(0, 3, 1000)
+    stats = {"x": _st(scores), "s": _st(scores + np.where(RNG.random(1000) < 0.3, -3.4e38, 0))}
+    new, findings = apply_numerics(plan, m, stats)
+    assert plan.tensors["s"].format == "int8"  # the input plan is untouched
+    assert {f.tensor: f.policy for f in findings} == {"s": "sentinel", "r": "small_values"}
+    assert new.tensors["s"].format is None and new.tensors["s"].reason.startswith("kept float: additive mask")
+    assert new.tensors["r"].format is None and new.tensors["x"].format == "int8"
+    same, none = apply_numerics(plan, m, stats, enabled=False)
+    assert same is plan and none == []
+
+
+def test_tensor_override_is_left_as_set():
+    m = _graph([helper.make_node("Log", ["x"], ["y"])])
+    plan = PrecisionPlan(tensors={"x": TensorPrecision("x", "activation", "int8", "tensor override")})
+    new, findings = apply_numerics(plan, m, {"x": _st(RNG.normal(0, 1, 100))})
+    assert findings == [] and new.tensors["x"].format == "int8"

@@ -1,0 +1,240 @@
+"""Recognition pass: written-out LayerNorm / GELU / Softmax fused into the native ops, exactly."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mixq.passes.recognize import recognize
+
+B, T, C = 2, 5, 16
+
+
+class _G:
+    """A tiny graph builder: x of shape (B, T, C) in, nodes appended with fresh names."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.k = 0
+
+    def c(self, v) -> str:
+        self.k += 1
+        name = f"c{self.k}"
+        self.inits.append(numpy_helper.from_array(np.asarray(v, np.float32) if not isinstance(v, np.ndarray)
+                                                  or v.dtype.kind == "f" else v, name))
+        return name
+
+    def ints(self, v) -> str:
+        self.k += 1
+        name = f"i{self.k}"
+        self.inits.append(numpy_helper.from_array(np.asarray(v, np.int64), name))
+        return name
+
+    def op(self, op: str, *ins: str, **attrs) -> str:
+        self.k += 1
+        out = f"t{self.k}"
+        self.nodes.append(helper.make_node(op, list(ins), [out], name=f"n{self.k}", **attrs))
+        return out
+
+    def mean(self, x: str, form: str = "mean") -> str:
+        if form == "mean":
+            return self.op("ReduceMean", x, self.ints([-1]))
+        s = self.op("ReduceSum", x, self.ints([-1]))
+        return self.op("Mul", s, self.c(1.0 / C)) if form == "sum_mul" else self.op("Div", s, self.c(float(C)))
+
+    def model(self, y: str, extra_outputs: tuple[str, ...] = ()) -> onnx.ModelProto:
+        outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (y, *extra_outputs)]
+        g = helper.make_graph(self.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, T, C])],
+                              outs, self.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+        return onnx.shape_inference.infer_shapes(m)
+
+
+def _run(m: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # no ORT-side fusions
+    s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return s.run(None, {"x": x})
+
+
+def _check_fused(m: onnx.ModelProto, op: str, n_fused: int = 1, scale: float = 1.0) -> onnx.ModelProto:
+    x = (np.random.default_rng(0).standard_normal((B, T, C)) * scale + 0.3).astype(np.float32)
+    ref = _run(m, x)
+    fused = onnx.ModelProto()
+    fused.CopyFrom(m)
+    rep = recognize(fused)
+    onnx.checker.check_model(fused, full_check=True)
+    assert [f.kind for f in rep.fused] == [op] * n_fused, rep
+    assert sum(n.op_type == op for n in fused.graph.node) == n_fused
+    got = _run(fused, x)
+    for r, q in zip(ref, got):
+        np.testing.assert_allclose(q, r, atol=1e-5, rtol=1e-5)
+    return fused
+
+
+def _layernorm(g: _G, x: str, var_form: str, mean_form: str, inv_form: str, affine: bool) -> str:
+    mean = g.mean(x, mean_form)
+    d = g.op("Sub", x, mean)
+    if var_form == "centered":
+        var = g.mean(g.op("Mul", d, d), mean_form)
+    else:  # E[x^2] - E[x]^2, each mean computed on its own (JAX)
+        ex2 = g.mean(g.op("Mul", x, x), mean_form)
+        var = g.op("Sub", ex2, g.op("Pow", mean, g.c(2.0)))
+    ve = g.op("Add", var, g.c(1e-5))
+    if inv_form == "sqrt_div":
+        y = g.op("Div", d, g.op("Sqrt", ve))
+    elif inv_form == "recip_mul":
+        y = g.op("Mul", d, g.op("Reciprocal", g.op("Sqrt", ve)))
+    else:
+        y = g.op("Mul", g.op("Pow", ve, g.c(-0.5)), d)
+    if affine:
+        rng = np.random.default_rng(1)
+        y = g.op("Mul", y, g.c(rng.uniform(0.5, 1.5, C)))
+        y = g.op("Add", y, g.c(rng.normal(0, 0.1, C)))
+    return y
+
+
+@pytest.mark.parametrize("var_form", ["centered", "ex2"])
+@pytest.mark.parametrize("mean_form,inv_form", [("mean", "sqrt_div"), ("sum_mul", "recip_mul"),
+                                                ("sum_div", "pow"), ("mean", "recip_mul")])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layernorm_forms_fuse_exactly(var_form, mean_form, inv_form, affine):
+    g = _G()
+    y = _layernorm(g, "x", var_form, mean_form, inv_form, affine)
+    fused = _check_fused(g.model(y), "LayerNormalization", scale=3.0)
+    ln = next(n for n in fused.graph.node if n.op_type == "LayerNormalization")
+    assert len(fused.graph.node) == 1 and len(ln.input) == (3 if affine else 2)
+    assert math.isclose(helper.get_attribute_value(ln.attribute[1]) if ln.attribute[1].name == "epsilon"
+                        else helper.get_attribute_value(ln.attribute[0]), 1e-5, rel_tol=1e-6)
+
+
+def test_layernorm_jax_rsqrt_times_scale():
+    """flax: (x - mean) * (rsqrt(max(0, var) + eps) * gamma) + beta."""
+    g = _G()
+    mean = g.mean("x", "sum_mul")
+    var = g.op("Sub", g.mean(g.op("Mul", "x", "x"), "sum_mul"), g.op("Mul", mean, mean))
+    var = g.op("Max", var, g.c(0.0))
+    inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", var, g.c(1e-6))))
+    inv = g.op("Mul", inv, g.c(np.linspace(0.5, 2, C)))
+    y = g.op("Mul", g.op("Sub", "x", mean), inv)
+    y = g.op("Add", y, g.c(np.linspace(-1, 1, C)))
+    _check_fused(g.model(y), "LayerNormalization")
+
+
+def test_layernorm_near_misses_do_not_fuse():
+    # the mean is also a graph output: fusing would drop it
+    g = _G()
+    y = _layernorm(g, "x", "centered", "mean", "sqrt_div", False)
+    mean = g.nodes[0].output[0]
+    m = g.model(y, extra_outputs=(mean,))
+    rep = recognize(m)
+    assert not rep.fused and "graph output" in rep.declined[0].reason
+    # 1/n of the wrong size
+    g = _G()
+    s = g.op("ReduceSum", "x", g.ints([-1]))
+    mean = g.op("Mul", s, g.c(1.0 / (C + 1)))
+    d = g.op("Sub", "x", mean)
+    var = g.op("ReduceMean", g.op("Mul", d, d), g.ints([-1]))
+    y = g.op("Div", d, g.op("Sqrt", g.op("Add", var, g.c(1e-5))))
+    rep = recognize(g.model(y))
+    assert not rep.fused and "1/n" in rep.declined[0].reason
+    # the variance over another axis than the mean
+    g = _G()
+    mean = g.op("ReduceMean", "x", g.ints([-1]))
+    d = g.op("Sub", "x", mean)
+    var = g.op("ReduceMean", g.op("Mul", d, d), g.ints([1]))
+    y = g.op("Div", d, g.op("Sqrt", g.op("Add", var, g.c(1e-5))))
+    rep = recognize(g.model(y))
+    assert not rep.fused and rep.declined
+
+
+def _gelu_erf(g: _G, x: str, arrangement: int) -> str:
+    t = g.op("Add", g.op("Erf", g.op("Div", x, g.c(1.4142135))), g.c(1.0))
+    if arrangement == 0:
+        return g.op("Mul", g.op("Mul", x, g.c(0.5)), t)
+    if arrangement == 1:
+        return g.op("Mul", g.op("Mul", x, t), g.c(0.5))
+    return g.op("Mul", x, g.op("Mul", t, g.c(0.5)))
+
+
+@pytest.mark.parametrize("arrangement", [0, 1, 2])
+def test_gelu_erf_fuses(arrangement):
+    g = _G()
+    fused = _check_fused(g.model(_gelu_erf(g, "x", arrangement)), "Gelu", scale=2.0)
+    node = fused.graph.node[0]
+    assert helper.get_attribute_value(node.attribute[0]) == b"none"
+
+
+@pytest.mark.parametrize("cube", ["pow", "mul"])
+def test_gelu_tanh_fuses(cube):
+    g = _G()
+    x = "x"
+    x3 = g.op("Pow", x, g.c(3.0)) if cube == "pow" else g.op("Mul", x, g.op("Mul", x, x))
+    inner = g.op("Mul", g.c(math.sqrt(2 / math.pi)), g.op("Add", x, g.op("Mul", g.c(0.044715), x3)))
+    cdf = g.op("Mul", g.c(0.5), g.op("Add", g.c(1.0), g.op("Tanh", inner)))
+    fused = _check_fused(g.model(g.op("Mul", x, cdf)), "Gelu", scale=2.0)
+    assert helper.get_attribute_value(fused.graph.node[0].attribute[0]) == b"tanh"
+
+
+def test_gelu_near_misses_do_not_fuse():
+    g = _G()
+    t = g.op("Add", g.op("Erf", g.op("Div", "x", g.c(1.5))), g.c(1.0))  # not sqrt(2)
+    y = g.op("Mul", g.op("Mul", "x", g.c(0.5)), t)
+    rep = recognize(g.model(y))
+    assert not rep.fused and "sqrt(2)" in rep.declined[0].reason
+    g = _G()
+    y = _gelu_erf(g, "x", 0)
+    erf_out = g.nodes[1].output[0]
+    rep = recognize(g.model(y, extra_outputs=(erf_out,)))
+    assert not rep.fused and "graph output" in rep.declined[0].reason
+
+
+@pytest.mark.parametrize("with_max", [True, False])
+def test_softmax_fuses(with_max):
+    g = _G()
+    x = "x"
+    if with_max:
+        x = g.op("Sub", x, g.op("ReduceMax", x, g.ints([-1])))
+    e = g.op("Exp", x)
+    y = g.op("Div", e, g.op("ReduceSum", e, g.ints([-1])))
+    fused = _check_fused(g.model(y), "Softmax", scale=4.0)
+    assert len(fused.graph.node) == 1 and fused.graph.node[0].input[0] == "x"
+
+
+def test_softmax_near_misses_do_not_fuse():
+    g = _G()  # max over another axis than the sum: still a softmax, but not this native one
+    x = g.op("Sub", "x", g.op("ReduceMax", "x", g.ints([1])))
+    e = g.op("Exp", x)
+    y = g.op("Div", e, g.op("ReduceSum", e, g.ints([-1])))
+    rep = recognize(g.model(y))
+    assert not rep.fused and "axes" in rep.declined[0].reason
+    g = _G()  # the exponentials are read elsewhere
+    e = g.op("Exp", "x")
+    y = g.op("Div", e, g.op("ReduceSum", e, g.ints([-1])))
+    y2 = g.op("Add", y, e)
+    rep = recognize(g.model(y2))
+    assert not rep.fused and rep.declined
+
+
+def test_transformer_block_fuses_all_three():
+    """LayerNorm -> MatMul -> GELU -> MatMul -> Softmax: one fusion each, outputs unchanged."""
+    rng = np.random.default_rng(3)
+    g = _G()
+    h = _layernorm(g, "x", "ex2", "sum_mul", "recip_mul", True)
+    h = g.op("MatMul", h, g.c(rng.normal(0, 0.3, (C, C))))
+    h = _gelu_erf(g, h, 2)
+    h = g.op("MatMul", h, g.c(rng.normal(0, 0.3, (C, C))))
+    e = g.op("Exp", g.op("Sub", h, g.op("ReduceMax", h, g.ints([-1]))))
+    y = g.op("Div", e, g.op("ReduceSum", e, g.ints([-1])))
+    x = rng.standard_normal((B, T, C)).astype(np.float32)
+    m = g.model(y)
+    ref = _run(m, x)[0]
+    rep = recognize(m)
+    assert rep.counts() == {"LayerNormalization": 1, "Gelu": 1, "Softmax": 1}
+    assert [n.op_type for n in m.graph.node] == ["LayerNormalization", "MatMul", "Gelu", "MatMul", "Softmax"]
+    np.testing.assert_allclose(_run(m, x)[0], ref, atol=1e-5)
