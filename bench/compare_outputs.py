@@ -3,6 +3,7 @@
     python -m bench.compare_outputs --base 9feef13                  # quick suite, every preset
     python -m bench.compare_outputs --base 9feef13 --suite full     # all seven bench models
     python -m bench.compare_outputs --base 9feef13 --models ppocr_cls --presets A8W8,BFP16
+    python -m bench.compare_outputs --base 9feef13 --head HEAD~3      # two revisions
 
 The base revision is checked out into a temporary git worktree; every (model, preset) is
 quantized in a fresh interpreter with each revision's source (PYTHONPATH) from the same float
@@ -71,6 +72,7 @@ def _plan_diff(a: Path, b: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="git revision to compare against")
+    ap.add_argument("--head", help="git revision to compare (default: the working tree)")
     ap.add_argument("--suite", default="quick", choices=sorted(SUITES))
     ap.add_argument("--models", help="comma list of bench models (default: the suite's)")
     ap.add_argument("--presets", help="comma list of presets (default: every preset)")
@@ -78,12 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     models = args.models.split(",") if args.models else list(SUITES[args.suite])
     presets = args.presets.split(",") if args.presets else list(PRESETS)
-    head_src = env.ROOT / "src"
     rows, differ = [], 0
     with tempfile.TemporaryDirectory(prefix="mixq_compare_") as tmp:
-        base_tree = Path(tmp) / "base"
+        base_tree, head_tree = Path(tmp) / "base", Path(tmp) / "head"
         subprocess.run(["git", "-C", str(env.ROOT), "worktree", "add", "--detach", "-q",
                         str(base_tree), args.base], check=True)
+        if args.head:
+            subprocess.run(["git", "-C", str(env.ROOT), "worktree", "add", "--detach", "-q",
+                            str(head_tree), args.head], check=True)
+        head_src = head_tree / "src" if args.head else env.ROOT / "src"
         try:
             for name in models:
                 case = CASES[name]
@@ -115,12 +120,15 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append((name, preset, verdict, why))
                     print(f"{name:20s} {preset:12s} {verdict:9s} {why}", flush=True)
         finally:
-            subprocess.run(["git", "-C", str(env.ROOT), "worktree", "remove", "--force",
-                            str(base_tree)], check=False)
+            for tree in (base_tree, head_tree):
+                if tree.exists():
+                    subprocess.run(["git", "-C", str(env.ROOT), "worktree", "remove", "--force",
+                                    str(tree)], check=False)
     print(f"\n| model | preset | output | note |\n|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
-    print(f"\n{len(rows) - differ} identical, {differ} different (base {args.base}, head = working tree)")
+    print(f"\n{len(rows) - differ} identical, {differ} different (base {args.base}, head "
+          f"{args.head or '= the working tree'})")
     return 1 if differ else 0
 
 
