@@ -100,47 +100,30 @@ class NameAllocator:
     def for_model(cls, model: onnx.ModelProto) -> "NameAllocator":
         return cls(all_names(model))
 
-    def fresh(self, base: str, suffix: str = "") -> str:
-        stem = _UNSAFE.sub("_", base) if base else "t"
-        name = f"{stem}__{suffix}" if suffix else stem
+    @staticmethod
+    def _first_free(name: str, taken: set[str], *also: set[str]) -> str:
+        """`name`, or `name_2`, `name_3`... : the first not in `taken` (nor in `also`)."""
         candidate, i = name, 2
-        while candidate in self._taken:
+        while candidate in taken or any(candidate in t for t in also):
             candidate = f"{name}_{i}"
             i += 1
-        self._taken.add(candidate)
+        taken.add(candidate)
         return candidate
 
     def prefix(self, base: str) -> str:
         """A fresh namespace for emitted names `f"{prefix}/..."`: no name of the model starts
         with it, and no earlier prefix is the same (so `a:b` and `a_b` get two)."""
-        stem = _UNSAFE.sub("_", base) if base else "t"
-        candidate, i = stem, 2
-        while candidate in self._prefixes or candidate in self._heads:
-            candidate = f"{stem}_{i}"
-            i += 1
-        self._prefixes.add(candidate)
-        return candidate
+        return self._first_free(_UNSAFE.sub("_", base) if base else "t", self._prefixes, self._heads)
 
     def value(self, base: str, suffix: str) -> str:
         """A fresh value or node name `f"{base}__{suffix}"` (base kept verbatim: ONNX names may
         hold any character), numbered when taken."""
-        name = f"{base}__{suffix}"
-        candidate, i = name, 2
-        while candidate in self._taken:
-            candidate = f"{name}_{i}"
-            i += 1
-        self._taken.add(candidate)
-        return candidate
+        return self._first_free(f"{base}__{suffix}", self._taken)
 
     def exact(self, name: str) -> str:
         """`name` itself when free, else `name_2`, `name_3`...: for passes whose names users
         see (a folded bias), kept as they were when nothing collides."""
-        candidate, i = name, 2
-        while candidate in self._taken:
-            candidate = f"{name}_{i}"
-            i += 1
-        self._taken.add(candidate)
-        return candidate
+        return self._first_free(name, self._taken)
 
     def reserve(self, name: str) -> None:
         """Mark `name` as used (a name the caller creates itself)."""

@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..graph import GraphIndex, NameAllocator
+
 #: Relative tolerance of the constants a pattern needs (0.5, 1, sqrt(2), sqrt(2/pi), 0.044715, 1/n).
 CONST_RTOL = 1e-4
 
@@ -67,22 +69,22 @@ class _Match:
 
 
 class _Index:
-    """Producers, consumers, constants and shapes of a graph (rebuilt after each rule)."""
+    """Producers, consumers, constants and shapes of a graph (rebuilt after each rule), on the
+    graph layer: consumers include the If/Loop/Scan nodes whose subgraphs read a value (so an
+    intermediate a branch reads is never fused away), and new names come from the allocator."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         g = model.graph
+        ix = GraphIndex.of(model)
         self.model = model
-        self.producer: dict[str, onnx.NodeProto] = {o: n for n in g.node for o in n.output if o}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in g.node:
-            for i in n.input:
-                if i:
-                    self.consumers.setdefault(i, []).append(n)
-        self.inits = {t.name: t for t in g.initializer}
-        self.outputs = {o.name for o in g.output}
+        self.producer: dict[str, onnx.NodeProto] = ix.producers
+        self.consumers: dict[str, list[onnx.NodeProto]] = {
+            name: ix.consumers(name) for name in set(ix.readers) | set(ix.subgraph_readers)}
+        self.inits = ix.initializers
+        self.outputs = set(ix.outputs)
         self.info = {v.name: v for v in [*g.value_info, *g.input, *g.output]}
         self.opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-        self.names = {i.name for i in g.input} | set(self.producer) | set(self.inits)
+        self._names = NameAllocator.for_model(model)
 
     def const(self, name: str) -> np.ndarray | None:
         """The value of a constant tensor (initializer or Constant node), else None."""
@@ -129,12 +131,7 @@ class _Index:
         return onnx.TensorProto.FLOAT
 
     def fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.names:
-            k += 1
-            name = f"{base}_{k}"
-        self.names.add(name)
-        return name
+        return self._names.exact(base)
 
 
 def _close(v: float | None, want: float) -> bool:
