@@ -199,3 +199,36 @@ def test_report_plot_titles_match_their_axes(tmp_path, monkeypatch):
     for title, _, ylabel in seen:
         assert "accuracy" not in title
         assert ylabel.split()[0] in title or ylabel in title, (title, ylabel)
+
+
+def _masked_softmax() -> onnx.ModelProto:
+    """MatMul -> Add of a -1e4 attention mask -> Softmax: the Softmax input cannot be quantized
+    (the mask sets its range), which a search over Conv/Gemm/MatMul alone cannot fix."""
+    rng = np.random.default_rng(4)
+    mask = np.zeros((1, 8), np.float32)
+    mask[0, 5:] = -10000.0
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"], name="scores"),
+             helper.make_node("Add", ["s", "mask"], ["sm"], name="mask_add"),
+             helper.make_node("Softmax", ["sm"], ["y"], axis=-1, name="softmax")]
+    g = helper.make_graph(nodes, "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+                          [numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.5).astype(np.float32), "w"),
+                           numpy_helper.from_array(mask, "mask")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_every_quantized_op_is_a_candidate_with_op_types_all():
+    model = _masked_softmax()
+    rng = np.random.default_rng(0)
+    calib = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
+    ev = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
+    base = base_from_candidate(Candidate("int16", "int8"))
+    kw = dict(base=base, candidates=(Candidate("int8", "int8"),), metric="cosine", target=0.001)
+    only_mm = auto_quantize(model, AutoConfig(op_types=frozenset({"MatMul"}), **kw), calib, ev)
+    assert not only_mm.target_met and only_mm.full_evaluations == 2
+    every = auto_quantize(model, AutoConfig(op_types=frozenset({"all"}), **kw), calib, ev)
+    assert {"scores", "mask_add", "softmax"} <= set(every.sensitivity.layers)
+    assert every.target_met and every.metric >= 1 - 0.001
+    assert every.assignment.get("softmax") == "float"  # the Softmax input stays float

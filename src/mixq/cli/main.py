@@ -341,8 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(e.g. 00000/image)")
     a.add_argument("--eval", help="held-out data the decisions are checked on (default: the "
                    "last quarter of --calib)")
-    a.add_argument("--candidates", default="int16/int8,int8",
-                   help="the wide base first, then narrower precisions: FORMAT or ACT/WEIGHT")
+    a.add_argument("--candidates", default="int16/int8,int8,int8/int4",
+                   help="the wide base first, then narrower precisions: FORMAT or ACT/WEIGHT "
+                   "(default int16/int8,int8,int8/int4: int4 weights let the size go below "
+                   "A8W8)")
     a.add_argument("--preset", help="preset whose options (calibration, symmetry...) the base uses")
     a.add_argument("--metric", help="what the target is on: l2 (relative L2 of the output to "
                    "float), sqnr (dB), cosine (mean cosine similarity of output rows with float), "
@@ -361,7 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--max-size-mb", type=float, help="weight size budget in MB")
     a.add_argument("--max-avg-bits", type=float, help="average weight bits budget")
     a.add_argument("--output-index", type=int, default=0)
-    a.add_argument("--op-types", default="Conv,ConvTranspose,Gemm,MatMul")
+    a.add_argument("--op-types", default="all",
+                   help="op types whose nodes the search may give another precision, comma "
+                   "separated, or 'all' (default): every op that quantizes a tensor of its own "
+                   "(element-wise ops, Softmax, Concat... as well as Conv/Gemm/MatMul)")
     a.add_argument("--strategy", default="bisection", choices=["bisection", "guided", "greedy", "pareto"])
     a.add_argument("--time-budget", type=float, help="seconds; the best plan so far is returned")
     a.add_argument("--report-dir", help="write report.md, report.json and PNG plots here")

@@ -314,28 +314,50 @@ def _err(table: SensitivityTable, layer: str, c: Candidate) -> float:
 
 
 def build_path(layers: list[str], base: Candidate, candidates: list[Candidate],
-               table: SensitivityTable, start: dict[str, Candidate] | None = None
-               ) -> list[tuple[str, Candidate]]:
+               table: SensitivityTable, start: dict[str, Candidate] | None = None,
+               weightless: frozenset[str] = frozenset()) -> list[tuple[str, Candidate]]:
     """Moves (layer, candidate) in ascending estimated error; each narrows a layer further.
     `start`: layers that begin wider than `base` (left float by the widening); they may move to
-    `base` and then to the candidates."""
+    `base` and then to the candidates. `weightless`: layers without a weight, for which only
+    the activation format counts (a move that changes only the weight format changes nothing)."""
     start = start or {}
     current = {layer: start.get(layer, base) for layer in layers}
     options = [base] + [c for c in candidates if c != base]
+
+    def width(layer: str, c: Candidate) -> float:
+        if layer in weightless and not c.is_float:
+            return get_format(c.activation).avg_bits
+        return _narrowness(c)
+
     moves = []
     for layer in layers:
         if layer not in table.err:
             continue
         for c in options:
-            if _narrowness(c) < _narrowness(current[layer]):
+            if width(layer, c) < width(layer, current[layer]):
                 moves.append((_err(table, layer, c), -_narrowness(c), layer, c))
     moves.sort(key=lambda m: (m[0], m[1], m[2]))
     path = []
     for _, _, layer, c in moves:
-        if _narrowness(c) < _narrowness(current[layer]):
+        if width(layer, c) < width(layer, current[layer]):
             current[layer] = c
             path.append((layer, c))
     return path
+
+
+def weightless_layers(model: onnx.ModelProto, layers: list[str]) -> frozenset[str]:
+    """The candidate layers that read no weight (initializer) in their weight input."""
+    from ..plan.ops import semantics
+
+    inits = {t.name for t in model.graph.initializer}
+    out = set()
+    for n in model.graph.node:
+        if n.name in layers:
+            sem = semantics(n)
+            w = None if sem is None else sem.weight
+            if w is None or w >= len(n.input) or n.input[w] not in inits:
+                out.add(n.name)
+    return frozenset(out)
 
 
 def path_noise(layers: list[str], base: Candidate, path: list[tuple[str, Candidate]],
@@ -417,6 +439,7 @@ class _Search:
         self.layers, self.cands, self.table = layers, cands, table
         self.ev_cache, self.deadline, self.progress, self.rows = ev_cache, deadline, progress, rows
         self.paths: list[_Path] = []
+        self.weightless = weightless_layers(wb.model, layers)
 
     @property
     def count(self) -> int:
@@ -428,7 +451,8 @@ class _Search:
         the last of them is back at the base: every later point is at least as narrow as the
         all-wide plan everywhere, so it is no better than that plan (which it starts from only
         when that plan missed the target)."""
-        moves = build_path(self.layers, self.cands[0], self.cands[1:], self.table, start)
+        moves = build_path(self.layers, self.cands[0], self.cands[1:], self.table, start,
+                           self.weightless)
         if start:
             floats = set(start)
             for i, (layer, _) in enumerate(moves):

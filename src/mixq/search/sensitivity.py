@@ -75,13 +75,23 @@ class SensitivityTable:
         return cls(list(d["layers"]), list(d["candidates"]), {k: dict(v) for k, v in d["err"].items()})
 
 
+#: `op_types` entry meaning every op that quantizes something of its own (not a pass-through op,
+#: which only carries its input's parameters): element-wise ops, Softmax inputs, Concat...
+ALL_OPS = "all"
+
+
 def candidate_layers(wb: Workbench, config: QuantConfig, op_types: frozenset[str]) -> list[str]:
-    """Nodes of `op_types` that the wide config quantizes, in topological order."""
+    """Nodes of `op_types` (or every op with semantics of its own, `ALL_OPS`) that the wide
+    config quantizes, in topological order."""
     plan = wb.plan(config)
+    every = ALL_OPS in op_types
     out = []
     for n in wb.model.graph.node:
-        if n.op_type in op_types and n.name not in plan.float_nodes and semantics(n) is not None:
-            if any(i in plan.tensors for i in n.input):
+        sem = semantics(n)
+        if sem is None or n.name in plan.float_nodes:
+            continue
+        if n.op_type in op_types or (every and not sem.passthrough):
+            if any(i in plan.tensors and plan.tensors[i].format is not None for i in n.input):
                 out.append(n.name)
     return out
 
