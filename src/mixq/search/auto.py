@@ -1,6 +1,11 @@
 """Automatic mixed precision: quantize wide, measure each layer's sensitivity to each narrower
 candidate, then narrow layers in ascending sensitivity as far as the target allows.
 
+Honest by construction: the all-wide plan is evaluated first; when it misses the target the
+search starts from every candidate layer float instead, and when that misses too it stops (two
+evaluations) with the better plan and a message saying the target cannot be met. A result with
+`target_met=False` always carries that `message`.
+
 Targets: relative L2 of one output (`l2_target`), a top-1 drop (labels or a user
 EvaluateFunction), a weight-size budget (`max_size_mb`, `max_avg_bits`) and a time budget.
 Decisions are made on data held out from calibration; the final model's metric on that data is
@@ -692,7 +697,8 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     t = time.perf_counter()
     timed_out = False
     try:
-        if not accuracy_target or wide.ev(0).ok:
+        # the accuracy alone decides whether to widen (a size budget is met by narrowing)
+        if not accuracy_target or search.meets(wide.ev(0).metric):
             chosen = search.run_strategy(wide)
         else:
             if auto.widen:
@@ -703,7 +709,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                 wider = search.make_path({layer: FLOAT for layer in widened})
                 if all(not c.is_float for c in wider.assignments[-1].values()):
                     wider.ev.seed(wider.n, wide.ev(0))  # the same formats as the all-wide plan
-                if wider.ev(0).ok:
+                if search.meets(wider.ev(0).metric):
                     chosen_path = wider
                     chosen = search.run_strategy(wider)
             if chosen_path is wide:  # even the widest plan misses: stop here
@@ -828,7 +834,7 @@ def _message(r: AutoResult, auto: AutoConfig, unreachable: bool,
         return (f"target NOT met: {r.objective}" + (f" within {' and '.join(budget)}" if budget else "")
                 + f"; the narrowest plan the candidates allow is {r.narrow_size_bytes / 1e6:.4g} MB. "
                 f"Returned the best plan found ({got}) after {evals}. Allow a larger size or add "
-                "narrower candidates (e.g. int8/int4).")
+                "narrower candidates (int4 weights, a block format).")
     msg = f"target met: {r.objective}: {got}, after {evals}."
     if r.widened_layers:
         still = sum(1 for c in r.assignment.values() if c == "float")
