@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mixq.cli.main import AUTO_TARGET_MISSED, main
 from mixq.evaluate import make_session
 from mixq.search import AutoConfig, Candidate, auto_quantize, base_from_candidate
+from mixq.search.auto import TargetNotMetWarning
 from mixq.search.workbench import relative_l2
 from tests.conftest import feeds, small_cnn
 
@@ -50,7 +51,8 @@ def test_unreachable_target_through_the_api_returns_the_better_of_the_two(tmp_pa
     model, calib, ev = small_cnn(), feeds(32, 8), feeds(32, 16, seed=9)
     auto = AutoConfig(base=base_from_candidate(Candidate("int8", "int8")),
                       candidates=(Candidate("int8", "int4"),), l2_target=1e-7)
-    res = auto_quantize(model, auto, calib, ev, output_path=tmp_path / "best.onnx")
+    with pytest.warns(TargetNotMetWarning, match="cannot be met"):  # never silent
+        res = auto_quantize(model, auto, calib, ev, output_path=tmp_path / "best.onnx")
     assert not res.target_met and res.full_evaluations == 2
     assert "cannot be met" in res.message and "1e-07" in res.message
     wide = next(e for e in res.evaluations if e.label.startswith("all wide"))
@@ -62,8 +64,9 @@ def test_unreachable_target_through_the_api_returns_the_better_of_the_two(tmp_pa
 def test_target_the_all_wide_plan_misses_is_met_by_widening(tmp_path):
     model, calib, ev = small_cnn(), feeds(32, 8), feeds(32, 16, seed=9)
     base = base_from_candidate(Candidate("int8", "int8"))
-    probe = auto_quantize(model, AutoConfig(base=base, candidates=(Candidate("int8", "int4"),),
-                                            l2_target=1e-7), calib, ev)
+    with pytest.warns(TargetNotMetWarning):
+        probe = auto_quantize(model, AutoConfig(base=base, candidates=(Candidate("int8", "int4"),),
+                                                l2_target=1e-7), calib, ev)
     wide = next(e.metric for e in probe.evaluations if e.label.startswith("all wide"))
     target = 0.5 * (wide + probe.metric)  # between all wide and all candidate layers float
     res = auto_quantize(model, AutoConfig(base=base, candidates=(Candidate("int8", "int4"),),
@@ -226,7 +229,8 @@ def test_every_quantized_op_is_a_candidate_with_op_types_all():
     ev = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
     base = base_from_candidate(Candidate("int16", "int8"))
     kw = dict(base=base, candidates=(Candidate("int8", "int8"),), metric="cosine", target=0.001)
-    only_mm = auto_quantize(model, AutoConfig(op_types=frozenset({"MatMul"}), **kw), calib, ev)
+    with pytest.warns(TargetNotMetWarning):
+        only_mm = auto_quantize(model, AutoConfig(op_types=frozenset({"MatMul"}), **kw), calib, ev)
     assert not only_mm.target_met and only_mm.full_evaluations == 2
     every = auto_quantize(model, AutoConfig(op_types=frozenset({"all"}), **kw), calib, ev)
     assert {"scores", "mask_add", "softmax"} <= set(every.sensitivity.layers)

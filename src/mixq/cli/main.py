@@ -278,11 +278,17 @@ def cmd_auto(args: argparse.Namespace) -> int:
 
     check_output_path(args.output, models=[args.input],  # before the search, not after it
                       inputs=[args.calib, args.eval, args.labels])
+    import warnings
+
+    from ..search.auto import TargetNotMetWarning
+
     progress = StageProgress()
     try:
-        res = auto_quantize(args.input, auto, args.calib, args.eval, labels=labels,
-                            evaluate_function=evaluate_function, output_path=args.output,
-                            report_dir=args.report_dir, progress=progress)
+        with warnings.catch_warnings():  # the message is printed below, with the exit code
+            warnings.simplefilter("ignore", TargetNotMetWarning)
+            res = auto_quantize(args.input, auto, args.calib, args.eval, labels=labels,
+                                evaluate_function=evaluate_function, output_path=args.output,
+                                report_dir=args.report_dir, progress=progress)
     finally:
         progress.close()
     from ..report.auto_report import to_markdown

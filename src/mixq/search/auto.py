@@ -787,7 +787,15 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         from ..report.auto_report import write_report
 
         result.report_paths = write_report(result, Path(report_dir), models=[in_model], inputs=in_data)
+    if not result.target_met:  # never silent, whoever called (the documented ModelQuantizer too)
+        import warnings
+
+        warnings.warn(result.message, TargetNotMetWarning, stacklevel=2)
     return result
+
+
+class TargetNotMetWarning(UserWarning):
+    """auto_quantize returned a model that does not meet its target (see AutoResult.message)."""
 
 
 def _float_metric(objective: Objective) -> float | None:
