@@ -236,3 +236,14 @@ def test_every_quantized_op_is_a_candidate_with_op_types_all():
     assert {"scores", "mask_add", "softmax"} <= set(every.sensitivity.layers)
     assert every.target_met and every.metric >= 1 - 0.001
     assert every.assignment.get("softmax") == "float"  # the Softmax input stays float
+
+
+def test_a_candidate_wider_than_the_base_is_an_error_not_ignored(tmp_path, capsys):
+    from mixq.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not narrower than the base int8"):
+        AutoConfig(base=base_from_candidate(Candidate("int8", "int8")),
+                   candidates=(Candidate("int16", "int8"),), l2_target=0.1)
+    rc = main(["auto", *_files(tmp_path, small_cnn()), "--l2-target", "0.1",
+               "--candidates", "int8,int8/int4,bfp16"])
+    assert rc == 2 and "bfp16" in capsys.readouterr().err

@@ -124,6 +124,15 @@ class AutoConfig:
             raise ConfigError(f"size_tol={self.size_tol} must be in [0, 1), e.g. 0.02.")
         object.__setattr__(self, "op_types", frozenset(self.op_types))
         object.__setattr__(self, "candidates", tuple(self.candidates))
+        if self.base.activation is not None and self.base.weight is not None:
+            base = Candidate(get_format(self.base.activation).name, get_format(self.base.weight).name)
+            for c in self.candidates:
+                if c.is_float or _narrowness(c) >= _narrowness(base):
+                    # such a candidate could never be chosen: the path only narrows
+                    raise ConfigError(
+                        f"candidate {c.label} is not narrower than the base {base.label}: give the "
+                        "widest precision first (the base) and narrower ones after it; float is "
+                        "tried on its own when the base misses the target.")
 
 
 @dataclass
