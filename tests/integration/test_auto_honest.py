@@ -247,3 +247,26 @@ def test_a_candidate_wider_than_the_base_is_an_error_not_ignored(tmp_path, capsy
     rc = main(["auto", *_files(tmp_path, small_cnn()), "--l2-target", "0.1",
                "--candidates", "int8,int8/int4,bfp16"])
     assert rc == 2 and "bfp16" in capsys.readouterr().err
+
+
+def test_sample_keyed_npz_never_joins_samples_along_a_static_first_dim(tmp_path, capsys):
+    # a second input [2, 1, 4] whose first dim is not a batch (like an LSTM state)
+    rng = np.random.default_rng(6)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("Add", ["h", "state"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "two_inputs",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+                           helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, 1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1, 4])],
+                          [numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "m.onnx")
+    arrays = {}
+    for i in range(12):
+        arrays[f"{i:05d}/x"] = rng.standard_normal(4).astype(np.float32)  # no batch axis
+        arrays[f"{i:05d}/state"] = rng.standard_normal((2, 1, 4)).astype(np.float32)
+    np.savez(tmp_path / "s.npz", **arrays)
+    rc = main(["auto", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--calib",
+               str(tmp_path / "s.npz"), "--l2-target", "0.1", "--no-cache", "-q"])
+    assert rc == 0, capsys.readouterr().err

@@ -568,9 +568,9 @@ def _objective_of(auto: AutoConfig, labels: np.ndarray | None,
 
 def _sample_keyed_npz(data: Any, model: onnx.ModelProto) -> Any:
     """An .npz whose keys are samples, `SAMPLE/INPUT` (e.g. `00000/image`), as a list of feed
-    dicts (samples in key order; a sample without the batch axis gets one; consecutive samples
-    are joined only to fill a static batch dim larger than 1). Anything else is returned as it
-    is (the calibration data loader reads it)."""
+    dicts, one per sample, in key order (an array one dimension short of its input's rank gets
+    the batch axis; samples are never joined: the first dim of an input is not always a batch).
+    Anything else is returned as it is (the calibration data loader reads it)."""
     if not isinstance(data, (str, os.PathLike)) or Path(data).suffix.lower() != ".npz" \
             or not Path(data).is_file():
         return data
@@ -604,15 +604,6 @@ def _sample_keyed_npz(data: Any, model: onnx.ModelProto) -> Any:
                 a = a[None]  # one sample without its batch axis
             feed[name] = a
         feeds.append(feed)
-    static = {s.shape[0] for s in specs.values() if s.shape and isinstance(s.shape[0], int)
-              and s.shape[0] > 1}
-    if static:
-        step = static.pop()
-        if any(next(iter(f.values())).shape[0] != 1 for f in feeds) or len(feeds) % step:
-            raise DataError(f"{data}: {len(feeds)} samples cannot fill the model's fixed batch of "
-                            f"{step}; give a multiple of {step} single samples.")
-        feeds = [{n: np.concatenate([f[n] for f in feeds[i:i + step]]) for n in feeds[i]}
-                 for i in range(0, len(feeds), step)]
     return feeds
 
 
