@@ -101,7 +101,8 @@ def _plots(r: "AutoResult", out: Path) -> list[str]:
     except ImportError:  # plots are an optional extra: pip install mixq[report]
         return []
     names = []
-    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(r.sensitivity.layers)), 4))
+    # wide enough to tell layers apart, bounded for models with thousands of candidate ops
+    fig, ax = plt.subplots(figsize=(min(max(6.0, 0.35 * len(r.sensitivity.layers)), 24.0), 4))
     for c in r.sensitivity.candidates:
         ys = [r.sensitivity.err.get(layer, {}).get(c, float("nan")) for layer in r.sensitivity.layers]
         ax.plot(range(len(ys)), ys, marker="o", label=c)

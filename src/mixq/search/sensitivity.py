@@ -177,14 +177,23 @@ def measure_sensitivity(wb: Workbench, base: QuantConfig, layers: list[str],
                                              if x and x not in inits):
             continue
         tiny = _single_node_model(wb, node)
-        row = {}
+        sem = semantics(node)
+        w = None if sem is None else sem.weight
+        # a layer without a weight: only the activation format matters, measured once each
+        weightless = w is None or w >= len(node.input) or node.input[w] not in inits
+        row: dict[str, float] = {}
+        by_activation: dict[str, float] = {}
         for c in candidates:
             if c.is_float:  # a layer left float adds no error of its own
                 row[c.label] = 0.0
                 continue
+            if weightless and c.activation in by_activation:
+                row[c.label] = by_activation[c.activation]
+                continue
             cfg = base.with_options(activation=c.activation, weight=c.weight, layer_rules=(),
                                     tensor_formats=())
             row[c.label] = _layer_error(wb, tiny, cfg, chunks, node.output[0])
+            by_activation.setdefault(c.activation, row[c.label])
         table.err[node.name] = row
         if progress is not None:
             progress(i)
