@@ -28,7 +28,7 @@ def _files(tmp_path, model, n_calib=32, n_eval=32, shape=(3, 16, 16)):
     np.savez(tmp_path / "calib.npz", x=rng.standard_normal((n_calib, *shape)).astype(np.float32))
     np.savez(tmp_path / "eval.npz", x=rng.standard_normal((n_eval, *shape)).astype(np.float32))
     return [str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--calib", str(tmp_path / "calib.npz"),
-            "--eval", str(tmp_path / "eval.npz"), "--no-cache", "-q"]
+            "--eval", str(tmp_path / "eval.npz"), "--no-cache"]
 
 
 def test_unreachable_target_stops_in_two_evaluations_with_a_message_and_exit_code(tmp_path, capsys):
@@ -174,12 +174,12 @@ def test_npz_keyed_by_sample_and_input(tmp_path, capsys):
     np.savez(tmp_path / "s.npz", **{f"{i:05d}/x": rng.standard_normal((3, 8, 8)).astype(np.float32)
                                     for i in range(12)})
     rc = main(["auto", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--calib",
-               str(tmp_path / "s.npz"), "--l2-target", "0.05", "--no-cache", "-q"])
+               str(tmp_path / "s.npz"), "--l2-target", "0.05", "--no-cache"])
     assert rc == 0, capsys.readouterr().err
     np.savez(tmp_path / "bad.npz", **{"00000/x": np.zeros((3, 8, 8), np.float32),
                                       "x": np.zeros((1, 3, 8, 8), np.float32)})
     rc = main(["auto", str(tmp_path / "m.onnx"), str(tmp_path / "o2.onnx"), "--calib",
-               str(tmp_path / "bad.npz"), "--l2-target", "0.05", "--no-cache", "-q"])
+               str(tmp_path / "bad.npz"), "--l2-target", "0.05", "--no-cache"])
     assert rc == 2 and "SAMPLE/INPUT" in capsys.readouterr().err
 
 
@@ -268,5 +268,5 @@ def test_sample_keyed_npz_never_joins_samples_along_a_static_first_dim(tmp_path,
         arrays[f"{i:05d}/state"] = rng.standard_normal((2, 1, 4)).astype(np.float32)
     np.savez(tmp_path / "s.npz", **arrays)
     rc = main(["auto", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--calib",
-               str(tmp_path / "s.npz"), "--l2-target", "0.1", "--no-cache", "-q"])
+               str(tmp_path / "s.npz"), "--l2-target", "0.1", "--no-cache"])
     assert rc == 0, capsys.readouterr().err

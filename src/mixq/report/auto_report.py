@@ -38,6 +38,12 @@ def bought_table(r: "AutoResult") -> list[str]:
     return rows
 
 
+def _narrowed(r: "AutoResult") -> int:
+    """Layers at a precision narrower than the base (not float, not the base)."""
+    base = r.sensitivity.candidates[0] if r.sensitivity.candidates else None
+    return sum(1 for c in r.assignment.values() if c not in ("float", base))
+
+
 def to_markdown(r: "AutoResult", images: list[str] | None = None) -> str:
     mb = 1e6
     message = getattr(r, "message", "")
@@ -50,8 +56,8 @@ def to_markdown(r: "AutoResult", images: list[str] | None = None) -> str:
         + (f" (float {r.float_metric:.6g})" if r.float_metric is not None else ""),
         f"- weight size: {r.size_bytes / mb:.3f} MB (all wide {r.wide_size_bytes / mb:.3f} MB, "
         f"all narrow {r.narrow_size_bytes / mb:.3f} MB)",
-        f"- layers narrowed: {len(r.assignment)} of {len(r.sensitivity.layers)} (path point "
-        f"{r.chosen_k} of {len(r.path_labels)})",
+        f"- layers narrowed below the base: {_narrowed(r)} of {len(r.sensitivity.layers)} "
+        f"(path point {r.chosen_k} of {len(r.path_labels)})",
     ]
     if getattr(r, "widened_layers", None):
         still = [layer for layer, c in r.assignment.items() if c == "float"]
