@@ -270,3 +270,23 @@ def test_sample_keyed_npz_never_joins_samples_along_a_static_first_dim(tmp_path,
     rc = main(["auto", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--calib",
                str(tmp_path / "s.npz"), "--l2-target", "0.1", "--no-cache"])
     assert rc == 0, capsys.readouterr().err
+
+
+def test_a_gather_table_is_a_candidate_that_shrinks_the_model():
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="emb"),
+             helper.make_node("MatMul", ["e", "w"], ["y"], name="mm")]
+    g = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 8])],
+                          [numpy_helper.from_array(rng.standard_normal((50, 8)).astype(np.float32), "table"),
+                           numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    ids = [{"ids": rng.integers(0, 50, (2, 4)).astype(np.int64)} for _ in range(8)]
+    auto = AutoConfig(base=base_from_candidate(Candidate("int16", "int8")),
+                      candidates=(Candidate("int8", "int8"),), l2_target=0.05,
+                      op_types=frozenset({"all"}))
+    res = auto_quantize(m, auto, ids[:6], ids[6:])
+    assert "emb" in res.sensitivity.layers and res.target_met
+    assert res.assignment.get("emb") == "int8"
+    assert res.size_bytes < res.wide_size_bytes  # the int16 table went to int8

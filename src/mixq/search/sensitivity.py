@@ -76,7 +76,8 @@ class SensitivityTable:
 
 
 #: `op_types` entry meaning every op that quantizes something of its own (not a pass-through op,
-#: which only carries its input's parameters): element-wise ops, Softmax inputs, Concat...
+#: which only carries its input's parameters): element-wise ops, Softmax inputs, Concat, Gather
+#: tables...
 ALL_OPS = "all"
 
 
@@ -85,12 +86,15 @@ def candidate_layers(wb: Workbench, config: QuantConfig, op_types: frozenset[str
     config quantizes, in topological order."""
     plan = wb.plan(config)
     every = ALL_OPS in op_types
+    inits = {t.name for t in wb.model.graph.initializer}
     out = []
     for n in wb.model.graph.node:
         sem = semantics(n)
         if sem is None or n.name in plan.float_nodes:
             continue
-        if n.op_type in op_types or (every and not sem.passthrough):
+        # a Gather reading a table (an embedding) quantizes that table: a candidate of its own
+        table = n.op_type == "Gather" and bool(n.input) and n.input[0] in inits
+        if n.op_type in op_types or (every and (not sem.passthrough or table)):
             if any(i in plan.tensors and plan.tensors[i].format is not None for i in n.input):
                 out.append(n.name)
     return out
