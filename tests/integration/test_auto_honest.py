@@ -290,3 +290,27 @@ def test_a_gather_table_is_a_candidate_that_shrinks_the_model():
     assert "emb" in res.sensitivity.layers and res.target_met
     assert res.assignment.get("emb") == "int8"
     assert res.size_bytes < res.wide_size_bytes  # the int16 table went to int8
+
+
+def test_metric_values_on_known_models():
+    from mixq.pipeline import Pipeline
+    from mixq.search.objectives import make_objective
+    from mixq.search.workbench import Workbench
+
+    model = small_cnn()
+    wb = Workbench(Pipeline.load(model), feeds(16, 8))
+    # the same model with negated logits: cosine -1, relative L2 2 (SQNR -6.02 dB)
+    neg = onnx.ModelProto()
+    neg.CopyFrom(wb.model)
+    for t in neg.graph.initializer:
+        if t.name in ("wf", "bf"):
+            t.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(t), t.name))
+    vals = {m: (make_objective(m, None).evaluate(wb, wb.model), make_objective(m, None).evaluate(wb, neg))
+            for m in ("l2", "sqnr", "cosine", "agreement")}
+    # (the float model itself differs from the reference by onnxruntime's rounding only)
+    assert vals["l2"] == (pytest.approx(0.0, abs=1e-6), pytest.approx(2.0))
+    assert vals["sqnr"][0] > 100 and vals["sqnr"][1] == pytest.approx(-20 * np.log10(2))
+    assert vals["cosine"] == (pytest.approx(1.0), pytest.approx(-1.0))
+    assert vals["agreement"][0] == 1.0 and vals["agreement"][1] < 0.5
+    assert make_objective("cosine", 0.01).meets(0.995) and not make_objective("cosine", 0.01).meets(0.98)
+    assert make_objective("sqnr", 30).meets(31) and not make_objective("sqnr", 30).meets(29)

@@ -232,8 +232,13 @@ def _load_evaluate_function(spec: str):
                 mod = importlib.import_module(module)
             finally:
                 sys.path.remove(os.getcwd())
+    except ConfigError:
+        raise
     except ImportError as exc:
         raise ConfigError(f"--metric {spec!r}: cannot import {module!r}: {exc}.") from exc
+    except Exception as exc:  # the user's module failed while loading: say where
+        raise ConfigError(f"--metric {spec!r}: importing {module!r} raised "
+                          f"{type(exc).__name__}: {exc}.") from exc
     fn = getattr(mod, name, None)
     if not callable(fn):
         raise ConfigError(f"--metric {spec!r}: {module!r} has no function {name!r}; it must be "
