@@ -447,8 +447,9 @@ class _Search:
     def __init__(self, wb: Workbench, auto: AutoConfig, objective: Objective, accuracy_target: bool,
                  layers: list[str], cands: list[Candidate], table: SensitivityTable,
                  ev_cache: dict[str, float], deadline: float | None,
-                 progress: Callable[[str, int, int], None] | None, rows: int | None) -> None:
-        self.wb, self.auto, self.objective = wb, auto, objective
+                 progress: Callable[[str, int, int], None] | None, rows: int | None,
+                 calib: Feeds) -> None:
+        self.wb, self.auto, self.objective, self.calib = wb, auto, objective, calib
         self.accuracy_target = accuracy_target
         self.layers, self.cands, self.table = layers, cands, table
         self.ev_cache, self.deadline, self.progress, self.rows = ev_cache, deadline, progress, rows
@@ -488,6 +489,9 @@ class _Search:
     def plan(self, p: _Path, k: int) -> PrecisionPlan:
         if k not in p.plans:
             p.plans[k] = self.wb.plan(p.configs[k])
+            # a mixed plan may calibrate a tensor no uniform plan does (a Conv output whose Relu
+            # was left float): collect what is missing, once (nothing when nothing is)
+            self.wb.pipeline.calibrate(p.plans[k], self.calib)
         return p.plans[k]
 
     def size(self, p: _Path, k: int) -> float:
@@ -689,7 +693,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
             if evaluate_function is None and (labels is not None or auto.metric == "agreement")
             else None)
     search = _Search(wb, auto, objective, accuracy_target, layers, cands, table, ev_cache,
-                     deadline, progress, rows)
+                     deadline, progress, rows, calib)
     wide = search.make_path({})
     chosen_path, chosen = wide, 0
     widened: list[str] = []
