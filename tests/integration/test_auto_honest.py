@@ -93,6 +93,22 @@ def test_reachable_target_is_met_on_held_out_data(tmp_path, capsys):
     assert _rel_l2(tmp_path / "o.onnx", model, [{"x": fresh}]) <= 0.075
 
 
+def test_check_data_the_search_never_saw(tmp_path, capsys):
+    model = small_cnn()
+    args = _files(tmp_path, model)
+    rng = np.random.default_rng(8)
+    np.savez(tmp_path / "same.npz", x=rng.standard_normal((16, 3, 16, 16)).astype(np.float32))
+    rc = main(["auto", *args, "--l2-target", "0.05", "--check", str(tmp_path / "same.npz")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "on the check data (never searched on)" in out and "also met" in out
+    # data far outside the calibrated range: met on the search data, missed on the check data
+    np.savez(tmp_path / "wild.npz", x=20 * rng.standard_normal((16, 3, 16, 16)).astype(np.float32))
+    rc = main(["auto", *args, "--l2-target", "0.05", "--check", str(tmp_path / "wild.npz")])
+    captured = capsys.readouterr()
+    assert rc == AUTO_TARGET_MISSED and "NOT on the check data" in captured.err
+    assert (tmp_path / "o.onnx").exists()
+
+
 def _fixed_batch_convnet() -> onnx.ModelProto:
     """Conv-Relu-Conv-GlobalAveragePool-Flatten-Gemm with input [1, 3, 8, 8]: batch 1 only."""
     rng = np.random.default_rng(3)

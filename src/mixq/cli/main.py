@@ -282,7 +282,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
     from .._progress import StageProgress
 
     check_output_path(args.output, models=[args.input],  # before the search, not after it
-                      inputs=[args.calib, args.eval, args.labels])
+                      inputs=[args.calib, args.eval, args.labels, args.check])
     import warnings
 
     from ..search.auto import TargetNotMetWarning
@@ -293,14 +293,15 @@ def cmd_auto(args: argparse.Namespace) -> int:
             warnings.simplefilter("ignore", TargetNotMetWarning)
             res = auto_quantize(args.input, auto, args.calib, args.eval, labels=labels,
                                 evaluate_function=evaluate_function, output_path=args.output,
-                                report_dir=args.report_dir, progress=progress)
+                                report_dir=args.report_dir, progress=progress,
+                                check_data=args.check)
     finally:
         progress.close()
     from ..report.auto_report import to_markdown
 
     print(to_markdown(res))
     print(f"wrote {res.output_path}" + (f" and the report in {args.report_dir}" if args.report_dir else ""))
-    if not res.target_met:
+    if not res.target_met or res.check_met is False:
         print(f"mixq: {res.message}", file=sys.stderr)
         return AUTO_TARGET_MISSED
     return 0
@@ -352,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(e.g. 00000/image)")
     a.add_argument("--eval", help="held-out data the decisions are checked on (default: the "
                    "last quarter of --calib)")
+    a.add_argument("--check", help="data the search never sees: the chosen model's metric on it "
+                   f"is reported, and a miss there exits {AUTO_TARGET_MISSED} too (l2, sqnr, cosine, agreement)")
     a.add_argument("--candidates", default="int16/int8,int8,int8/int4",
                    help="the wide base first, then narrower precisions: FORMAT or ACT/WEIGHT "
                    "(default int16/int8,int8,int8/int4: int4 weights let the size go below "

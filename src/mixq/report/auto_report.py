@@ -73,6 +73,11 @@ def to_markdown(r: "AutoResult", images: list[str] | None = None) -> str:
         lines.append("- the time budget ran out: this is the best plan found before it did")
     if r.held_out_note:
         lines.append(f"- held-out data: {r.held_out_note}")
+    check = getattr(r, "check_metric", None)
+    if check is not None:
+        met = getattr(r, "check_met", None)
+        lines.append(f"- {r.metric_name} on the check data (never searched on): {check:.6g}"
+                     + ("" if met is None else " (meets the target)" if met else " (does NOT meet the target)"))
     lines += ["", "## What it bought", "", *bought_table(r)]
     lines += ["", "## Per-layer sensitivity (relative L2 of the layer output) and chosen precision", "",
               "| layer | " + " | ".join(r.sensitivity.candidates) + " | chosen |",
@@ -173,6 +178,7 @@ def write_report(r: "AutoResult", out: Path, *, models: Iterable[Any] = (),
         "message": getattr(r, "message", ""), "widened_layers": getattr(r, "widened_layers", []),
         "float_size_bytes": getattr(r, "float_size_bytes", None),
         "baseline_evaluations": getattr(r, "baseline_evaluations", 0),
+        "check_metric": getattr(r, "check_metric", None), "check_met": getattr(r, "check_met", None),
     }
     write_output(js, json.dumps(data, indent=1).encode(), models=models, inputs=inputs, kind="report")
     return [md, js, *(out / i for i in images)]

@@ -171,6 +171,8 @@ class AutoResult:
     baseline_evaluations: int = 0  # full-model runs spent on the report's baselines only
     wide_label: str = ""
     narrow_label: str = ""
+    check_metric: float | None = None  # the chosen model on check_data (never searched on)
+    check_met: bool | None = None
 
 
 def _materialize_feeds(data: Any, model: onnx.ModelProto) -> Feeds:
@@ -616,8 +618,13 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                   evaluate_function: Callable[[str], Any] | None = None,
                   output_path: str | os.PathLike | None = None,
                   report_dir: str | os.PathLike | None = None,
-                  progress: Callable[[str, int, int], None] | None = None) -> AutoResult:
+                  progress: Callable[[str, int, int], None] | None = None,
+                  check_data: Any = None) -> AutoResult:
     """Run the search and return (and optionally write) the chosen model with its record.
+
+    check_data: data the search never looks at; the chosen model's metric on it is reported
+    (`check_metric`, `check_met`), for the metrics that compare with the float model (l2, sqnr,
+    cosine, agreement: labels and user functions carry their own data).
 
     The all-wide plan is evaluated first. When it misses an accuracy target, every candidate
     layer is left float and that plan is evaluated: when it meets the target the search runs on
@@ -668,6 +675,14 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     objective, accuracy_target = _objective_of(auto, labels, evaluate_function)
     if isinstance(objective, Top1Objective):
         objective.bind_float(wb)
+    check_wb = None
+    if check_data is not None:
+        if isinstance(objective, Top1Objective):
+            raise ConfigError("check data works with the metrics that compare with the float "
+                              "model (l2, sqnr, cosine, agreement); top-1 labels and a user "
+                              "function measure their own data: drop the check data.")
+        check_wb = Workbench(pipe, _materialize_feeds(check_data, prepared),
+                             output_index=auto.output_index)
 
     layers = candidate_layers(wb, base, auto.op_types)
     if not layers:
@@ -779,11 +794,14 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         float_size_bytes=float(sum(pipe.weight_elems.values()) * 4.0),
         baseline_evaluations=baseline_evals,
         wide_label=cands[0].label, narrow_label=_narrowest_label(cands))
+    if check_wb is not None:
+        result.check_metric = objective.evaluate(check_wb, final_model)
+        result.check_met = objective.meets(result.check_metric) if accuracy_target else None
     first = {id(p): p.ev.done[0].metric for p in search.paths if 0 in p.ev.done}
     result.message = _message(result, auto, unreachable, first.get(id(wide)),
                               next((v for i, v in first.items() if i != id(wide)), None))
     in_model = None if isinstance(model, onnx.ModelProto) else model
-    in_data = [d for d in (calibration_data, eval_data) if isinstance(d, (str, os.PathLike))]
+    in_data = [d for d in (calibration_data, eval_data, check_data) if isinstance(d, (str, os.PathLike))]
     if output_path is not None:
         result.output_path = save_model(final_model, output_path, protect=in_model, inputs=in_data)
     result.wall_seconds = time.perf_counter() - t_start
@@ -791,7 +809,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         from ..report.auto_report import write_report
 
         result.report_paths = write_report(result, Path(report_dir), models=[in_model], inputs=in_data)
-    if not result.target_met:  # never silent, whoever called (the documented ModelQuantizer too)
+    if not result.target_met or result.check_met is False:  # never silent, whoever called
         import warnings
 
         warnings.warn(result.message, TargetNotMetWarning, stacklevel=2)
@@ -848,6 +866,13 @@ def _message(r: AutoResult, auto: AutoConfig, unreachable: bool,
                 f"Returned the best plan found ({got}) after {evals}. Allow a larger size or add "
                 "narrower candidates (int4 weights, a block format).")
     msg = f"target met: {r.objective}: {got}, after {evals}."
+    if r.check_met is False:
+        msg = (f"target met on the search data but NOT on the check data: {r.objective}: {got}, "
+               f"and {r.check_metric:.6g} on the check data, after {evals}. The held-out data "
+               "the search decides on is too small or unlike the check data: give more of it "
+               "(--eval), or a margin in the target.")
+    elif r.check_met:
+        msg += f" On the check data (never searched on): {r.check_metric:.6g}, also met."
     if r.widened_layers:
         still = sum(1 for c in r.assignment.values() if c == "float")
         msg += (f" The all-wide plan missed it ({wide_metric:.6g}), so the search started from "

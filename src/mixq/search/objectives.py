@@ -104,7 +104,8 @@ class Top1Objective(Objective):
             raise ConfigError(f"Top1AccTarget={self.max_drop} must be a number >= 0.")
         if self.evaluate_function is not None:
             # a user metric: its own name and direction (e.g. a CER, lower is better)
-            self.name = str(getattr(self.evaluate_function, "__name__", "") or "evaluate function")
+            fn_name = str(getattr(self.evaluate_function, "__name__", ""))
+            self.name = fn_name if fn_name.isidentifier() else "evaluate function"  # not <lambda>
             self.higher_is_better = bool(getattr(self.evaluate_function, "higher_is_better", True))
 
     def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
