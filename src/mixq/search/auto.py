@@ -35,12 +35,16 @@ from ..pipeline import Pipeline
 from ..plan.plan import PrecisionPlan
 from .objectives import (AgreementObjective, DropObjective, L2Objective, Objective, SQNRObjective,
                          Top1Objective, make_objective)
-from .sensitivity import FLOAT, Candidate, SensitivityTable, candidate_layers, measure_sensitivity
+from .sensitivity import (ALL_OPS, FLOAT, Candidate, SensitivityTable, candidate_layers,
+                          measure_sensitivity)
 from .strategies import (STRATEGIES, Evaluation, Evaluator, MetricModel, OutOfTime, bisection, front,
                          greedy, guided, pareto)
 from .workbench import Feeds, Workbench, feeds_digest
 
+#: the documented AutoMixprecision TargetOpType default (mixq.compat passes it)
 DEFAULT_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+#: AutoConfig's default: every op that quantizes a tensor of its own is a candidate
+ALL_OP_TYPES = frozenset({ALL_OPS})
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,9 @@ class AutoConfig:
 
     base: the wide config every layer starts in (e.g. A16W8).
     candidates: narrower precisions a candidate layer may take (e.g. int8/int8, bfp16).
-    op_types: op types whose nodes are candidate layers.
+    op_types: op types whose nodes are candidate layers; "all" (the default): every op that
+      quantizes a tensor of its own (element-wise ops, Softmax inputs, Concat, Gather tables as
+      well as Conv/Gemm/MatMul).
     l2_target / top1_drop / max_size_mb / max_avg_bits: targets (at least one).
     output_index: the model output the L2 target and top-1 metrics read.
     strategy: 'bisection' (default), 'guided' (predict the break from the sensitivities, verify
@@ -72,7 +78,7 @@ class AutoConfig:
 
     base: QuantConfig
     candidates: tuple[Candidate, ...]
-    op_types: frozenset[str] = DEFAULT_OP_TYPES
+    op_types: frozenset[str] = ALL_OP_TYPES
     l2_target: float | None = None
     top1_drop: float | None = None
     max_size_mb: float | None = None
