@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--candidates", default="int8/int8,int8/int4")
     args = ap.parse_args(argv)
     from mixq.search import AutoConfig, auto_quantize, base_from_candidate, parse_candidates
+    from mixq.search.auto import DEFAULT_OP_TYPES
     from tests import realmodels
 
     path = str(realmodels.ppocr_cls_model_path())
@@ -39,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     rows = {}
     for strategy in STRATEGIES:
+        # the documented walk's candidate layers (TargetOpType's default), so that its count of
+        # full-model sensitivity runs compares like with like
         auto = AutoConfig(base=base_from_candidate(cands[0]), candidates=tuple(cands[1:]),
-                          top1_drop=args.target, strategy=strategy)
+                          top1_drop=args.target, strategy=strategy, op_types=DEFAULT_OP_TYPES)
         t = time.perf_counter()
         r = auto_quantize(path, auto, [{"x": calib}], [{"x": ev}], labels=labels)
         dt = time.perf_counter() - t

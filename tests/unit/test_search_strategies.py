@@ -241,3 +241,18 @@ def test_guided_does_not_creep_past_points_without_degradation(break_at):
     ev_b = Evaluator(ev.fn, None)
     assert bisection(n, ev_b) == break_at
     assert ev.count <= ev_b.count + 1, (sorted(ev.done), sorted(ev_b.done))
+
+
+def test_a_seeded_point_is_known_and_not_counted():
+    from mixq.search.strategies import Evaluation
+
+    calls = []
+
+    def fn(k):
+        calls.append(k)
+        return float(k), k <= 3, 100.0 - k
+
+    ev = Evaluator(fn, None)
+    ev.seed(10, Evaluation(0, 10.0, False, 90.0, 1.0, "all wide"))
+    assert bisection(10, ev) == 3
+    assert 10 not in calls and ev.count == len(calls)  # the known end cost nothing

@@ -412,9 +412,54 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(presets=args.presets.split(",") if args.presets else None)
 
 
+def _load_evaluate_function(spec: str):
+    """`module:function` or `path/to/file.py:function` -> the callable (imported with importlib,
+    never evaluated as text)."""
+    import importlib
+    import importlib.util
+    import os
+
+    from ..errors import ConfigError
+
+    module, _, name = spec.rpartition(":")
+    if not module or not name or not name.isidentifier():
+        raise ConfigError(f"--metric {spec!r}: write a metric name (l2, sqnr, cosine, agreement, "
+                          "top1) or MODULE:FUNCTION, e.g. my_eval:evaluate or my_eval.py:evaluate.")
+    try:
+        if module.endswith(".py") or os.sep in module or "/" in module:
+            if not os.path.isfile(module):
+                raise ConfigError(f"--metric {spec!r}: no file {module!r}.")
+            mspec = importlib.util.spec_from_file_location(
+                os.path.splitext(os.path.basename(module))[0], module)
+            if mspec is None or mspec.loader is None:
+                raise ConfigError(f"--metric {spec!r}: {module!r} is not an importable Python file.")
+            mod = importlib.util.module_from_spec(mspec)
+            mspec.loader.exec_module(mod)
+        else:
+            # the working directory first, as `python -m` does: the user's own module
+            sys.path.insert(0, os.getcwd())
+            try:
+                mod = importlib.import_module(module)
+            finally:
+                sys.path.remove(os.getcwd())
+    except ConfigError:
+        raise
+    except ImportError as exc:
+        raise ConfigError(f"--metric {spec!r}: cannot import {module!r}: {exc}.") from exc
+    except Exception as exc:  # the user's module failed while loading: say where
+        raise ConfigError(f"--metric {spec!r}: importing {module!r} raised "
+                          f"{type(exc).__name__}: {exc}.") from exc
+    fn = getattr(mod, name, None)
+    if not callable(fn):
+        raise ConfigError(f"--metric {spec!r}: {module!r} has no function {name!r}; it must be "
+                          "f(model_path) -> number.")
+    return fn
+
+
 def cmd_auto(args: argparse.Namespace) -> int:
     from ..search import AutoConfig, auto_quantize, base_from_candidate, parse_candidates
     from ..search.auto import default_cache_dir
+    from ..search.objectives import METRICS
 
     cands = parse_candidates(args.candidates)
     if len(cands) < 2:
@@ -423,28 +468,57 @@ def cmd_auto(args: argparse.Namespace) -> int:
         raise ConfigError("--candidates needs the wide base first and at least one narrower "
                           "precision, e.g. int16/int8,int8.")
     labels = _read_labels(args.labels) if args.labels else None
+    metric, evaluate_function = args.metric, None
+    if metric is not None and metric not in METRICS:
+        if ":" not in metric:
+            from ..errors import ConfigError, did_you_mean
+
+            raise ConfigError(f"--metric {metric!r}: choose one of l2, sqnr, cosine, agreement, "
+                              "top1, or MODULE:FUNCTION." + did_you_mean(metric, METRICS))
+        evaluate_function, metric = _load_evaluate_function(metric), "function"
+    if args.target is not None and metric is None:
+        from ..errors import ConfigError
+
+        raise ConfigError("--target needs --metric (l2, sqnr, cosine, agreement, top1 or "
+                          "MODULE:FUNCTION); or use --l2-target / --top1-drop.")
     auto = AutoConfig(base=base_from_candidate(cands[0], args.preset), candidates=tuple(cands[1:]),
                       op_types=frozenset(args.op_types.split(",")), l2_target=args.l2_target,
                       top1_drop=args.top1_drop, max_size_mb=args.max_size_mb,
                       max_avg_bits=args.max_avg_bits, output_index=args.output_index,
                       strategy=args.strategy, time_budget_s=args.time_budget,
-                      cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()))
+                      cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
+                      metric=metric, target=args.target)
     from .._io import check_output_path
     from .._progress import StageProgress
 
     check_output_path(args.output, models=[args.input],  # before the search, not after it
-                      inputs=[args.calib, args.eval, args.labels])
+                      inputs=[args.calib, args.eval, args.labels, args.check])
+    import warnings
+
+    from ..search.auto import TargetNotMetWarning
+
     progress = StageProgress()
     try:
-        res = auto_quantize(args.input, auto, args.calib, args.eval, labels=labels,
-                            output_path=args.output, report_dir=args.report_dir, progress=progress)
+        with warnings.catch_warnings():  # the message is printed below, with the exit code
+            warnings.simplefilter("ignore", TargetNotMetWarning)
+            res = auto_quantize(args.input, auto, args.calib, args.eval, labels=labels,
+                                evaluate_function=evaluate_function, output_path=args.output,
+                                report_dir=args.report_dir, progress=progress,
+                                check_data=args.check)
     finally:
         progress.close()
     from ..report.auto_report import to_markdown
 
     print(to_markdown(res))
     print(f"wrote {res.output_path}" + (f" and the report in {args.report_dir}" if args.report_dir else ""))
-    return 0 if res.target_met else 1
+    if not res.target_met or res.check_met is False:
+        print(f"mixq: {res.message}", file=sys.stderr)
+        return AUTO_TARGET_MISSED
+    return 0
+
+
+#: `mixq auto`'s exit code when the target is not met (the best model found is still written)
+AUTO_TARGET_MISSED = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -493,19 +567,39 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("auto", help="automatic mixed precision to an accuracy or size target")
     a.add_argument("input")
     a.add_argument("output")
-    a.add_argument("--calib", required=True, help="calibration data: .npz, .npy or a folder")
+    a.add_argument("--calib", required=True, help="calibration data: .npz, .npy or a folder; an "
+                   ".npz may also hold one array per sample and input, keyed SAMPLE/INPUT "
+                   "(e.g. 00000/image)")
     a.add_argument("--eval", help="held-out data the decisions are checked on (default: the "
                    "last quarter of --calib)")
-    a.add_argument("--candidates", default="int16/int8,int8",
-                   help="the wide base first, then narrower precisions: FORMAT or ACT/WEIGHT")
+    a.add_argument("--check", help="data the search never sees: the chosen model's metric on it "
+                   f"is reported, and a miss there exits {AUTO_TARGET_MISSED} too (l2, sqnr, cosine, agreement)")
+    a.add_argument("--candidates", default="int16/int8,int8,int8/int4",
+                   help="the wide base first, then narrower precisions: FORMAT or ACT/WEIGHT "
+                   "(default int16/int8,int8,int8/int4: int4 weights let the size go below "
+                   "A8W8)")
     a.add_argument("--preset", help="preset whose options (calibration, symmetry...) the base uses")
-    a.add_argument("--l2-target", type=float, help="max relative L2 of the output to float")
-    a.add_argument("--top1-drop", type=float, help="max top-1 drop (needs --labels)")
+    a.add_argument("--metric", help="what the target is on: l2 (relative L2 of the output to "
+                   "float), sqnr (dB), cosine (mean cosine similarity of output rows with float), "
+                   "agreement (top-1 agreement with float), top1 (accuracy; needs --labels), or "
+                   "MODULE:FUNCTION / FILE.py:FUNCTION, your f(model_path) -> number (higher is "
+                   "better unless it has higher_is_better = False)")
+    a.add_argument("--target", type=float, help="the target in the metric's units: the largest "
+                   "relative L2 (l2), the smallest dB (sqnr), else the largest allowed drop from "
+                   "the float model (e.g. 0.01). A target that cannot be met ends with a message "
+                   f"and exit code {AUTO_TARGET_MISSED}; the best model found is still written")
+    a.add_argument("--l2-target", type=float, help="max relative L2 of the output to float "
+                   "(= --metric l2 --target X)")
+    a.add_argument("--top1-drop", type=float, help="max top-1 drop (needs --labels; "
+                   "= --metric top1 --target X)")
     a.add_argument("--labels", help=".npy of integer labels of the --eval data")
     a.add_argument("--max-size-mb", type=float, help="weight size budget in MB")
     a.add_argument("--max-avg-bits", type=float, help="average weight bits budget")
     a.add_argument("--output-index", type=int, default=0)
-    a.add_argument("--op-types", default="Conv,ConvTranspose,Gemm,MatMul")
+    a.add_argument("--op-types", default="all",
+                   help="op types whose nodes the search may give another precision, comma "
+                   "separated, or 'all' (default): every op that quantizes a tensor of its own "
+                   "(element-wise ops, Softmax, Concat... as well as Conv/Gemm/MatMul)")
     a.add_argument("--strategy", default="bisection", choices=["bisection", "guided", "greedy", "pareto"])
     a.add_argument("--time-budget", type=float, help="seconds; the best plan so far is returned")
     a.add_argument("--report-dir", help="write report.md, report.json and PNG plots here")
@@ -555,12 +649,14 @@ def _stdout_closed() -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (2 for mixq errors, with the message; 0 when
     the reader of stdout closed the pipe, e.g. `mixq inspect m.onnx | head -1`)."""
+    from .. import _progress
     from .._progress import set_quiet
 
     parser = build_parser()
     _add_quiet(parser, top=True)
     args = parser.parse_args(argv)
-    set_quiet(args.quiet)
+    was_quiet = _progress._quiet
+    set_quiet(args.quiet)  # for this run only: main() called in-process must not leak it
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, where a closed pipe can still be handled
@@ -570,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
     except MixqError as exc:
         print(f"mixq: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        set_quiet(was_quiet)
 
 
 if __name__ == "__main__":

@@ -18,29 +18,67 @@ _FILES = ("report.md", "report.json", "sensitivity.png", "front.png")
 AutoResult = Any
 
 
-def _fmt(v: float | None) -> str:
-    return "not measured (time budget)" if v is None else f"{v:.6g}"
+def _fmt(v: float | None, why: str = "not measured (the search stopped early)") -> str:
+    return why if v is None else f"{v:.6g}"
+
+
+def bought_table(r: "AutoResult") -> list[str]:
+    """The chosen plan next to the uniform baselines and the float model: weight size and metric."""
+    mb = 1e6
+    why = "not measured (the search stopped early)"
+    wide = getattr(r, "wide_label", "") or "wide"
+    narrow = getattr(r, "narrow_label", "") or "narrow"
+    rows = [f"| model | weight MB | {r.metric_name} |", "|---|---|---|",
+            f"| **auto (chosen)** | **{r.size_bytes / mb:.4f}** | **{r.metric:.6g}** |",
+            f"| uniform {narrow} (all narrow) | {r.narrow_size_bytes / mb:.4f} | {_fmt(r.narrow_metric, why)} |",
+            f"| uniform {wide} (all wide) | {r.wide_size_bytes / mb:.4f} | {_fmt(r.wide_metric, why)} |"]
+    fs = getattr(r, "float_size_bytes", 0.0)
+    if fs:
+        rows.append(f"| float | {fs / mb:.4f} | {_fmt(r.float_metric, 'not measured')} |")
+    return rows
+
+
+def _narrowed(r: "AutoResult") -> int:
+    """Layers at a precision narrower than the base (not float, not the base)."""
+    base = r.sensitivity.candidates[0] if r.sensitivity.candidates else None
+    return sum(1 for c in r.assignment.values() if c not in ("float", base))
 
 
 def to_markdown(r: "AutoResult", images: list[str] | None = None) -> str:
     mb = 1e6
+    message = getattr(r, "message", "")
     lines = [
         "# mixq auto mixed precision", "",
+        f"**{message}**" if message else "",
+        "",
         f"- target: {r.objective}" + (" (met)" if r.target_met else " (NOT met: best plan found returned)"),
         f"- {r.metric_name} on held-out data: {r.metric:.6g}"
         + (f" (float {r.float_metric:.6g})" if r.float_metric is not None else ""),
         f"- weight size: {r.size_bytes / mb:.3f} MB (all wide {r.wide_size_bytes / mb:.3f} MB, "
         f"all narrow {r.narrow_size_bytes / mb:.3f} MB)",
-        "- uniform baselines: all wide " + _fmt(r.wide_metric) + ", all narrow " + _fmt(r.narrow_metric),
-        f"- layers narrowed: {len(r.assignment)} of {len(r.sensitivity.layers)} (path point "
-        f"{r.chosen_k} of {len(r.path_labels)})",
-        f"- full-model evaluations: {r.full_evaluations}; wall time {r.wall_seconds:.2f} s ("
-        + ", ".join(f"{k} {v:.2f} s" for k, v in r.timings.items()) + ")",
+        f"- layers narrowed below the base: {_narrowed(r)} of {len(r.sensitivity.layers)} "
+        f"(path point {r.chosen_k} of {len(r.path_labels)})",
     ]
+    if getattr(r, "widened_layers", None):
+        still = [layer for layer, c in r.assignment.items() if c == "float"]
+        lines.append(f"- the all-wide plan missed the target: the search started from all "
+                     f"{len(r.widened_layers)} candidate layers float; {len(still)} stay float ("
+                     + ", ".join(still[:8]) + (", ..." if len(still) > 8 else "") + ")")
+    extra = getattr(r, "baseline_evaluations", 0)
+    lines.append(f"- full-model evaluations: {r.full_evaluations} by the search"
+                 + (f" (+{extra} for the baselines below)" if extra else "")
+                 + f"; wall time {r.wall_seconds:.2f} s ("
+                 + ", ".join(f"{k} {v:.2f} s" for k, v in r.timings.items()) + ")")
     if r.timed_out:
         lines.append("- the time budget ran out: this is the best plan found before it did")
     if r.held_out_note:
         lines.append(f"- held-out data: {r.held_out_note}")
+    check = getattr(r, "check_metric", None)
+    if check is not None:
+        met = getattr(r, "check_met", None)
+        lines.append(f"- {r.metric_name} on the check data (never searched on): {check:.6g}"
+                     + ("" if met is None else " (meets the target)" if met else " (does NOT meet the target)"))
+    lines += ["", "## What it bought", "", *bought_table(r)]
     lines += ["", "## Per-layer sensitivity (relative L2 of the layer output) and chosen precision", "",
               "| layer | " + " | ".join(r.sensitivity.candidates) + " | chosen |",
               "|---|" + "---|" * (len(r.sensitivity.candidates) + 1)]
@@ -52,6 +90,10 @@ def to_markdown(r: "AutoResult", images: list[str] | None = None) -> str:
               "|---|---|---|---|---|"]
     on_front = {e.k for e in r.front}
     for e in r.evaluations:
+        if getattr(e, "label", ""):  # a point of another path (e.g. the all-wide one that missed)
+            lines.append(f"| {e.label} | {e.metric:.6g} | {'yes' if e.ok else 'no'} | "
+                         f"{e.size_bytes / mb:.3f} | {e.seconds:.2f} |")
+            continue
         mark = " (front)" if e.k in on_front else ""
         chosen = " **chosen**" if e.k == r.chosen_k else ""
         lines.append(f"| {e.k}{mark}{chosen} | {e.metric:.6g} | {'yes' if e.ok else 'no'} | "
@@ -70,14 +112,15 @@ def _plots(r: "AutoResult", out: Path) -> list[str]:
     except ImportError:  # plots are an optional extra: pip install mixq[report]
         return []
     names = []
-    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(r.sensitivity.layers)), 4))
+    # wide enough to tell layers apart, bounded for models with thousands of candidate ops
+    fig, ax = plt.subplots(figsize=(min(max(6.0, 0.35 * len(r.sensitivity.layers)), 24.0), 4))
     for c in r.sensitivity.candidates:
         ys = [r.sensitivity.err.get(layer, {}).get(c, float("nan")) for layer in r.sensitivity.layers]
         ax.plot(range(len(ys)), ys, marker="o", label=c)
     ax.set_yscale("log")
     ax.set_xlabel("layer (topological order)")
     ax.set_ylabel("relative L2 of the layer output")
-    ax.set_title("per-layer sensitivity")
+    ax.set_title("per-layer sensitivity: relative L2 of the layer output")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "sensitivity.png", dpi=110)
@@ -89,9 +132,14 @@ def _plots(r: "AutoResult", out: Path) -> list[str]:
     fr = sorted(r.front, key=lambda e: e.size_bytes)
     ax.plot([e.size_bytes / 1e6 for e in fr], [e.metric for e in fr], "b-o", label="front")
     ax.scatter([r.size_bytes / 1e6], [r.metric], s=120, facecolors="none", edgecolors="r", label="chosen")
+    for name, size, value in (("all narrow", r.narrow_size_bytes, r.narrow_metric),
+                              ("all wide", r.wide_size_bytes, r.wide_metric)):
+        if value is not None:
+            ax.scatter([size / 1e6], [value], marker="s", c="k")
+            ax.annotate(name, (size / 1e6, value), textcoords="offset points", xytext=(4, 4))
     ax.set_xlabel("weight MB")
     ax.set_ylabel(r.metric_name)
-    ax.set_title("accuracy vs size")
+    ax.set_title(f"{r.metric_name} vs weight size")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "front.png", dpi=110)
@@ -127,6 +175,10 @@ def write_report(r: "AutoResult", out: Path, *, models: Iterable[Any] = (),
         "evaluations": [e.__dict__ for e in r.evaluations], "front": [e.k for e in r.front],
         "full_evaluations": r.full_evaluations, "wall_seconds": r.wall_seconds,
         "timed_out": r.timed_out, "sensitivity": r.sensitivity.to_dict(), "timings": r.timings,
+        "message": getattr(r, "message", ""), "widened_layers": getattr(r, "widened_layers", []),
+        "float_size_bytes": getattr(r, "float_size_bytes", None),
+        "baseline_evaluations": getattr(r, "baseline_evaluations", 0),
+        "check_metric": getattr(r, "check_metric", None), "check_met": getattr(r, "check_met", None),
     }
     write_output(js, json.dumps(data, indent=1).encode(), models=models, inputs=inputs, kind="report")
     return [md, js, *(out / i for i in images)]

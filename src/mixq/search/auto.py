@@ -1,6 +1,11 @@
 """Automatic mixed precision: quantize wide, measure each layer's sensitivity to each narrower
 candidate, then narrow layers in ascending sensitivity as far as the target allows.
 
+Honest by construction: the all-wide plan is evaluated first; when it misses the target the
+search starts from every candidate layer float instead, and when that misses too it stops (two
+evaluations) with the better plan and a message saying the target cannot be met. A result with
+`target_met=False` always carries that `message`.
+
 Targets: relative L2 of one output (`l2_target`), a top-1 drop (labels or a user
 EvaluateFunction), a weight-size budget (`max_size_mb`, `max_avg_bits`) and a time budget.
 Decisions are made on data held out from calibration; the final model's metric on that data is
@@ -14,7 +19,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +33,18 @@ from ..errors import ConfigError, DataError
 from ..formats import get_format
 from ..pipeline import Pipeline
 from ..plan.plan import PrecisionPlan
-from .objectives import L2Objective, Objective, Top1Objective
-from .sensitivity import Candidate, SensitivityTable, candidate_layers, measure_sensitivity
+from .objectives import (AgreementObjective, DropObjective, L2Objective, Objective, SQNRObjective,
+                         Top1Objective, make_objective)
+from .sensitivity import (ALL_OPS, FLOAT, Candidate, SensitivityTable, candidate_layers,
+                          measure_sensitivity)
 from .strategies import (STRATEGIES, Evaluation, Evaluator, MetricModel, OutOfTime, bisection, front,
                          greedy, guided, pareto)
 from .workbench import Feeds, Workbench, feeds_digest
 
+#: the documented AutoMixprecision TargetOpType default (mixq.compat passes it)
 DEFAULT_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+#: AutoConfig's default: every op that quantizes a tensor of its own is a candidate
+ALL_OP_TYPES = frozenset({ALL_OPS})
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,9 @@ class AutoConfig:
 
     base: the wide config every layer starts in (e.g. A16W8).
     candidates: narrower precisions a candidate layer may take (e.g. int8/int8, bfp16).
-    op_types: op types whose nodes are candidate layers.
+    op_types: op types whose nodes are candidate layers; "all" (the default): every op that
+      quantizes a tensor of its own (element-wise ops, Softmax inputs, Concat, Gather tables as
+      well as Conv/Gemm/MatMul).
     l2_target / top1_drop / max_size_mb / max_avg_bits: targets (at least one).
     output_index: the model output the L2 target and top-1 metrics read.
     strategy: 'bisection' (default), 'guided' (predict the break from the sensitivities, verify
@@ -54,11 +66,19 @@ class AutoConfig:
       larger than the greedy walk's).
     time_budget_s: stop searching after this many seconds and return the best plan so far.
     cache_dir: where sensitivities and evaluations are cached (None: no cache).
+    max_sensitivity_rows: held-out rows the per-layer sensitivities are measured on (whole
+      feeds: a feed is never cut or joined).
+    metric / target: the metric (see `mixq.search.objectives.METRICS`: l2, sqnr, cosine,
+      agreement, top1, function) and its target in the metric's units (the largest allowed
+      value for l2, the smallest for sqnr, the largest allowed drop from the float model for
+      the others); instead of l2_target / top1_drop.
+    widen: when the all-wide plan misses the accuracy target, leave the most sensitive layers
+      float and try that once before giving up (False: give up at once).
     """
 
     base: QuantConfig
     candidates: tuple[Candidate, ...]
-    op_types: frozenset[str] = DEFAULT_OP_TYPES
+    op_types: frozenset[str] = ALL_OP_TYPES
     l2_target: float | None = None
     top1_drop: float | None = None
     max_size_mb: float | None = None
@@ -69,6 +89,9 @@ class AutoConfig:
     time_budget_s: float | None = None
     cache_dir: str | None = None
     max_sensitivity_rows: int = 16
+    metric: str | None = None
+    target: float | None = None
+    widen: bool = True
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -79,9 +102,26 @@ class AutoConfig:
 
             raise ConfigError(f"strategy={self.strategy!r}: choose one of {', '.join(STRATEGIES)}."
                               + did_you_mean(self.strategy, STRATEGIES))
-        if all(t is None for t in (self.l2_target, self.top1_drop, self.max_size_mb, self.max_avg_bits)):
-            raise ConfigError("auto mixed precision needs a target: l2_target, top1_drop, "
-                              "max_size_mb or max_avg_bits.")
+        if self.metric is not None:
+            from .objectives import METRICS
+
+            if self.metric not in METRICS:
+                from ..errors import did_you_mean
+
+                raise ConfigError(f"metric={self.metric!r}: choose one of {', '.join(METRICS)}."
+                                  + did_you_mean(self.metric, METRICS))
+            if self.l2_target is not None or self.top1_drop is not None:
+                raise ConfigError("give either metric and target, or l2_target / top1_drop, "
+                                  "not both.")
+        elif self.target is not None:
+            raise ConfigError(f"target={self.target} needs a metric to apply to, e.g. "
+                              "metric='l2' (or use l2_target / top1_drop).")
+        if all(t is None for t in (self.l2_target, self.top1_drop, self.target, self.max_size_mb,
+                                   self.max_avg_bits)):
+            raise ConfigError("auto mixed precision needs a target: metric and target, "
+                              "l2_target, top1_drop, max_size_mb or max_avg_bits.")
+        if self.target is not None and not np.isfinite(self.target):
+            raise ConfigError(f"target={self.target} must be a finite number.")
         for name in ("max_size_mb", "max_avg_bits", "time_budget_s"):
             v = getattr(self, name)
             if v is not None and not v > 0:
@@ -90,6 +130,15 @@ class AutoConfig:
             raise ConfigError(f"size_tol={self.size_tol} must be in [0, 1), e.g. 0.02.")
         object.__setattr__(self, "op_types", frozenset(self.op_types))
         object.__setattr__(self, "candidates", tuple(self.candidates))
+        if self.base.activation is not None and self.base.weight is not None:
+            base = Candidate(get_format(self.base.activation).name, get_format(self.base.weight).name)
+            for c in self.candidates:
+                if c.is_float or _narrowness(c) >= _narrowness(base):
+                    # such a candidate could never be chosen: the path only narrows
+                    raise ConfigError(
+                        f"candidate {c.label} is not narrower than the base {base.label}: give the "
+                        "widest precision first (the base) and narrower ones after it; float is "
+                        "tried on its own when the base misses the target.")
 
 
 @dataclass
@@ -122,17 +171,26 @@ class AutoResult:
     output_path: Path | None = None
     report_paths: list[Path] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    message: str = ""  # whether the target was met, and if not why and what to try
+    widened_layers: list[str] = field(default_factory=list)  # left float after the all-wide miss
+    float_size_bytes: float = 0.0  # the float model's weight bytes
+    baseline_evaluations: int = 0  # full-model runs spent on the report's baselines only
+    wide_label: str = ""
+    narrow_label: str = ""
+    check_metric: float | None = None  # the chosen model on check_data (never searched on)
+    check_met: bool | None = None
 
 
 def _materialize_feeds(data: Any, model: onnx.ModelProto) -> Feeds:
     from ..calibration.data import as_feeds
 
-    return list(as_feeds(data, model))
+    return list(as_feeds(_sample_keyed_npz(data, model), model))
 
 
-def split_held_out(feeds: Feeds) -> tuple[Feeds, Feeds, str]:
+def split_held_out(feeds: Feeds, model: onnx.ModelProto | None = None) -> tuple[Feeds, Feeds, str]:
     """Calibration / held-out split of one data set: the last quarter of the batches (or of the
-    rows when there is a single batch) is held out."""
+    rows when there is a single batch, which a model with a static batch dim cannot take) is
+    held out."""
     if len(feeds) >= 2:
         k = max(1, len(feeds) // 4)
         return feeds[:-k], feeds[-k:], f"held out the last {k} of {len(feeds)} calibration batches"
@@ -143,6 +201,15 @@ def split_held_out(feeds: Feeds) -> tuple[Feeds, Feeds, str]:
     if n < 2:
         raise DataError("auto mixed precision needs at least two samples: one to calibrate and "
                         "one held out to check decisions on; pass more data or eval_data.")
+    if model is not None:
+        from ..calibration.data import input_specs_from_model
+
+        fixed = [s.name for s in input_specs_from_model(model)
+                 if s.shape and isinstance(s.shape[0], int) and s.shape[0] > 0]
+        if fixed:
+            raise DataError(f"auto mixed precision got a single batch, and input {fixed[0]!r} has "
+                            "a fixed batch size, so it cannot be split into calibration and "
+                            "held-out rows: pass several batches, or eval_data (--eval).")
     k = max(1, n // 4)
     return ([{a: v[:-k] for a, v in f.items()}], [{a: v[-k:] for a, v in f.items()}],
             f"held out the last {k} of {n} calibration rows")
@@ -243,46 +310,88 @@ def _key(*parts: Any) -> str:
 
 def _assignment_config(base: QuantConfig, assignment: dict[str, Candidate]) -> QuantConfig:
     by: dict[Candidate, list[str]] = {}
+    left_float: list[str] = []
     for node, c in assignment.items():
-        by.setdefault(c, []).append(node)
+        if c.is_float:
+            left_float.append(node)
+        else:
+            by.setdefault(c, []).append(node)
     rules = tuple(LayerRule(nodes=tuple(sorted(nodes)), activation=c.activation, weight=c.weight)
                   for c, nodes in sorted(by.items(), key=lambda kv: kv[0].label))
-    return base.with_options(layer_rules=tuple(base.layer_rules) + rules, name=f"{base.name}+auto")
+    opts: dict[str, Any] = {"layer_rules": tuple(base.layer_rules) + rules, "name": f"{base.name}+auto"}
+    if left_float:
+        opts["exclude_nodes"] = frozenset(base.exclude_nodes) | frozenset(left_float)
+    return base.with_options(**opts)
 
 
 def _narrowness(c: Candidate) -> float:
+    if c.is_float:
+        return 64.0
     return get_format(c.activation).avg_bits + get_format(c.weight).avg_bits
 
 
+def _err(table: SensitivityTable, layer: str, c: Candidate) -> float:
+    """A layer's measured error at precision `c` (a layer left float adds none)."""
+    return 0.0 if c.is_float else table.err[layer][c.label]
+
+
 def build_path(layers: list[str], base: Candidate, candidates: list[Candidate],
-               table: SensitivityTable) -> list[tuple[str, Candidate]]:
-    """Moves (layer, candidate) in ascending estimated error; each narrows a layer further."""
+               table: SensitivityTable, start: dict[str, Candidate] | None = None,
+               weightless: frozenset[str] = frozenset()) -> list[tuple[str, Candidate]]:
+    """Moves (layer, candidate) in ascending estimated error; each narrows a layer further.
+    `start`: layers that begin wider than `base` (left float by the widening); they may move to
+    `base` and then to the candidates. `weightless`: layers without a weight, for which only
+    the activation format counts (a move that changes only the weight format changes nothing)."""
+    start = start or {}
+    current = {layer: start.get(layer, base) for layer in layers}
+    options = [base] + [c for c in candidates if c != base]
+
+    def width(layer: str, c: Candidate) -> float:
+        if layer in weightless and not c.is_float:
+            return get_format(c.activation).avg_bits
+        return _narrowness(c)
+
     moves = []
     for layer in layers:
-        row = table.err.get(layer)
-        if row is None:
+        if layer not in table.err:
             continue
-        for c in candidates:
-            if _narrowness(c) < _narrowness(base):
-                moves.append((row[c.label], -_narrowness(c), layer, c))
+        for c in options:
+            if width(layer, c) < width(layer, current[layer]):
+                moves.append((_err(table, layer, c), -_narrowness(c), layer, c))
     moves.sort(key=lambda m: (m[0], m[1], m[2]))
-    current = {layer: base for layer in layers}
     path = []
     for _, _, layer, c in moves:
-        if _narrowness(c) < _narrowness(current[layer]):
+        if width(layer, c) < width(layer, current[layer]):
             current[layer] = c
             path.append((layer, c))
     return path
 
 
+def weightless_layers(model: onnx.ModelProto, layers: list[str]) -> frozenset[str]:
+    """The candidate layers that read no weight (initializer) in their weight input."""
+    from ..plan.ops import semantics
+
+    inits = {t.name for t in model.graph.initializer}
+    out = set()
+    for n in model.graph.node:
+        if n.name in layers:
+            sem = semantics(n)
+            w = None if sem is None else sem.weight
+            if w is None or w >= len(n.input) or n.input[w] not in inits:
+                out.add(n.name)
+    return frozenset(out)
+
+
 def path_noise(layers: list[str], base: Candidate, path: list[tuple[str, Candidate]],
-               table: SensitivityTable) -> list[float]:
+               table: SensitivityTable, start: dict[str, Candidate] | None = None) -> list[float]:
     """s[k]: the estimated error power of P[k], the sum over layers of err^2 at the layer's
     current precision (the base's own error included; a re-narrowed layer counts once)."""
-    current = {layer: table.err[layer][base.label] for layer in layers if layer in table.err}
+    start = start or {}
+    current = {layer: _err(table, layer, start.get(layer, base)) for layer in layers
+               if layer in table.err}
     s = [float(sum(v * v for v in current.values()))]
     for layer, c in path:
-        e = table.err[layer][c.label]
+        e = _err(table, layer, c)
         s.append(s[-1] + e * e - current[layer] ** 2)
         current[layer] = e
     return s
@@ -290,16 +399,31 @@ def path_noise(layers: list[str], base: Candidate, path: list[tuple[str, Candida
 
 def metric_model(objective: Objective, n_samples: int | None, classes: int | None) -> MetricModel | None:
     """How the objective's metric degrades with output noise (see `MetricModel`), None without an
-    accuracy target. A top-1 in [0, 1] is a fraction of flipped samples ('flip': its step is one
-    sample when labels tell how many were evaluated; it saturates at chance, 1/classes, when the
-    output's width tells the classes); other units are unknown ('linear')."""
+    accuracy target. A top-1 in [0, 1] (or a top-1 agreement) is a fraction of flipped samples
+    ('flip': its step is one sample when the number evaluated is known; it saturates at chance,
+    1/classes, when the output's width tells the classes); SQNR is a relative L2 in dB ('power');
+    1 - cosine grows with the noise power ('linear'); other units are unknown ('linear')."""
+    chance = 1.0 / classes if classes and classes >= 2 else 0.0
     if isinstance(objective, L2Objective) and objective.target is not None:
         return MetricModel(degradation=lambda v: v, limit=objective.target, link="power")
+    if isinstance(objective, SQNRObjective) and objective.min_db is not None:
+        return MetricModel(degradation=lambda v: 10.0 ** (-v / 20.0),
+                           limit=10.0 ** (-objective.min_db / 20.0), link="power")
+    if isinstance(objective, AgreementObjective) and objective.max_drop is not None:
+        return MetricModel(degradation=lambda v: 1.0 - v, limit=objective.max_drop, link="flip",
+                           resolution=1.0 / n_samples if n_samples else None,
+                           saturation=1.0 - chance if chance < 1.0 else 1.0)
+    if isinstance(objective, DropObjective) and objective.max_drop is not None:
+        ref_d = objective.float_value
+        return MetricModel(degradation=lambda v: max(ref_d - v, 0.0), limit=objective.max_drop,
+                           link="linear")
     if isinstance(objective, Top1Objective) and objective.max_drop is not None \
             and objective.float_value is not None:
         ref = float(objective.float_value)
+        if objective.evaluate_function is not None and not objective.higher_is_better:
+            return MetricModel(degradation=lambda v: max(v - ref, 0.0), limit=objective.max_drop,
+                               link="linear")
         fraction = 0.0 <= ref <= 1.0
-        chance = 1.0 / classes if classes and classes >= 2 else 0.0
         return MetricModel(degradation=lambda v: ref - v, limit=objective.max_drop,
                            link="flip" if fraction else "linear",
                            resolution=1.0 / n_samples if fraction and n_samples else None,
@@ -307,13 +431,213 @@ def metric_model(objective: Objective, n_samples: int | None, classes: int | Non
     return None
 
 
+@dataclass
+class _Path:
+    """One nested path of plans (P[0] = `start`, each next point one layer narrower) and the
+    evaluations spent on it."""
+
+    start: dict[str, Candidate]
+    moves: list[tuple[str, Candidate]]
+    assignments: list[dict[str, Candidate]]
+    configs: list[QuantConfig]
+    ev: Evaluator
+    plans: dict[int, PrecisionPlan] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.moves)
+
+
+class _Search:
+    """The shared state of one search: the workbench, the objective, the sensitivity table and
+    the evaluation cache; builds paths and runs the strategies on them."""
+
+    def __init__(self, wb: Workbench, auto: AutoConfig, objective: Objective, accuracy_target: bool,
+                 layers: list[str], cands: list[Candidate], table: SensitivityTable,
+                 ev_cache: dict[str, float], deadline: float | None,
+                 progress: Callable[[str, int, int], None] | None, rows: int | None,
+                 calib: Feeds) -> None:
+        self.wb, self.auto, self.objective, self.calib = wb, auto, objective, calib
+        self.accuracy_target = accuracy_target
+        self.layers, self.cands, self.table = layers, cands, table
+        self.ev_cache, self.deadline, self.progress, self.rows = ev_cache, deadline, progress, rows
+        self.paths: list[_Path] = []
+        self.weightless = weightless_layers(wb.model, layers)
+
+    @property
+    def count(self) -> int:
+        """Full-model evaluations spent so far, on every path."""
+        return sum(p.ev.count for p in self.paths)
+
+    def make_path(self, start: dict[str, Candidate]) -> _Path:
+        """The path from `start` (layers that begin float). A path from float layers ends where
+        the last of them is back at the base: every later point is at least as narrow as the
+        all-wide plan everywhere, so it is no better than that plan (which it starts from only
+        when that plan missed the target)."""
+        moves = build_path(self.layers, self.cands[0], self.cands[1:], self.table, start,
+                           self.weightless)
+        if start:
+            floats = set(start)
+            for i, (layer, _) in enumerate(moves):
+                floats.discard(layer)
+                if not floats:
+                    moves = moves[:i + 1]
+                    break
+        assignments: list[dict[str, Candidate]] = [dict(start)]
+        for layer, c in moves:
+            a = dict(assignments[-1])
+            a[layer] = c
+            assignments.append(a)
+        configs = [_assignment_config(self.auto.base, a) for a in assignments]
+        path = _Path(start, moves, assignments, configs, Evaluator(lambda k: (0.0, False, 0.0), None))
+        path.ev = Evaluator(lambda k: self._run_point(path, k), self.deadline)
+        self.paths.append(path)
+        return path
+
+    def plan(self, p: _Path, k: int) -> PrecisionPlan:
+        if k not in p.plans:
+            p.plans[k] = self.wb.plan(p.configs[k])
+            # a mixed plan may calibrate a tensor no uniform plan does (a Conv output whose Relu
+            # was left float): collect what is missing, once (nothing when nothing is)
+            self.wb.pipeline.calibrate(p.plans[k], self.calib)
+        return p.plans[k]
+
+    def size(self, p: _Path, k: int) -> float:
+        return self.wb.size_bytes(self.plan(p, k))
+
+    def size_ok(self, p: _Path, k: int) -> bool:
+        auto = self.auto
+        if auto.max_size_mb is not None and self.size(p, k) > auto.max_size_mb * 1e6:
+            return False
+        if auto.max_avg_bits is not None and self.wb.avg_weight_bits(self.plan(p, k)) > auto.max_avg_bits:
+            return False
+        return True
+
+    def metric(self, p: _Path, k: int) -> float:
+        """The objective's value of P[k] (the evaluation cache first)."""
+        pk = _key(self.plan(p, k).to_json())
+        if pk not in self.ev_cache:
+            m, _ = self.wb.materialize(p.configs[k], self.plan(p, k))
+            self.ev_cache[pk] = self.objective.evaluate(self.wb, m)
+        return float(self.ev_cache[pk])
+
+    def meets(self, metric: float) -> bool:
+        return self.objective.meets(metric) if self.accuracy_target else True
+
+    def _run_point(self, p: _Path, k: int) -> tuple[float, bool, float]:
+        metric = self.metric(p, k)
+        if self.progress:
+            self.progress("evaluate", self.count + 1, self.count + 1 + max(p.n - p.ev.count, 0))
+        return metric, self.meets(metric) and self.size_ok(p, k), self.size(p, k)
+
+    def run_strategy(self, p: _Path) -> int:
+        """The strategy's chosen point on `p` (P[0] is known to meet an accuracy target)."""
+        auto, n, ev = self.auto, p.n, p.ev
+        has_budget = auto.max_size_mb is not None or auto.max_avg_bits is not None
+        if not self.accuracy_target:
+            chosen = next((k for k in range(n + 1) if self.size_ok(p, k)), n)
+            ev(chosen)
+            return chosen
+        if auto.strategy == "greedy":
+            return greedy(n, ev)
+        if auto.strategy == "bisection":
+            # on the widened path the all-narrow end is narrower everywhere than the all-wide
+            # plan that missed: not worth an evaluation
+            return bisection(n, ev)
+        if auto.strategy == "guided":
+            # labels score the rows of the held-out outputs: one flipped row moves top-1 by
+            # 1/rows; a row's width is the number of classes
+            outs = self.wb.float_outputs
+            classes = int(np.prod(outs[0].shape[1:])) if outs and outs[0].ndim >= 2 else None
+            noise = path_noise(self.layers, self.cands[0], p.moves, self.table, p.start)
+            return guided(n, ev, noise, [self.size(p, k) for k in range(n + 1)],
+                          metric_model(self.objective, self.rows, classes), size_tol=auto.size_tol)
+        return pareto(n, ev, size_ok=(lambda k: self.size_ok(p, k)) if has_budget else None,
+                      accuracy_target=True)
+
+
+def _objective_of(auto: AutoConfig, labels: np.ndarray | None,
+                  evaluate_function: Callable[[str], Any] | None) -> tuple[Objective, bool]:
+    """The objective the search aims at and whether it has an accuracy target."""
+    uses_labels = auto.metric == "top1" or (auto.metric is None and auto.l2_target is None)
+    if labels is not None and not uses_labels:
+        raise ConfigError(f"labels were given, but the {auto.metric or 'l2'} metric does not "
+                          "read them: use the top1 metric (top1_drop, --metric top1) or drop "
+                          "the labels.")
+    if auto.metric is not None:
+        return make_objective(auto.metric, auto.target, labels=labels,
+                              evaluate_function=evaluate_function), auto.target is not None
+    if auto.l2_target is not None:
+        if evaluate_function is not None:
+            raise ConfigError("an EvaluateFunction was given with an L2 target, which does not "
+                              "call it: give a top-1 target (top1_drop) or metric='function'.")
+        return L2Objective(auto.l2_target), True
+    if auto.top1_drop is not None or labels is not None or evaluate_function is not None:
+        return (Top1Objective(auto.top1_drop, labels=labels, evaluate_function=evaluate_function),
+                auto.top1_drop is not None)
+    return L2Objective(None), False  # size budget alone: report L2, the budget decides
+
+
+def _sample_keyed_npz(data: Any, model: onnx.ModelProto) -> Any:
+    """An .npz whose keys are samples, `SAMPLE/INPUT` (e.g. `00000/image`), as a list of feed
+    dicts, one per sample, in key order (an array one dimension short of its input's rank gets
+    the batch axis; samples are never joined: the first dim of an input is not always a batch).
+    Anything else is returned as it is (the calibration data loader reads it)."""
+    if not isinstance(data, (str, os.PathLike)) or Path(data).suffix.lower() != ".npz" \
+            or not Path(data).is_file():
+        return data
+    import zipfile
+
+    try:
+        with np.load(data, allow_pickle=False) as z:
+            keys = list(z.files)
+            if not any("/" in k for k in keys):
+                return data
+            bad = [k for k in keys if k.count("/") != 1 or not all(k.split("/"))]
+            if bad:
+                raise DataError(f"{data}: key {bad[0]!r} is neither an input name nor SAMPLE/INPUT "
+                                "(e.g. 00000/image); name every array one way or the other.")
+            samples: dict[str, dict[str, np.ndarray]] = {}
+            for k in sorted(keys):
+                sample, name = k.split("/")
+                samples.setdefault(sample, {})[name] = np.asarray(z[k])
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"cannot read {data}: {exc}; is it a complete .npz written by "
+                        "numpy.savez?") from exc
+    from ..calibration.data import input_specs_from_model
+
+    specs = {s.name: s for s in input_specs_from_model(model)}
+    feeds: list[dict[str, np.ndarray]] = []
+    for sample, arrays in samples.items():
+        feed = {}
+        for name, a in arrays.items():
+            spec = specs.get(name)
+            if spec is not None and spec.shape is not None and a.ndim == len(spec.shape) - 1:
+                a = a[None]  # one sample without its batch axis
+            feed[name] = a
+        feeds.append(feed)
+    return feeds
+
+
 def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data: Any = None, *,
                   labels: np.ndarray | None = None,
                   evaluate_function: Callable[[str], Any] | None = None,
                   output_path: str | os.PathLike | None = None,
                   report_dir: str | os.PathLike | None = None,
-                  progress: Callable[[str, int, int], None] | None = None) -> AutoResult:
-    """Run the search and return (and optionally write) the chosen model with its record."""
+                  progress: Callable[[str, int, int], None] | None = None,
+                  check_data: Any = None) -> AutoResult:
+    """Run the search and return (and optionally write) the chosen model with its record.
+
+    check_data: data the search never looks at; the chosen model's metric on it is reported
+    (`check_metric`, `check_met`), for the metrics that compare with the float model (l2, sqnr,
+    cosine, agreement: labels and user functions carry their own data).
+
+    The all-wide plan is evaluated first. When it misses an accuracy target, every candidate
+    layer is left float and that plan is evaluated: when it meets the target the search runs on
+    the path from it (the least sensitive layers narrowed first, so the most sensitive stay
+    float); when it misses too, the search stops there (two full-model evaluations) and returns
+    the better of the two with `target_met=False` and a `message` saying so. The model is
+    written to `output_path` whether or not the target was met."""
     t_start = time.perf_counter()
     deadline = time.monotonic() + auto.time_budget_s if auto.time_budget_s else None
     timings: dict[str, float] = {}
@@ -325,7 +649,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     calib = _materialize_feeds(calibration_data, prepared)
     note = ""
     if eval_data is None:
-        calib, held, note = split_held_out(calib)
+        calib, held, note = split_held_out(calib, prepared)
     else:
         held = _materialize_feeds(eval_data, prepared)
     base = auto.base
@@ -334,6 +658,8 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     # statistics for every tensor any candidate may quantize: one pass, cached
     needed: set[str] = set()
     for c in cands:
+        if c.is_float:
+            continue
         cfg = base.with_options(activation=c.activation, weight=c.weight)
         needed |= set(pipe.plan(cfg).calibrated_tensors(lambda f: get_format(f).needs_qparams))
     stats_key = _key("stats", model_digest, sorted(needed), feeds_digest(calib))
@@ -352,15 +678,17 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     t = time.perf_counter()
     pipe.stats.update(stats)
     wb = Workbench(pipe, held, output_index=auto.output_index)
-    objective: Objective | None
-    if auto.l2_target is not None:
-        objective = L2Objective(auto.l2_target)
-    elif auto.top1_drop is not None or labels is not None or evaluate_function is not None:
-        objective = Top1Objective(auto.top1_drop, labels=labels, evaluate_function=evaluate_function)
+    objective, accuracy_target = _objective_of(auto, labels, evaluate_function)
+    if isinstance(objective, Top1Objective):
         objective.bind_float(wb)
-    else:
-        objective = L2Objective(None)  # size budget alone: report L2, the budget decides
-    accuracy_target = auto.l2_target is not None or auto.top1_drop is not None
+    check_wb = None
+    if check_data is not None:
+        if isinstance(objective, Top1Objective):
+            raise ConfigError("check data works with the metrics that compare with the float "
+                              "model (l2, sqnr, cosine, agreement); top-1 labels and a user "
+                              "function measure their own data: drop the check data.")
+        check_wb = Workbench(pipe, _materialize_feeds(check_data, prepared),
+                             output_index=auto.output_index)
 
     layers = candidate_layers(wb, base, auto.op_types)
     if not layers:
@@ -378,121 +706,108 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         cache.put(sens_key, table.to_dict())
     timings["sensitivity"] = time.perf_counter() - t
 
-    path = build_path(layers, cands[0], cands[1:], table)
-    n = len(path)
-    assignments: list[dict[str, Candidate]] = [{}]
-    for layer, c in path:
-        a = dict(assignments[-1])
-        a[layer] = c
-        assignments.append(a)
-    configs = [_assignment_config(base, a) for a in assignments]
-    plans: dict[int, PrecisionPlan] = {}
-
-    def plan_of(k: int) -> PrecisionPlan:
-        if k not in plans:
-            plans[k] = wb.plan(configs[k])
-        return plans[k]
-
-    def size_of(k: int) -> float:
-        return wb.size_bytes(plan_of(k))
-
-    def size_ok(k: int) -> bool:
-        if auto.max_size_mb is not None and size_of(k) > auto.max_size_mb * 1e6:
-            return False
-        if auto.max_avg_bits is not None and wb.avg_weight_bits(plan_of(k)) > auto.max_avg_bits:
-            return False
-        return True
-
     cacheable = evaluate_function is None
-    ev_key_base = _key("eval", sens_key, objective.name, None if labels is None else
+    ev_key_base = _key("eval", sens_key, objective.describe(), None if labels is None else
                        hashlib.sha256(np.ascontiguousarray(labels).tobytes()).hexdigest())
     ev_cache = (cache.get(ev_key_base) or {}) if cacheable else {}
-
-    def run_point(k: int) -> tuple[float, bool, float]:
-        pk = _key(plan_of(k).to_json())
-        if pk in ev_cache:
-            metric = float(ev_cache[pk])
-        else:
-            m, _ = wb.materialize(configs[k], plan_of(k))
-            metric = objective.evaluate(wb, m)
-            ev_cache[pk] = metric
-        if progress:
-            progress("evaluate", len(ev.done) + 1, n + 1)
-        ok = (objective.meets(metric) if accuracy_target else True) and size_ok(k)
-        return metric, ok, size_of(k)
-
-    ev = Evaluator(run_point, deadline)
+    rows = (sum(o.shape[0] for o in wb.float_outputs if o.ndim)
+            if evaluate_function is None and (labels is not None or auto.metric == "agreement")
+            else None)
+    search = _Search(wb, auto, objective, accuracy_target, layers, cands, table, ev_cache,
+                     deadline, progress, rows, calib)
+    wide = search.make_path({})
+    chosen_path, chosen = wide, 0
+    widened: list[str] = []
+    unreachable = False
     t = time.perf_counter()
     timed_out = False
     try:
-        if auto.strategy == "greedy":
-            if accuracy_target:
-                chosen = greedy(n, ev)
-            else:
-                chosen = next((k for k in range(n + 1) if size_ok(k)), n)
-                ev(chosen)
-        elif auto.strategy in ("bisection", "guided"):
-            if not accuracy_target:
-                chosen = next((k for k in range(n + 1) if size_ok(k)), n)
-                ev(chosen)
-            elif auto.strategy == "bisection":
-                chosen = bisection(n, ev)
-            else:
-                # labels score the rows of the held-out outputs: one flipped row moves top-1 by
-                # 1/rows; a row's width is the number of classes
-                outs = wb.float_outputs
-                rows = (sum(o.shape[0] for o in outs)
-                        if labels is not None and evaluate_function is None else None)
-                classes = int(np.prod(outs[0].shape[1:])) if outs and outs[0].ndim >= 2 else None
-                chosen = guided(n, ev, path_noise(layers, cands[0], path, table),
-                                [size_of(k) for k in range(n + 1)],
-                                metric_model(objective, rows, classes), size_tol=auto.size_tol)
+        # the accuracy alone decides whether to widen (a size budget is met by narrowing)
+        if not accuracy_target or search.meets(wide.ev(0).metric):
+            chosen = search.run_strategy(wide)
         else:
-            chosen = pareto(n, ev, size_ok=size_ok if (auto.max_size_mb or auto.max_avg_bits) else None,
-                            accuracy_target=accuracy_target)
+            if auto.widen:
+                # the widest plan the search space has: every candidate layer float. Its path
+                # first narrows the least sensitive layers back to the base, so the point the
+                # strategy picks leaves float exactly the most sensitive ones it must
+                widened = [layer for layer in layers if layer in table.err]
+                wider = search.make_path({layer: FLOAT for layer in widened})
+                if all(not c.is_float for c in wider.assignments[-1].values()):
+                    wider.ev.seed(wider.n, wide.ev(0))  # the same formats as the all-wide plan
+                if search.meets(wider.ev(0).metric):
+                    chosen_path = wider
+                    chosen = search.run_strategy(wider)
+            if chosen_path is wide:  # even the widest plan misses: stop here
+                unreachable = True
+                tried = [(p, 0) for p in search.paths if 0 in p.ev.done]
+                better = objective.better
+                chosen_path, chosen = tried[0]
+                for p, k in tried[1:]:
+                    if better(p.ev.done[k].metric, chosen_path.ev.done[chosen].metric):
+                        chosen_path, chosen = p, k
     except OutOfTime:
         timed_out = True
-        chosen = ev.best_ok()
+        chosen = chosen_path.ev.best_ok()
+    n = chosen_path.n
     # a size budget the accuracy search overshot: move along the path until it fits
-    if accuracy_target and (auto.max_size_mb or auto.max_avg_bits) and not size_ok(chosen):
-        chosen = next((k for k in range(chosen, n + 1) if size_ok(k)), n)
+    if accuracy_target and not unreachable and not search.size_ok(chosen_path, chosen):
+        chosen = next((k for k in range(chosen, n + 1) if search.size_ok(chosen_path, k)), n)
     timings["search"] = time.perf_counter() - t
-    if cacheable:
-        cache.put(ev_key_base, ev_cache)
+    full_evaluations = search.count
 
-    # the final model on the held-out data, plus the uniform baselines for the record
-    final_model, final_plan = wb.materialize(configs[chosen], plan_of(chosen))
-    final = ev.done.get(chosen) or Evaluation(chosen, objective.evaluate(wb, final_model), True,
-                                              size_of(chosen), 0.0)
-    # the uniform baselines for the record (not counted as search evaluations; cached)
+    # the final model on the held-out data
+    final_model, final_plan = wb.materialize(chosen_path.configs[chosen], search.plan(chosen_path, chosen))
+    final = chosen_path.ev.done.get(chosen)
+    final_metric = final.metric if final is not None else search.metric(chosen_path, chosen)
+    # the uniform baselines for the record (not search evaluations: counted apart; cached), none
+    # when the search stopped early (out of time, or an unreachable target: stop at once)
     baselines: dict[int, float | None] = {}
-    for k in (0, n):
-        if k in ev.done:
-            baselines[k] = ev.done[k].metric
-        elif timed_out:  # out of time: no extra evaluations, the report says so
+    baseline_evals = 0
+    for k in (0, wide.n):
+        if k in wide.ev.done:
+            baselines[k] = wide.ev.done[k].metric
+        elif timed_out or unreachable:
             baselines[k] = None
         else:
-            pk = _key(plan_of(k).to_json())
-            if pk not in ev_cache:
-                ev_cache[pk] = objective.evaluate(wb, wb.materialize(configs[k], plan_of(k))[0])
-            baselines[k] = float(ev_cache[pk])
+            pk = _key(search.plan(wide, k).to_json())
+            baseline_evals += pk not in ev_cache
+            baselines[k] = search.metric(wide, k)
     if cacheable:
         cache.put(ev_key_base, ev_cache)
-    met = (objective.meets(final.metric) if accuracy_target else True) and size_ok(chosen)
+    met = search.meets(final_metric) and search.size_ok(chosen_path, chosen)
+    # every point measured once: a seeded point (a plan measured on the other path) is listed there
+    evaluations = sorted((e for k, e in chosen_path.ev.done.items() if k not in chosen_path.ev.seeded),
+                         key=lambda e: e.k)
+    for p in search.paths:
+        if p is not chosen_path:
+            what = "all wide" if p is wide else "every candidate layer float"
+            evaluations += [replace(e, k=-1, label=f"{what}, point {e.k}")
+                            for k, e in p.ev.done.items() if k not in p.ev.seeded]
+    front_pts = front([e for e in evaluations if e.k >= 0], objective.higher_is_better)
+    size_chosen = search.size(chosen_path, chosen)
     result = AutoResult(
-        model=final_model, plan=final_plan, config=configs[chosen],
-        assignment={layer: c.label for layer, c in assignments[chosen].items()},
-        sensitivity=table, path_labels=[(layer, c.label) for layer, c in path], chosen_k=chosen,
-        evaluations=sorted(ev.done.values(), key=lambda e: e.k),
-        front=front(list(ev.done.values()), objective.higher_is_better),
-        objective=objective.describe(), metric_name=objective.name, metric=final.metric,
-        float_metric=getattr(objective, "float_value", None), target_met=met,
-        size_bytes=size_of(chosen), wide_size_bytes=size_of(0), narrow_size_bytes=size_of(n),
-        wide_metric=baselines[0], narrow_metric=baselines[n],
-        full_evaluations=ev.count, wall_seconds=0.0, timed_out=timed_out, held_out_note=note,
-        timings=timings)
+        model=final_model, plan=final_plan, config=chosen_path.configs[chosen],
+        assignment={layer: c.label for layer, c in chosen_path.assignments[chosen].items()},
+        sensitivity=table, path_labels=[(layer, c.label) for layer, c in chosen_path.moves],
+        chosen_k=chosen, evaluations=evaluations, front=front_pts,
+        objective=objective.describe(), metric_name=objective.name, metric=final_metric,
+        float_metric=_float_metric(objective), target_met=met,
+        size_bytes=size_chosen, wide_size_bytes=search.size(wide, 0),
+        narrow_size_bytes=search.size(wide, wide.n),
+        wide_metric=baselines[0], narrow_metric=baselines[wide.n],
+        full_evaluations=full_evaluations, wall_seconds=0.0, timed_out=timed_out,
+        held_out_note=note, timings=timings, widened_layers=widened,
+        float_size_bytes=float(sum(pipe.weight_elems.values()) * 4.0),
+        baseline_evaluations=baseline_evals,
+        wide_label=cands[0].label, narrow_label=_narrowest_label(cands))
+    if check_wb is not None:
+        result.check_metric = objective.evaluate(check_wb, final_model)
+        result.check_met = objective.meets(result.check_metric) if accuracy_target else None
+    first = {id(p): p.ev.done[0].metric for p in search.paths if 0 in p.ev.done}
+    result.message = _message(result, auto, unreachable, first.get(id(wide)),
+                              next((v for i, v in first.items() if i != id(wide)), None))
     in_model = None if isinstance(model, onnx.ModelProto) else model
-    in_data = [d for d in (calibration_data, eval_data) if isinstance(d, (str, os.PathLike))]
+    in_data = [d for d in (calibration_data, eval_data, check_data) if isinstance(d, (str, os.PathLike))]
     if output_path is not None:
         result.output_path = save_model(final_model, output_path, protect=in_model, inputs=in_data)
     result.wall_seconds = time.perf_counter() - t_start
@@ -500,7 +815,75 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         from ..report.auto_report import write_report
 
         result.report_paths = write_report(result, Path(report_dir), models=[in_model], inputs=in_data)
+    if not result.target_met or result.check_met is False:  # never silent, whoever called
+        import warnings
+
+        warnings.warn(result.message, TargetNotMetWarning, stacklevel=2)
     return result
+
+
+class TargetNotMetWarning(UserWarning):
+    """auto_quantize returned a model that does not meet its target (see AutoResult.message)."""
+
+
+def _float_metric(objective: Objective) -> float | None:
+    """The float model's value of the metric (None where it is not measured)."""
+    if isinstance(objective, L2Objective):
+        return 0.0
+    if isinstance(objective, SQNRObjective):
+        return float("inf")
+    return getattr(objective, "float_value", None)
+
+
+def _narrowest_label(cands: list[Candidate]) -> str:
+    """The label of the all-narrow end: each layer at its narrowest candidate."""
+    return min(cands, key=_narrowness).label
+
+
+def _message(r: AutoResult, auto: AutoConfig, unreachable: bool,
+             wide_metric: float | None, wider_metric: float | None) -> str:
+    """One plain sentence or two on whether the target was met, and if not, why and what next.
+    wide_metric / wider_metric: the all-wide plan's and the widened plan's measured values."""
+    got = f"{r.metric_name} {r.metric:.6g} on the held-out data, {r.size_bytes / 1e6:.4g} MB of weights"
+    evals = f"{r.full_evaluations} full-model evaluation{'s' if r.full_evaluations != 1 else ''}"
+    if unreachable:
+        text = f"target NOT met, and it cannot be met with these candidates: {r.objective}."
+        if wide_metric is not None:
+            text += f" The all-wide plan ({r.wide_label} everywhere) gives {wide_metric:.6g}"
+            if wider_metric is not None:
+                text += (f"; even with all {len(r.widened_layers)} candidate layers left float "
+                         f"it gives {wider_metric:.6g}")
+            text += "."
+        return (text + f" Stopped after {evals}; returned the best plan found ({got}). Loosen "
+                "the target, widen the base (the first --candidates entry) or add op types "
+                "(--op-types) so that more tensors can be made wider.")
+    if r.timed_out:
+        return (f"the time budget ran out after {evals}; returned the best plan found ({got}), "
+                + ("which meets the target." if r.target_met else
+                   f"which does NOT meet the target {r.objective}."))
+    if not r.target_met:
+        budget = []
+        if auto.max_size_mb is not None:
+            budget.append(f"{auto.max_size_mb} MB")
+        if auto.max_avg_bits is not None:
+            budget.append(f"{auto.max_avg_bits} average weight bits")
+        return (f"target NOT met: {r.objective}" + (f" within {' and '.join(budget)}" if budget else "")
+                + f"; the narrowest plan the candidates allow is {r.narrow_size_bytes / 1e6:.4g} MB. "
+                f"Returned the best plan found ({got}) after {evals}. Allow a larger size or add "
+                "narrower candidates (int4 weights, a block format).")
+    msg = f"target met: {r.objective}: {got}, after {evals}."
+    if r.check_met is False:
+        msg = (f"target met on the search data but NOT on the check data: {r.objective}: {got}, "
+               f"and {r.check_metric:.6g} on the check data, after {evals}. The held-out data "
+               "the search decides on is too small or unlike the check data: give more of it "
+               "(--eval), or a margin in the target.")
+    elif r.check_met:
+        msg += f" On the check data (never searched on): {r.check_metric:.6g}, also met."
+    if r.widened_layers:
+        still = sum(1 for c in r.assignment.values() if c == "float")
+        msg += (f" The all-wide plan missed it ({wide_metric:.6g}), so the search started from "
+                f"every candidate layer float: the {still} most sensitive stay float.")
+    return msg
 
 
 def parse_candidates(text: str) -> list[Candidate]:

@@ -1,5 +1,19 @@
-"""What a search aims at: an accuracy target (relative L2 of one output, top-1 from labels or a
-user EvaluateFunction) and/or a size budget."""
+"""What a search aims at: an accuracy target and/or a size budget.
+
+Metrics (`METRICS`; `make_objective` builds one from its name and target):
+  l2: relative L2 of one output to the float model; the target is the largest allowed value;
+  sqnr: signal-to-quantization-noise ratio of that output in dB; the target is the smallest
+    allowed value;
+  cosine: mean cosine similarity of each output row with the float one (float: 1); the target
+    is the largest allowed drop;
+  agreement: the fraction of rows whose top-1 class matches the float model's (float: 1); the
+    target is the largest allowed drop;
+  top1: top-1 accuracy from labels of the held-out data; the target is the largest allowed drop
+    from the float model's accuracy;
+  function: a user EvaluateFunction(model_path) -> number (higher is better unless the function
+    has `higher_is_better = False`); the target is the largest allowed drop from the float
+    model's value, in the function's own units.
+"""
 from __future__ import annotations
 
 import os
@@ -88,6 +102,11 @@ class Top1Objective(Objective):
             raise ConfigError("EvaluateFunction must be callable: f(model_path) -> top-1 accuracy.")
         if self.max_drop is not None and not (np.isfinite(self.max_drop) and self.max_drop >= 0):
             raise ConfigError(f"Top1AccTarget={self.max_drop} must be a number >= 0.")
+        if self.evaluate_function is not None:
+            # a user metric: its own name and direction (e.g. a CER, lower is better)
+            fn_name = str(getattr(self.evaluate_function, "__name__", ""))
+            self.name = fn_name if fn_name.isidentifier() else "evaluate function"  # not <lambda>
+            self.higher_is_better = bool(getattr(self.evaluate_function, "higher_is_better", True))
 
     def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
         if self.evaluate_function is not None:
@@ -108,11 +127,133 @@ class Top1Objective(Objective):
         """Measure the float model once: the reference of the allowed drop."""
         self.float_value = self.evaluate(wb, wb.model)
 
+    def drop(self, value: float) -> float:
+        """How much worse than the float model `value` is (in the metric's units)."""
+        assert self.float_value is not None, "bind_float first"
+        return self.float_value - value if self.higher_is_better else value - self.float_value
+
     def meets(self, value: float) -> bool:
         if self.max_drop is None:
             return True
-        return (self.float_value - value) <= self.max_drop + 1e-12
+        return self.drop(value) <= self.max_drop + 1e-12
 
     def describe(self) -> str:
-        ref = f" (float {self.float_value:.4f})" if self.float_value is not None else ""
-        return f"top-1 drop <= {self.max_drop}{ref}" if self.max_drop is not None else "top-1 (no target)"
+        ref = f" (float {self.float_value:.6g})" if self.float_value is not None else ""
+        return (f"{self.name} drop <= {self.max_drop}{ref}" if self.max_drop is not None
+                else f"{self.name} (no target)")
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """An output as rows (one per sample along the first axis) of float64 values."""
+    a = np.asarray(a, dtype=np.float64)
+    return a.reshape(1, -1) if a.ndim == 0 else a.reshape(a.shape[0], -1)
+
+
+@dataclass
+class DropObjective(Objective):
+    """A metric comparing output `output_index` with the float model's, equal to `float_value`
+    for the float model itself, higher is better; the target is the largest allowed drop."""
+
+    max_drop: float | None = None
+    float_value: float = 1.0
+    higher_is_better: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_drop is not None and not (np.isfinite(self.max_drop) and self.max_drop >= 0):
+            raise ConfigError(f"the {self.name} target {self.max_drop} must be an allowed drop >= 0, "
+                              "e.g. 0.01.")
+
+    def meets(self, value: float) -> bool:
+        return self.max_drop is None or self.float_value - value <= self.max_drop + 1e-12
+
+    def describe(self) -> str:
+        return (f"{self.name} drop <= {self.max_drop} (float {self.float_value:.6g})"
+                if self.max_drop is not None else f"{self.name} (no target)")
+
+
+@dataclass
+class AgreementObjective(DropObjective):
+    """Top-1 agreement: the fraction of output rows whose argmax matches the float model's."""
+
+    name: str = "top-1 agreement"
+
+    def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
+        return wb.top1_agreement(wb.outputs(model))
+
+
+@dataclass
+class CosineObjective(DropObjective):
+    """The mean over output rows of the cosine similarity with the float output row (two zero
+    rows agree: 1)."""
+
+    name: str = "cosine"
+
+    def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
+        sims = []
+        for q, f in zip(wb.outputs(model), wb.float_outputs):
+            q2, f2 = _rows(q), _rows(f)
+            nq, nf = np.linalg.norm(q2, axis=1), np.linalg.norm(f2, axis=1)
+            dot = np.sum(q2 * f2, axis=1)
+            both_zero = (nq == 0) & (nf == 0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                cos = np.where(both_zero, 1.0, dot / np.maximum(nq * nf, np.finfo(np.float64).tiny))
+            sims.append(cos)
+        return float(np.mean(np.concatenate(sims))) if sims else 1.0
+
+
+@dataclass
+class SQNRObjective(Objective):
+    """Signal-to-quantization-noise ratio of output `output_index` in dB over the held-out data:
+    -20 log10(relative L2) (inf for the float model); the target is the smallest allowed value."""
+
+    min_db: float | None = None
+    name: str = "SQNR dB"
+    higher_is_better: bool = True
+
+    def __post_init__(self) -> None:
+        if self.min_db is not None and not np.isfinite(self.min_db):
+            raise ConfigError(f"the SQNR target {self.min_db} must be a finite number of dB, e.g. 30.")
+
+    def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
+        rel = wb.relative_l2(wb.outputs(model))
+        return float("inf") if rel == 0 else float(-20.0 * np.log10(rel))
+
+    def meets(self, value: float) -> bool:
+        return self.min_db is None or value >= self.min_db
+
+    def describe(self) -> str:
+        return f"SQNR >= {self.min_db} dB" if self.min_db is not None else "SQNR dB (no target)"
+
+
+#: the metrics a search can aim at (see the module docstring)
+METRICS = ("l2", "sqnr", "cosine", "agreement", "top1", "function")
+
+
+def make_objective(metric: str, target: float | None, *, labels: np.ndarray | None = None,
+                   evaluate_function: Callable[[str], Any] | None = None) -> Objective:
+    """The objective of `metric` (one of METRICS) with its `target` (None: report it only).
+    A Top1Objective still needs `bind_float` before its first `meets`."""
+    if metric not in METRICS:
+        from ..errors import did_you_mean
+
+        raise ConfigError(f"metric={metric!r}: choose one of {', '.join(METRICS)} (or "
+                          "module:function on the command line)." + did_you_mean(metric, METRICS))
+    if evaluate_function is not None and metric not in ("top1", "function"):
+        raise ConfigError(f"an EvaluateFunction was given with metric={metric!r}, which does not "
+                          "call it: use metric='function' (or drop the function).")
+    if metric == "function" and evaluate_function is None:
+        raise ConfigError("metric='function' needs an EvaluateFunction(model_path) -> number "
+                          "(--metric module:function on the command line).")
+    if metric == "l2":
+        return L2Objective(target)
+    if metric == "sqnr":
+        return SQNRObjective(target)
+    if metric == "cosine":
+        return CosineObjective(target)
+    if metric == "agreement":
+        return AgreementObjective(target)
+    if metric == "top1" and labels is None and evaluate_function is None:
+        raise ConfigError("metric top1 needs labels of the held-out data (--labels LABELS.npy); "
+                          "or use --metric agreement (top-1 agreement with the float model, "
+                          "no labels needed).")
+    return Top1Objective(target, labels=labels, evaluate_function=evaluate_function)

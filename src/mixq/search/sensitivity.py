@@ -21,7 +21,8 @@ from .workbench import Workbench, relative_l2
 
 @dataclass(frozen=True)
 class Candidate:
-    """A precision a layer can take: activation and weight formats."""
+    """A precision a layer can take: activation and weight formats ('float' for both: the layer
+    is left float, see `FLOAT`)."""
 
     activation: str
     weight: str
@@ -30,11 +31,18 @@ class Candidate:
     def label(self) -> str:
         return self.activation if self.activation == self.weight else f"{self.activation}/{self.weight}"
 
+    @property
+    def is_float(self) -> bool:
+        """Whether the layer is left float (excluded from quantization)."""
+        return self.activation == FLOAT_NAME
+
     @classmethod
     def parse(cls, text: str) -> "Candidate":
-        """'int8' (both) or 'int16/int8' (activation/weight)."""
+        """'int8' (both), 'int16/int8' (activation/weight) or 'float' (the layer left float)."""
         from ..formats import get_format
 
+        if str(text).strip().lower() == FLOAT_NAME:
+            return FLOAT
         parts = [p.strip() for p in str(text).split("/")]
         if len(parts) == 1:
             parts = parts * 2
@@ -43,6 +51,12 @@ class Candidate:
 
             raise ConfigError(f"candidate {text!r}: write FORMAT or ACTIVATION/WEIGHT, e.g. int8 or int16/int8.")
         return cls(get_format(parts[0]).name, get_format(parts[1]).name)
+
+
+FLOAT_NAME = "float"
+#: the widest precision: the layer excluded from quantization (its weights and its own
+#: activation inputs stay float)
+FLOAT = Candidate(FLOAT_NAME, FLOAT_NAME)
 
 
 @dataclass
@@ -61,19 +75,36 @@ class SensitivityTable:
         return cls(list(d["layers"]), list(d["candidates"]), {k: dict(v) for k, v in d["err"].items()})
 
 
+#: `op_types` entry meaning every op that quantizes something of its own (not a pass-through op,
+#: which only carries its input's parameters): element-wise ops, Softmax inputs, Concat, Gather
+#: tables...
+ALL_OPS = "all"
+
+
 def candidate_layers(wb: Workbench, config: QuantConfig, op_types: frozenset[str]) -> list[str]:
-    """Nodes of `op_types` that the wide config quantizes, in topological order."""
+    """Nodes of `op_types` (or every op with semantics of its own, `ALL_OPS`) that the wide
+    config quantizes, in topological order."""
     plan = wb.plan(config)
+    every = ALL_OPS in op_types
+    inits = {t.name for t in wb.model.graph.initializer}
     out = []
     for n in wb.model.graph.node:
-        if n.op_type in op_types and n.name not in plan.float_nodes and semantics(n) is not None:
-            if any(i in plan.tensors for i in n.input):
+        sem = semantics(n)
+        if sem is None or n.name in plan.float_nodes:
+            continue
+        # a Gather reading a table (an embedding) quantizes that table: a candidate of its own
+        table = n.op_type == "Gather" and bool(n.input) and n.input[0] in inits
+        if n.op_type in op_types or (every and (not sem.passthrough or table)):
+            if any(i in plan.tensors and plan.tensors[i].format is not None for i in n.input):
                 out.append(n.name)
     return out
 
 
-def _capture(wb: Workbench, nodes: list[onnx.NodeProto], max_rows: int) -> dict[str, np.ndarray]:
-    """Float values of the candidate layers' activation inputs and outputs on a few samples."""
+def _capture(wb: Workbench, nodes: list[onnx.NodeProto], max_rows: int) -> list[dict[str, np.ndarray]]:
+    """Float values of the candidate layers' activation inputs and outputs on a few samples, one
+    dict per held-out feed (at least `max_rows` rows when there are that many). The feeds are
+    kept apart, never joined: a model with a fixed batch size (or any batch rule) takes each
+    intermediate tensor only in the batch its own feed had."""
     from ..evaluate import make_session
 
     inits = {t.name for t in wb.model.graph.initializer}
@@ -92,19 +123,17 @@ def _capture(wb: Workbench, nodes: list[onnx.NodeProto], max_rows: int) -> dict[
     sess = make_session(m, optimize=False)
     out_names = [o.name for o in sess.get_outputs()]
     want = [n for n in names if n in out_names]
-    cache: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    chunks: list[dict[str, np.ndarray]] = []
     rows = 0
     for feed in wb.eval_feeds:
-        vals = sess.run(want, feed)
-        for nm, v in zip(want, vals):
-            cache[nm].append(v)
-        for nm in names:
-            if nm in feed:
-                cache[nm].append(feed[nm])
-        rows += next(iter(feed.values())).shape[0]
+        chunk = dict(zip(want, sess.run(want, feed)))
+        chunk.update({nm: feed[nm] for nm in names if nm in feed})
+        chunks.append(chunk)
+        first = next(iter(feed.values()))
+        rows += first.shape[0] if first.ndim else 1
         if rows >= max_rows:
             break
-    return {n: np.concatenate(v) for n, v in cache.items() if v}
+    return chunks
 
 
 def _single_node_model(wb: Workbench, node: onnx.NodeProto) -> onnx.ModelProto:
@@ -122,15 +151,18 @@ def _single_node_model(wb: Workbench, node: onnx.NodeProto) -> onnx.ModelProto:
 
 
 def _layer_error(wb: Workbench, tiny: onnx.ModelProto, config: QuantConfig,
-                 cached: dict[str, np.ndarray], ref: np.ndarray) -> float:
+                 chunks: list[dict[str, np.ndarray]], out_name: str) -> float:
+    """Relative L2 of the layer output with the layer quantized by `config`, run feed by feed
+    (the batches the model itself was fed)."""
     from ..evaluate import make_session
 
     qmodel, _ = Pipeline.of_prepared(tiny, wb.pipeline.stats).materialize(config)
     # QDQ semantics: with full optimizations a non-VNNI CPU's saturating u8s8 kernels made int8
     # weights measure worse than int4 ones (which no integer kernel takes)
     sess = make_session(qmodel, optimize="basic")
-    feed = {i.name: cached[i.name] for i in sess.get_inputs()}
-    return relative_l2([(sess.run(None, feed)[0], ref)])
+    names = [i.name for i in sess.get_inputs()]
+    return relative_l2([(sess.run(None, {nm: c[nm] for nm in names})[0], c[out_name])
+                        for c in chunks])
 
 
 def measure_sensitivity(wb: Workbench, base: QuantConfig, layers: list[str],
@@ -139,20 +171,33 @@ def measure_sensitivity(wb: Workbench, base: QuantConfig, layers: list[str],
     """err(layer, candidate) for every candidate layer and format (the base config included)."""
     nodes = {n.name: n for n in wb.model.graph.node}
     chosen = [nodes[n] for n in layers]
-    cached = _capture(wb, chosen, max_rows)
+    chunks = _capture(wb, chosen, max_rows)
+    have = set(chunks[0]) if chunks else set()
+    inits = {t.name for t in wb.model.graph.initializer}
     labels = [c.label for c in candidates]
     table = SensitivityTable(layers=list(layers), candidates=labels)
     for i, node in enumerate(chosen):
-        if node.output[0] not in cached or any(x not in cached for x in node.input
-                                               if x and x not in {t.name for t in wb.model.graph.initializer}):
+        if node.output[0] not in have or any(x not in have for x in node.input
+                                             if x and x not in inits):
             continue
         tiny = _single_node_model(wb, node)
-        ref = cached[node.output[0]]
-        row = {}
+        sem = semantics(node)
+        w = None if sem is None else sem.weight
+        # a layer without a weight: only the activation format matters, measured once each
+        weightless = w is None or w >= len(node.input) or node.input[w] not in inits
+        row: dict[str, float] = {}
+        by_activation: dict[str, float] = {}
         for c in candidates:
+            if c.is_float:  # a layer left float adds no error of its own
+                row[c.label] = 0.0
+                continue
+            if weightless and c.activation in by_activation:
+                row[c.label] = by_activation[c.activation]
+                continue
             cfg = base.with_options(activation=c.activation, weight=c.weight, layer_rules=(),
                                     tensor_formats=())
-            row[c.label] = _layer_error(wb, tiny, cfg, cached, ref)
+            row[c.label] = _layer_error(wb, tiny, cfg, chunks, node.output[0])
+            by_activation.setdefault(c.activation, row[c.label])
         table.err[node.name] = row
         if progress is not None:
             progress(i)

@@ -1,0 +1,332 @@
+"""`mixq auto` reaches its target or says plainly that it cannot (issue 17): the all-wide plan
+first, widening to float for the most sensitive layers, at most two evaluations for an
+unreachable target with a non-zero exit and the best model still written; any batch rule the
+model has; metrics on the command line; SAMPLE/INPUT .npz files."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mixq.cli.main import AUTO_TARGET_MISSED, main
+from mixq.evaluate import make_session
+from mixq.search import AutoConfig, Candidate, auto_quantize, base_from_candidate
+from mixq.search.auto import TargetNotMetWarning
+from mixq.search.workbench import relative_l2
+from tests.conftest import feeds, small_cnn
+
+
+def _rel_l2(model_path, float_model, feed_list):
+    q, f = make_session(str(model_path)), make_session(float_model)
+    return relative_l2([(q.run(None, fd)[0], f.run(None, fd)[0]) for fd in feed_list])
+
+
+def _files(tmp_path, model, n_calib=32, n_eval=32, shape=(3, 16, 16)):
+    onnx.save(model, tmp_path / "m.onnx")
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((n_calib, *shape)).astype(np.float32))
+    np.savez(tmp_path / "eval.npz", x=rng.standard_normal((n_eval, *shape)).astype(np.float32))
+    return [str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--calib", str(tmp_path / "calib.npz"),
+            "--eval", str(tmp_path / "eval.npz"), "--no-cache"]
+
+
+def test_unreachable_target_stops_in_two_evaluations_with_a_message_and_exit_code(tmp_path, capsys):
+    args = _files(tmp_path, small_cnn())
+    rc = main(["auto", *args, "--metric", "l2", "--target", "1e-7", "--report-dir", str(tmp_path / "r")])
+    captured = capsys.readouterr()
+    assert rc == AUTO_TARGET_MISSED != 0
+    assert "cannot be met" in captured.err and "left float" in captured.err
+    assert "full-model evaluations: 2 by the search" in captured.out
+    # the best model found is still written, and it runs
+    out = onnx.load(tmp_path / "o.onnx")
+    onnx.checker.check_model(out, full_check=True)
+    x = np.load(tmp_path / "eval.npz")["x"][:1]
+    assert np.all(np.isfinite(make_session(out).run(None, {"x": x})[0]))
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "NOT met" in report and "What it bought" in report
+
+
+def test_unreachable_target_through_the_api_returns_the_better_of_the_two(tmp_path):
+    model, calib, ev = small_cnn(), feeds(32, 8), feeds(32, 16, seed=9)
+    auto = AutoConfig(base=base_from_candidate(Candidate("int8", "int8")),
+                      candidates=(Candidate("int8", "int4"),), l2_target=1e-7)
+    with pytest.warns(TargetNotMetWarning, match="cannot be met"):  # never silent
+        res = auto_quantize(model, auto, calib, ev, output_path=tmp_path / "best.onnx")
+    assert not res.target_met and res.full_evaluations == 2
+    assert "cannot be met" in res.message and "1e-07" in res.message
+    wide = next(e for e in res.evaluations if e.label.startswith("all wide"))
+    assert res.metric <= wide.metric  # the better one: every candidate layer float
+    assert set(res.assignment.values()) == {"float"}
+    assert abs(_rel_l2(tmp_path / "best.onnx", model, ev) - res.metric) < 1e-6
+
+
+def test_target_the_all_wide_plan_misses_is_met_by_widening(tmp_path):
+    model, calib, ev = small_cnn(), feeds(32, 8), feeds(32, 16, seed=9)
+    base = base_from_candidate(Candidate("int8", "int8"))
+    with pytest.warns(TargetNotMetWarning):
+        probe = auto_quantize(model, AutoConfig(base=base, candidates=(Candidate("int8", "int4"),),
+                                                l2_target=1e-7), calib, ev)
+    wide = next(e.metric for e in probe.evaluations if e.label.startswith("all wide"))
+    target = 0.5 * (wide + probe.metric)  # between all wide and all candidate layers float
+    res = auto_quantize(model, AutoConfig(base=base, candidates=(Candidate("int8", "int4"),),
+                                          l2_target=target), calib, ev,
+                        output_path=tmp_path / "w.onnx")
+    assert res.target_met and res.metric <= target and res.widened_layers
+    assert "float" in res.assignment.values() and "missed" in res.message
+    assert res.full_evaluations <= 2 + int(np.ceil(np.log2(len(res.path_labels) + 1)))
+    # measured again from the written file on the held-out data
+    assert _rel_l2(tmp_path / "w.onnx", model, ev) <= target
+
+
+def test_reachable_target_is_met_on_held_out_data(tmp_path, capsys):
+    model = small_cnn()
+    args = _files(tmp_path, model)
+    rc = main(["auto", *args, "--metric", "l2", "--target", "0.05",
+               "--candidates", "int16/int8,int8/int4"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "target met" in out
+    x = np.load(tmp_path / "eval.npz")["x"]
+    assert _rel_l2(tmp_path / "o.onnx", model, [{"x": x[i:i + 1]} for i in range(len(x))]) <= 0.05
+    # and on fresh data from the same distribution, with some room for the sample
+    fresh = np.random.default_rng(7).standard_normal((16, 3, 16, 16)).astype(np.float32)
+    assert _rel_l2(tmp_path / "o.onnx", model, [{"x": fresh}]) <= 0.075
+
+
+def test_check_data_the_search_never_saw(tmp_path, capsys):
+    model = small_cnn()
+    args = _files(tmp_path, model)
+    rng = np.random.default_rng(8)
+    np.savez(tmp_path / "same.npz", x=rng.standard_normal((16, 3, 16, 16)).astype(np.float32))
+    rc = main(["auto", *args, "--l2-target", "0.05", "--check", str(tmp_path / "same.npz")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "on the check data (never searched on)" in out and "also met" in out
+    # data far outside the calibrated range: met on the search data, missed on the check data
+    np.savez(tmp_path / "wild.npz", x=20 * rng.standard_normal((16, 3, 16, 16)).astype(np.float32))
+    rc = main(["auto", *args, "--l2-target", "0.05", "--check", str(tmp_path / "wild.npz")])
+    captured = capsys.readouterr()
+    assert rc == AUTO_TARGET_MISSED and "NOT on the check data" in captured.err
+    assert (tmp_path / "o.onnx").exists()
+
+
+def _fixed_batch_convnet() -> onnx.ModelProto:
+    """Conv-Relu-Conv-GlobalAveragePool-Flatten-Gemm with input [1, 3, 8, 8]: batch 1 only."""
+    rng = np.random.default_rng(3)
+    f = lambda *s: (rng.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+    inits = [numpy_helper.from_array(f(4, 3, 3, 3), "w1"), numpy_helper.from_array(f(4), "b1"),
+             numpy_helper.from_array(f(4, 4, 3, 3), "w2"), numpy_helper.from_array(f(4), "b2"),
+             numpy_helper.from_array(f(5, 4), "wf"), numpy_helper.from_array(f(5), "bf")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("GlobalAveragePool", ["c2"], ["gp"], name="gap"),
+             helper.make_node("Flatten", ["gp"], ["fl"], name="flat"),
+             helper.make_node("Gemm", ["fl", "wf", "bf"], ["y"], transB=1, name="fc")]
+    g = helper.make_graph(nodes, "fixed1", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_fixed_batch_one_model_runs_with_default_settings(tmp_path, capsys):
+    model = _fixed_batch_convnet()
+    args = _files(tmp_path, model, n_calib=16, n_eval=16, shape=(3, 8, 8))
+    rc = main(["auto", *args, "--l2-target", "0.05"])  # default candidates, strategy, rows
+    assert rc == 0, capsys.readouterr().err
+    # the API with feed dicts of batch 1 and no eval data (held out from the calibration feeds)
+    x = np.random.default_rng(5).standard_normal((12, 1, 3, 8, 8)).astype(np.float32)
+    res = auto_quantize(model, AutoConfig(base=base_from_candidate(Candidate("int16", "int8")),
+                                          candidates=(Candidate("int8", "int8"),), l2_target=0.05),
+                        [{"x": xi} for xi in x])
+    assert res.target_met and res.sensitivity.err  # the sensitivities were measured
+
+
+def test_metric_options_on_the_command_line(tmp_path, capsys):
+    model = small_cnn()
+    args = _files(tmp_path, model)
+    for metric, target in (("cosine", "0.01"), ("agreement", "0.2"), ("sqnr", "20")):
+        rc = main(["auto", *args, "--metric", metric, "--target", target])
+        out = capsys.readouterr().out
+        assert rc == 0, (metric, out)
+        assert {"cosine": "cosine drop <= 0.01", "agreement": "top-1 agreement drop <= 0.2",
+                "sqnr": "SQNR >= 20.0 dB"}[metric] in out
+    # the user's own function, imported from a file; lower is better when it says so
+    (tmp_path / "my_eval.py").write_text(
+        "import numpy as np, onnxruntime as ort\n"
+        f"X = np.load({str(tmp_path / 'eval.npz')!r})['x']\n"
+        f"F = ort.InferenceSession({str(tmp_path / 'm.onnx')!r}).run(None, {{'x': X}})[0]\n"
+        "CALLS = []\n"
+        "def err(path):\n"
+        "    CALLS.append(path)\n"
+        "    q = ort.InferenceSession(path).run(None, {'x': X})[0]\n"
+        "    return float(np.abs(q - F).max())\n"
+        "err.higher_is_better = False\n")
+    rc = main(["auto", *args, "--metric", f"{tmp_path / 'my_eval.py'}:err", "--target", "0.05"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "err drop <= 0.05" in out
+    q = make_session(str(tmp_path / "o.onnx")).run(None, {"x": np.load(tmp_path / "eval.npz")["x"]})[0]
+    f = make_session(model).run(None, {"x": np.load(tmp_path / "eval.npz")["x"]})[0]
+    assert float(np.abs(q - f).max()) <= 0.05
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--metric", "top1", "--target", "0.01"], "--labels"),
+    (["--metric", "cosin", "--target", "0.01"], "cosine"),
+    (["--metric", "nosuchmodule_xyz:f", "--target", "0.01"], "cannot import"),
+    (["--target", "0.01"], "--metric"),
+    (["--metric", "l2", "--target", "0.01", "--l2-target", "0.01"], "not both"),
+])
+def test_bad_metric_options_are_clear_errors(tmp_path, capsys, extra, message):
+    rc = main(["auto", *_files(tmp_path, small_cnn()), *extra])
+    assert rc == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_npz_keyed_by_sample_and_input(tmp_path, capsys):
+    model = _fixed_batch_convnet()
+    onnx.save(model, tmp_path / "m.onnx")
+    rng = np.random.default_rng(2)
+    np.savez(tmp_path / "s.npz", **{f"{i:05d}/x": rng.standard_normal((3, 8, 8)).astype(np.float32)
+                                    for i in range(12)})
+    rc = main(["auto", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--calib",
+               str(tmp_path / "s.npz"), "--l2-target", "0.05", "--no-cache"])
+    assert rc == 0, capsys.readouterr().err
+    np.savez(tmp_path / "bad.npz", **{"00000/x": np.zeros((3, 8, 8), np.float32),
+                                      "x": np.zeros((1, 3, 8, 8), np.float32)})
+    rc = main(["auto", str(tmp_path / "m.onnx"), str(tmp_path / "o2.onnx"), "--calib",
+               str(tmp_path / "bad.npz"), "--l2-target", "0.05", "--no-cache"])
+    assert rc == 2 and "SAMPLE/INPUT" in capsys.readouterr().err
+
+
+def test_report_plot_titles_match_their_axes(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    seen = []
+    orig = Axes.set_title
+
+    def record(self, label, *a, **k):
+        seen.append((label, self.get_xlabel(), self.get_ylabel()))
+        return orig(self, label, *a, **k)
+
+    monkeypatch.setattr(Axes, "set_title", record)
+    model, calib, ev = small_cnn(), feeds(32, 8), feeds(32, 16, seed=9)
+    auto = AutoConfig(base=base_from_candidate(Candidate("int16", "int8")),
+                      candidates=(Candidate("int8", "int4"),), l2_target=0.05)
+    auto_quantize(model, auto, calib, ev, report_dir=tmp_path / "r")
+    for title, _, ylabel in seen:
+        assert "accuracy" not in title
+        assert ylabel.split()[0] in title or ylabel in title, (title, ylabel)
+
+
+def _masked_softmax() -> onnx.ModelProto:
+    """MatMul -> Add of a -1e4 attention mask -> Softmax: the Softmax input cannot be quantized
+    (the mask sets its range), which a search over Conv/Gemm/MatMul alone cannot fix."""
+    rng = np.random.default_rng(4)
+    mask = np.zeros((1, 8), np.float32)
+    mask[0, 5:] = -10000.0
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"], name="scores"),
+             helper.make_node("Add", ["s", "mask"], ["sm"], name="mask_add"),
+             helper.make_node("Softmax", ["sm"], ["y"], axis=-1, name="softmax")]
+    g = helper.make_graph(nodes, "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+                          [numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.5).astype(np.float32), "w"),
+                           numpy_helper.from_array(mask, "mask")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_every_quantized_op_is_a_candidate_with_op_types_all():
+    model = _masked_softmax()
+    rng = np.random.default_rng(0)
+    calib = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
+    ev = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
+    base = base_from_candidate(Candidate("int16", "int8"))
+    kw = dict(base=base, candidates=(Candidate("int8", "int8"),), metric="cosine", target=0.001)
+    with pytest.warns(TargetNotMetWarning):
+        only_mm = auto_quantize(model, AutoConfig(op_types=frozenset({"MatMul"}), **kw), calib, ev)
+    assert not only_mm.target_met and only_mm.full_evaluations == 2
+    every = auto_quantize(model, AutoConfig(op_types=frozenset({"all"}), **kw), calib, ev)
+    assert {"scores", "mask_add", "softmax"} <= set(every.sensitivity.layers)
+    assert every.target_met and every.metric >= 1 - 0.001
+    assert every.assignment.get("softmax") == "float"  # the Softmax input stays float
+
+
+def test_a_candidate_wider_than_the_base_is_an_error_not_ignored(tmp_path, capsys):
+    from mixq.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not narrower than the base int8"):
+        AutoConfig(base=base_from_candidate(Candidate("int8", "int8")),
+                   candidates=(Candidate("int16", "int8"),), l2_target=0.1)
+    rc = main(["auto", *_files(tmp_path, small_cnn()), "--l2-target", "0.1",
+               "--candidates", "int8,int8/int4,bfp16"])
+    assert rc == 2 and "bfp16" in capsys.readouterr().err
+
+
+def test_sample_keyed_npz_never_joins_samples_along_a_static_first_dim(tmp_path, capsys):
+    # a second input [2, 1, 4] whose first dim is not a batch (like an LSTM state)
+    rng = np.random.default_rng(6)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("Add", ["h", "state"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "two_inputs",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+                           helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, 1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1, 4])],
+                          [numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "m.onnx")
+    arrays = {}
+    for i in range(12):
+        arrays[f"{i:05d}/x"] = rng.standard_normal(4).astype(np.float32)  # no batch axis
+        arrays[f"{i:05d}/state"] = rng.standard_normal((2, 1, 4)).astype(np.float32)
+    np.savez(tmp_path / "s.npz", **arrays)
+    rc = main(["auto", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--calib",
+               str(tmp_path / "s.npz"), "--l2-target", "0.1", "--no-cache"])
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_a_gather_table_is_a_candidate_that_shrinks_the_model():
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="emb"),
+             helper.make_node("MatMul", ["e", "w"], ["y"], name="mm")]
+    g = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 8])],
+                          [numpy_helper.from_array(rng.standard_normal((50, 8)).astype(np.float32), "table"),
+                           numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    ids = [{"ids": rng.integers(0, 50, (2, 4)).astype(np.int64)} for _ in range(8)]
+    auto = AutoConfig(base=base_from_candidate(Candidate("int16", "int8")),
+                      candidates=(Candidate("int8", "int8"),), l2_target=0.05,
+                      op_types=frozenset({"all"}))
+    res = auto_quantize(m, auto, ids[:6], ids[6:])
+    assert "emb" in res.sensitivity.layers and res.target_met
+    assert res.assignment.get("emb") == "int8"
+    assert res.size_bytes < res.wide_size_bytes  # the int16 table went to int8
+
+
+def test_metric_values_on_known_models():
+    from mixq.pipeline import Pipeline
+    from mixq.search.objectives import make_objective
+    from mixq.search.workbench import Workbench
+
+    model = small_cnn()
+    wb = Workbench(Pipeline.load(model), feeds(16, 8))
+    # the same model with negated logits: cosine -1, relative L2 2 (SQNR -6.02 dB)
+    neg = onnx.ModelProto()
+    neg.CopyFrom(wb.model)
+    for t in neg.graph.initializer:
+        if t.name in ("wf", "bf"):
+            t.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(t), t.name))
+    vals = {m: (make_objective(m, None).evaluate(wb, wb.model), make_objective(m, None).evaluate(wb, neg))
+            for m in ("l2", "sqnr", "cosine", "agreement")}
+    # (the float model itself differs from the reference by onnxruntime's rounding only)
+    assert vals["l2"] == (pytest.approx(0.0, abs=1e-6), pytest.approx(2.0))
+    assert vals["sqnr"][0] > 100 and vals["sqnr"][1] == pytest.approx(-20 * np.log10(2))
+    assert vals["cosine"] == (pytest.approx(1.0), pytest.approx(-1.0))
+    assert vals["agreement"][0] == 1.0 and vals["agreement"][1] < 0.5
+    assert make_objective("cosine", 0.01).meets(0.995) and not make_objective("cosine", 0.01).meets(0.98)
+    assert make_objective("sqnr", 30).meets(31) and not make_objective("sqnr", 30).meets(29)
