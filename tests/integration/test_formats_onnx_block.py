@@ -87,8 +87,8 @@ class TestEmission:
 
 @pytest.mark.parametrize("name", ALL)
 def test_aligned_variant(name):
-    """A shape whose axis length is a multiple of the block selects the one-Reshape variant; it
-    gives the same bits, for any run-time size of the other dims (zero included)."""
+    """A shape whose axis length is a multiple of the block (or shorter than one block) selects
+    the one-Reshape variant; it gives the same bits, for any run-time size of the other dims (zero included)."""
     import onnxruntime as ort
     from onnx import TensorProto
 
@@ -96,8 +96,12 @@ def test_aligned_variant(name):
 
     fmt = get_format(name)
     n = 3 * fmt.block_size
-    for k, (dims, axis) in enumerate([(["N", n, "H", "W"], 1), ([n, "M"], 0), (["N", n], -1),
-                                      (["A", 2, n], 2)]):
+    # a short axis (fewer elements than one block, whole sub-blocks) is one block: issue 19
+    short = max(fmt.sub_block, (fmt.block_size // 2) // fmt.sub_block * fmt.sub_block)
+    cases = [(["N", n, "H", "W"], 1), ([n, "M"], 0), (["N", n], -1), (["A", 2, n], 2),
+             (["N", short, "H", "W"], 1), (["N", short], -1)]
+    for k, (dims, axis) in enumerate(cases):
+        n = dims[axis]
         shape = tuple(d if isinstance(d, int) else None for d in dims)
         em = fmt.emit("x", "y", axis=axis, prefix="q", shape=shape)
         assert em.functions[0].name == fmt.function_name(axis % len(dims), length=n)
@@ -109,7 +113,11 @@ def test_aligned_variant(name):
             (y,) = sess.run(None, {"x": x})
             assert_same_bits(y, fmt.fake_quant(x, axis=axis))
     # a length that is not a multiple (or unknown) keeps the general function
+    n = 3 * fmt.block_size
     odd = fmt.emit("x", "y", axis=1, prefix="q", shape=(None, n + 1))
+    if fmt.sub_block > 1:  # a short axis must hold whole sub-blocks
+        odd = fmt.emit("x", "y", axis=1, prefix="q", shape=(None, fmt.sub_block + 1))
+        assert odd.functions[0].name == fmt.function_name(1)
     assert odd.functions[0].name == fmt.function_name(1)
     assert fmt.emit("x", "y", axis=1, prefix="q", shape=(None, None)).functions[0].name == fmt.function_name(1)
 
@@ -254,3 +262,22 @@ def test_element_rounding_on_whole_binades(element):
         x = np.concatenate([x, -x[::3], np.float32([0.0, -0.0])])
         (got,) = sess.run(None, {"x": x})
         assert_same_bits(got, ef.round_elements(x).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["bfp16", "mx9", "mxint8", "mxfp8_e4m3", "mxfp4"])
+def test_nan_flag_of_huge_finite_and_nonfinite_blocks(name):
+    """The per-block NaN flag comes from the sum of |v| (NaN: a NaN in the block) and the block
+    maximum (inf): a block of huge finite values whose sum overflows stays finite (issue 19: the
+    flag reuses |v| instead of a full-size Mul(v, 0))."""
+    fmt = get_format(name)
+    B = fmt.block_size
+    x = np.ones((4, 2 * B), np.float32)
+    x[0, :4] = [BIG, BIG, -BIG, BIG]  # sum of |v| overflows to inf; no inf in the block
+    x[1, 3] = np.inf
+    x[2, B + 1] = np.nan
+    x[3, :2] = [np.inf, np.nan]
+    (y,) = run_emission(fmt.emit("x", "y", axis=1, prefix="q"), {"x": x})
+    ref = fmt.fake_quant(x, axis=1)
+    assert_same_bits(y, ref)
+    assert np.isfinite(y[0]).all() and np.isnan(y[1, :B]).all() and np.isfinite(y[1, B:]).all()
+    assert np.isnan(y[2, B:]).all() and np.isfinite(y[2, :B]).all() and np.isnan(y[3, :B]).all()

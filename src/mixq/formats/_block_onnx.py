@@ -122,19 +122,27 @@ def _round_to_element(b: _Body, y: str, ef) -> str:
 
     By arithmetic alone: y is rounded to its own grid step qs = 2**(max(e, emin) - m), where
     e = floor(log2|y|), as Round(y / qs) * qs (exact: qs is a power of two; Round is half to
-    even and keeps the sign of zero). 2**e comes from Veltkamp splitting: g = a * (2**23 + 1),
-    g + (a - g) rounds a = |y| to one significant bit, i.e. to 2**e or 2**(e + 1), and the
-    larger is halved (test_formats_onnx_block.py runs it on whole binades). It cannot
-    overflow: |y| < 2**(emax + 1), the block's scale puts its maximum in the top binade.
-    Where only ever selects positive steps: onnxruntime's Where turns a selected -0.0 into +0.0."""
+    even and keeps the sign of zero). qs comes from Veltkamp splitting without a compare or a
+    Where: t = max(|y|, 2**emin) * 0.75 * 2**-m lies in [0.75, 1.5) * 2**(e' - m) (e' =
+    max(e, emin); the product is exact or rounds down inside the binade), and
+    g + (t - g), g = t * (2**23 + 1), rounds t to one significant bit, which is 2**(e' - m)
+    on that whole interval (the tie at 0.75 * 2**k goes up: test_formats_onnx_block.py runs
+    it on whole binades). It cannot overflow: |y| < 2**(emax + 1), the block's scale puts
+    its maximum in the top binade, and t stays a normal float (emin - m - 1 >= -126)."""
     m = ef.mantissa_bits
-    a = b.op("Abs", y)
-    g = b.op("Mul", a, b.const(2.0 ** 23 + 1.0))
-    r1 = b.op("Add", g, b.op("Sub", a, g))
-    qs = b.op("Mul", r1, b.op("Where", b.op("Greater", r1, a), b.const(2.0 ** (-m - 1)), b.const(2.0 ** -m)))
-    qs = b.op("Max", qs, b.const(2.0 ** (ef.min_exp - m)))
+    t = b.op("Mul", b.op("Max", b.op("Abs", y), b.const(2.0 ** ef.min_exp)), b.const(0.75 * 2.0 ** -m))
+    g = b.op("Mul", t, b.const(2.0 ** 23 + 1.0))
+    qs = b.op("Add", g, b.op("Sub", t, g))
     r = b.op("Mul", b.op("Round", b.op("Div", y, qs)), qs)
     return b.op("Clip", r, b.const(-float(ef.max_normal)), b.const(float(ef.max_normal)))
+
+
+def _alignable(fmt, length: int) -> bool:
+    """Whether an axis of `length` has a blocked view by one Reshape: whole blocks, or a single
+    short block of whole sub-blocks."""
+    if length <= 0:
+        return False
+    return length % fmt.block_size == 0 or (length < fmt.block_size and length % fmt.sub_block == 0)
 
 
 def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False,
@@ -144,11 +152,14 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     `foldable`: the variant for constant weights. onnxruntime's constant folding cannot hold a
     float8e8m0 tensor (it fails the session), so weights use a slower exact exponent that folds:
     floor(log(a) / ln 2) corrected against a table of exact powers of two.
-    `length`: the axis length when it is known to be a multiple of the block size and `axis` is
-    non-negative: the blocked view is then a single Reshape (no padding, no cut)."""
-    if length is not None and (axis < 0 or length % fmt.block_size or length <= 0):
+    `length`: the axis length when it is known to be a multiple of the block size, or shorter
+    than one block (and a multiple of the sub-block), and `axis` is non-negative: the blocked
+    view is then a single Reshape (no padding, no cut). A short axis is one block of `length`
+    elements: the reference pads it with zeros, which never raise a block's maximum."""
+    if length is not None and (axis < 0 or not _alignable(fmt, length)):
         raise FormatError(f"an aligned {fmt.name} function needs a non-negative axis and a positive "
-                          f"axis length divisible by {fmt.block_size}; got axis {axis}, length {length}")
+                          f"axis length divisible by {fmt.block_size} (or shorter than it and "
+                          f"divisible by {fmt.sub_block}); got axis {axis}, length {length}")
     if rounding is not Rounding.HALF_EVEN and fmt.element != "int":
         raise FormatError(f"ONNX emission of {fmt.name} supports only Rounding.HALF_EVEN "
                           f"(its elements are rounded by float8 casts), got {rounding}")
@@ -156,7 +167,6 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     B, S = fmt.block_size, fmt.sub_block
     i64 = np.int64
     one = b.const([1], i64)
-    inner = b.const([B // S, S] if S > 1 else [B], i64)
     aligned = length is not None
     if aligned:
         # -- the axis length is a known multiple of B: a view (x's leading dims, nb, B, post)
@@ -166,11 +176,15 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         # `post` as a tensor of unknown rank (see below: no known rank with unknown dims)
         hpost = b.op("Reshape", post, b.op("Slice", one, b.const([0], i64), b.op("Add", post, one)))
         # allowzero: every dim is given (a zero-size dim is a real 0, not "copy")
-        v = b.op("Reshape", "x", b.op("Concat", b.op("Shape", "x", end=axis), b.const([length // B], i64),
-                                      inner, hpost, axis=0), allowzero=1)
+        blen = min(length, B)  # a short axis is a single block of `length`
+        inner = b.const([blen // S, S] if S > 1 else [blen], i64)
+        v = b.op("Reshape", "x", b.op("Concat", b.op("Shape", "x", end=axis),
+                                      b.const([max(length // B, 1)], i64), inner, hpost, axis=0),
+                 allowzero=1)
         bax = axis + 1  # the block dim in the view
     else:
         bax = 2
+        inner = b.const([B // S, S] if S > 1 else [B], i64)
         # -- shapes: d = dim along axis, post = product of the dims after it, nb = blocks --------
         if axis == -1:
             d = b.op("Shape", "x", start=-1)
@@ -208,7 +222,12 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     else:
         amax = b.op("ReduceMax", av, b.const([bax], i64), keepdims=1)  # (.., nb, 1, ..)
         flag_axes = b.const([bax], i64)
-    flag = b.op("ReduceSum", b.op("Mul", v, b.const(0.0)), flag_axes, keepdims=1)
+    # NaN iff the block holds a NaN (the sum of |v| is NaN) or an inf (the maximum is inf; the
+    # sum alone would also overflow for huge finite blocks): one reduction of |v|, already
+    # computed, instead of a full-size Mul(v, 0) before it
+    total = b.op("ReduceSum", av, flag_axes, keepdims=1)
+    bad = b.op("Or", b.op("IsNaN", total), b.op("IsInf", amax))
+    flag = b.op("Where", bad, b.const(np.nan), b.const(0.0))
 
     p = _pow2_floor(b, amax, flag, foldable)  # 2**e, e = the block's exponent
     lo, hi = fmt.scale_range
@@ -248,12 +267,13 @@ def emit_block(fmt, input_name: str, output_name: str, *, axis: int, prefix: str
                shape: Shape | None = None) -> Emission:
     """An Emission: one node in MIXQ_DOMAIN calling the format's function, plus the function
     (`foldable`: the variant for constant inputs, see build_function). A known `shape` (None for
-    unknown dims) whose axis length is a multiple of the block selects the aligned function."""
+    unknown dims) whose axis length is a multiple of the block (or one short block, see
+    build_function) selects the aligned function."""
     length = None
     if shape is not None and -len(shape) <= axis < len(shape):
         axis_pos = axis % len(shape)
         dim = shape[axis_pos]
-        if isinstance(dim, int) and dim > 0 and dim % fmt.block_size == 0:
+        if isinstance(dim, int) and _alignable(fmt, dim):
             axis, length = axis_pos, dim
     fn = build_function(fmt, axis, rounding, foldable=foldable, length=length)
     node = helper.make_node(fn.name, [input_name], [output_name], name=f"{prefix}/{fn.name}",
