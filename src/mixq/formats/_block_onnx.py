@@ -117,7 +117,7 @@ def _round(b: _Body, y: str, rounding: Rounding, sign_of: str) -> str:
     return b.op("Mul", b.op("Sign", sign_of), b.op("Add", t, up))
 
 
-def _round_to_element(b: _Body, y: str, ef) -> str:
+def _round_to_element(b: _Body, y: str, ef, abs_scaled: str | None = None) -> str:
     """`y` rounded to the float element grid `ef`, half to even, saturated to +-max_normal.
 
     By arithmetic alone: y is rounded to its own grid step qs = 2**(max(e, emin) - m), where
@@ -128,9 +128,12 @@ def _round_to_element(b: _Body, y: str, ef) -> str:
     g + (t - g), g = t * (2**23 + 1), rounds t to one significant bit, which is 2**(e' - m)
     on that whole interval (the tie at 0.75 * 2**k goes up: test_formats_onnx_block.py runs
     it on whole binades). It cannot overflow: |y| < 2**(emax + 1), the block's scale puts
-    its maximum in the top binade, and t stays a normal float (emin - m - 1 >= -126)."""
+    its maximum in the top binade, and t stays a normal float (emin - m - 1 >= -126).
+    `abs_scaled`: |y| * 0.75 * 2**-m when the caller has it from |x| (one op less), else None."""
     m = ef.mantissa_bits
-    t = b.op("Mul", b.op("Max", b.op("Abs", y), b.const(2.0 ** ef.min_exp)), b.const(0.75 * 2.0 ** -m))
+    if abs_scaled is None:
+        abs_scaled = b.op("Mul", b.op("Abs", y), b.const(0.75 * 2.0 ** -m))
+    t = b.op("Max", abs_scaled, b.const(0.75 * 2.0 ** (ef.min_exp - m)))
     g = b.op("Mul", t, b.const(2.0 ** 23 + 1.0))
     qs = b.op("Add", g, b.op("Sub", t, g))
     r = b.op("Mul", b.op("Round", b.op("Div", y, qs)), qs)
@@ -250,7 +253,11 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         sc = b.op("Clip", b.op("Mul", p, b.const(2.0 ** -ef.emax)), b.const(2.0 ** lo), b.const(2.0 ** hi))
         # inv = 2**-s is in [2**-127, 2**127]: representable, like s itself
         inv = b.op("Add", b.op("Div", b.const(1.0), sc), flag)
-        r = _round_to_element(b, b.op("Mul", v, inv), ef)
+        # |y| * 0.75 * 2**-m as |v| * (inv * 0.75 * 2**-m): one rounding of the same real
+        # product either way (inv is a power of two; a product too small to be normal is far
+        # below the clamp at 0.75 * 2**(emin - m)), and |v| is already there
+        k = b.op("Mul", inv, b.const(0.75 * 2.0 ** -ef.mantissa_bits))
+        r = _round_to_element(b, b.op("Mul", v, inv), ef, abs_scaled=b.op("Mul", av, k))
         q = b.op("Div", r, inv)
     # back to x's layout (unpadded: (pre, nb * B, post) cut to d), then x's own shape
     if not aligned:
