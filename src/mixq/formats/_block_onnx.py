@@ -1,6 +1,6 @@
 """ONNX emission of block formats: one model-local function per (format, axis, rounding).
 
-Built from standard opset-25 ops onnxruntime CPU implements, bit-identical to
+Built from standard opset-26 ops onnxruntime CPU implements, bit-identical to
 BlockFormat.fake_quant. Design (why, not what):
 
 * No Transpose: x is padded along `axis` to a multiple of the block and reshaped to
@@ -13,12 +13,12 @@ BlockFormat.fake_quant. Design (why, not what):
   made onnxruntime's memory planner scan its whole free list in vain: with many calls on
   dynamic shapes session creation was quadratic; bench/block_session_bench.py measures it.
   The rewrite pass declares each call's output shape (x's) in the graph's value_info.
-* Exact exponents: a Cast to float8e8m0 rounding down (opset 24) is 2**floor(log2(a)) for a
-  normal float; maxima below 2**-127 only ever meet a scale clipped to 2**-127. Every scale and
-  step is then a power of two obtained by exact Mul/Div/Clip.
-* NaN/Inf: onnxruntime's ReduceMax does not propagate NaN reliably, so a per-block
-  ReduceSum(x * 0) (NaN iff the block holds NaN or inf) is added to the per-block step: any
-  later product with the step is NaN.
+* Exact exponents: the exponent field of a (BitCast to int32 and a mask, opset 26) is
+  2**floor(log2(a)) for a normal float; maxima below 2**-126 only ever meet a scale clipped to
+  2**-127. Every scale and step is then a power of two obtained by exact Mul/Div/Clip.
+* NaN/Inf: onnxruntime's ReduceMax does not propagate NaN reliably, so a per-block flag (NaN
+  iff the block holds NaN or inf: the block's sum of |x| is NaN, or its maximum is inf) is
+  added to the per-block step: any later product with the step is NaN.
 * Scaling by 2**k is done with Mul/Div by exact powers of two; integer elements are rounded
   with Round (half to even) and clipped (saturation). Float elements (fp8/fp6/fp4) are rounded
   by arithmetic alone, see `_round_to_element`: onnxruntime's Cast to float8 converts one
@@ -95,15 +95,17 @@ def _pow2(b: _Body, e: str) -> str:
 def _pow2_floor(b: _Body, amax: str, flag: str, foldable: bool) -> str:
     """2**floor(log2(amax)) (float32, exact) of per-block maxima, floored at 2**-127.
 
-    A Cast to float8e8m0 rounding down keeps exactly the exponent of a normal float; maxima
-    below 2**-127 (zero, subnormal) all map to 2**-127, which no format can tell apart: every
-    shared scale is clipped to at least 2**-127 (scale_range's low end is >= -127). NaN/inf
-    maxima give any value here; the block's NaN flag overrides them."""
+    The exponent field of amax, kept by a BitCast to int32 and a mask (opset 26), is exactly
+    2**floor(log2(amax)) for a normal float; maxima below 2**-126 (zero, subnormal) give 0 and
+    are raised to 2**-127, which no format can tell apart: every shared scale is clipped to at
+    least 2**-127 (scale_range's low end is >= -127). NaN/inf maxima give inf here; the block's
+    NaN flag overrides them. Three integer ops instead of a Cast to float8e8m0 and back, which
+    onnxruntime converts one element at a time (bench/block_latency.py: ~10x a Mul per element)."""
     if foldable:  # see build_function
         return _pow2(b, _exponent(b, amax, flag))
-    a = b.op("Max", amax, b.const(2.0 ** -127))
-    e8 = b.op("Cast", a, to=TensorProto.FLOAT8E8M0, saturate=1, round_mode="down")
-    return b.op("Cast", e8, to=TensorProto.FLOAT)
+    bits = b.op("BitCast", amax, to=TensorProto.INT32)
+    e = b.op("BitCast", b.op("BitwiseAnd", bits, b.const(0x7F800000, np.int32)), to=TensorProto.FLOAT)
+    return b.op("Max", e, b.const(2.0 ** -127))
 
 
 def _round(b: _Body, y: str, rounding: Rounding, sign_of: str) -> str:

@@ -75,7 +75,7 @@ class BlockFormat(Format):
     sub_block: int = 1
     ocp: bool = False
     kind: ClassVar[str] = "block"
-    onnx_opset: ClassVar[int] = 25  # Cast to float8e8m0 with round_mode (see _block_onnx)
+    onnx_opset: ClassVar[int] = 26  # BitCast (see _block_onnx)
 
     # -- identity -------------------------------------------------------------------------------
     @property
