@@ -281,3 +281,31 @@ def test_nan_flag_of_huge_finite_and_nonfinite_blocks(name):
     assert_same_bits(y, ref)
     assert np.isfinite(y[0]).all() and np.isnan(y[1, :B]).all() and np.isfinite(y[1, B:]).all()
     assert np.isnan(y[2, B:]).all() and np.isfinite(y[2, :B]).all() and np.isnan(y[3, :B]).all()
+
+
+@pytest.mark.parametrize("preset", ["BFP16", "MXINT8", "MXFP8_E4M3", "MX9"])
+def test_block_weights_are_constants_at_inference(preset, tmp_path):
+    """Issue 19: a block-quantized model's weights are quantized once, at write time: stored on
+    the grid, their (foldable) function calls are constant-folded by onnxruntime at session
+    creation, so an inference runs only the activation calls (one ReduceMax chain each)."""
+    import onnx
+    import onnxruntime as ort
+
+    import mixq
+    import mixq.data
+
+    samples = mixq.data.load_default_samples()
+    res = mixq.quantize(str(mixq.data.default_model_path()), preset)
+    calls = [n for n in res.model.graph.node if n.domain == MIXQ_DOMAIN]
+    weight_calls = [n for n in calls if n.op_type.endswith("_const")]
+    assert weight_calls and len(weight_calls) < len(calls)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    sess = ort.InferenceSession(res.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
+    per_call = 2 if get_format(preset.lower()).sub_block > 1 else 1  # sub-block, then block max
+    assert ops.count("ReduceMax") == per_call * (len(calls) - len(weight_calls)), ops.count("ReduceMax")
+    x = samples.test_images[:4]
+    (y,) = sess.run(None, {sess.get_inputs()[0].name: x})
+    assert np.isfinite(y).all()
