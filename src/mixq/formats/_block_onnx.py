@@ -93,19 +93,19 @@ def _pow2(b: _Body, e: str) -> str:
 
 
 def _pow2_floor(b: _Body, amax: str, flag: str, foldable: bool) -> str:
-    """2**floor(log2(amax)) (float32, exact) of per-block maxima, floored at 2**-127.
+    """2**floor(log2(amax)) (float32, exact) of per-block maxima of at least 2**-126; smaller
+    maxima give 0 (or 2**-127, foldable variant).
 
     The exponent field of amax, kept by a BitCast to int32 and a mask (opset 26), is exactly
-    2**floor(log2(amax)) for a normal float; maxima below 2**-126 (zero, subnormal) give 0 and
-    are raised to 2**-127, which no format can tell apart: every shared scale is clipped to at
-    least 2**-127 (scale_range's low end is >= -127). NaN/inf maxima give inf here; the block's
-    NaN flag overrides them. Three integer ops instead of a Cast to float8e8m0 and back, which
-    onnxruntime converts one element at a time (bench/block_latency.py: ~10x a Mul per element)."""
+    2**floor(log2(amax)) for a normal float; maxima below 2**-126 (zero, subnormal) give 0, which
+    every caller clips up to its scale range's low end (>= -127, see build_function), where no
+    format can tell them apart. NaN/inf maxima give inf here; the block's NaN flag overrides
+    them. Three cheap ops instead of a Cast to float8e8m0 and back, which onnxruntime converts
+    one element at a time (docs/PERFORMANCE.md: twice the time of the three)."""
     if foldable:  # see build_function
         return _pow2(b, _exponent(b, amax, flag))
     bits = b.op("BitCast", amax, to=TensorProto.INT32)
-    e = b.op("BitCast", b.op("BitwiseAnd", bits, b.const(0x7F800000, np.int32)), to=TensorProto.FLOAT)
-    return b.op("Max", e, b.const(2.0 ** -127))
+    return b.op("BitCast", b.op("BitwiseAnd", bits, b.const(0x7F800000, np.int32)), to=TensorProto.FLOAT)
 
 
 def _round(b: _Body, y: str, rounding: Rounding, sign_of: str) -> str:
@@ -230,9 +230,9 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     # NaN iff the block holds a NaN (the sum of |v| is NaN) or an inf (the maximum is inf; the
     # sum alone would also overflow for huge finite blocks): one reduction of |v|, already
     # computed, instead of a full-size Mul(v, 0) before it
+    # (amax - amax: NaN iff the maximum is inf; three small per-block ops)
     total = b.op("ReduceSum", av, flag_axes, keepdims=1)
-    bad = b.op("Or", b.op("IsNaN", total), b.op("IsInf", amax))
-    flag = b.op("Where", bad, b.const(np.nan), b.const(0.0))
+    flag = b.op("Where", b.op("IsNaN", total), b.const(np.nan), b.op("Sub", amax, amax))
 
     p = _pow2_floor(b, amax, flag, foldable)  # 2**e, e = the block's exponent
     lo, hi = fmt.scale_range
