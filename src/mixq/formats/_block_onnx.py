@@ -151,7 +151,7 @@ def _alignable(fmt, length: int) -> bool:
 
 
 def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False,
-                   length: int | None = None) -> onnx.FunctionProto:
+                   length: int | None = None, post: int | None = None) -> onnx.FunctionProto:
     """The FunctionProto `fmt.function_name(axis, rounding)`: input x, output y.
 
     `foldable`: the variant for constant weights. onnxruntime's constant folding cannot hold a
@@ -160,7 +160,13 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     `length`: the axis length when it is known to be a multiple of the block size, or shorter
     than one block (and a multiple of the sub-block), and `axis` is non-negative: the blocked
     view is then a single Reshape (no padding, no cut). A short axis is one block of `length`
-    elements: the reference pads it with zeros, which never raise a block's maximum."""
+    elements: the reference pads it with zeros, which never raise a block's maximum.
+    `post`: with `length`, the number of elements after the axis when every dim after it is
+    known: the view's target is then a constant (x's leading dims copied by 0s), which saves the
+    ~8 shape ops that compute it per call (they dominate a call on small tensors)."""
+    if post is not None and (length is None or post <= 0):
+        raise FormatError(f"a {fmt.name} function with known trailing elements ({post}) needs a "
+                          "known aligned axis length and post > 0")
     if length is not None and (axis < 0 or not _alignable(fmt, length)):
         raise FormatError(f"an aligned {fmt.name} function needs a non-negative axis and a positive "
                           f"axis length divisible by {fmt.block_size} (or shorter than it and "
@@ -173,13 +179,20 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     i64 = np.int64
     one = b.const([1], i64)
     aligned = length is not None
-    if aligned:
+    if aligned and post is not None:
+        # -- everything after x's leading dims known: a constant view target; 0 copies x's dim
+        #    (allowzero=0), so the view keeps x's symbolic leading dims and a zero-size one
+        blen = min(length, B)
+        view = [0] * axis + [max(length // B, 1)] + ([blen // S, S] if S > 1 else [blen]) + [post]
+        v = b.op("Reshape", "x", b.const(view, i64))
+        bax = axis + 1
+    elif aligned:
         # -- the axis length is a known multiple of B: a view (x's leading dims, nb, B, post)
         #    by one Reshape, no padding
-        post = b.op("ReduceProd", b.op("Concat", one, b.op("Shape", "x", start=axis + 1), axis=0),
+        post_t = b.op("ReduceProd", b.op("Concat", one, b.op("Shape", "x", start=axis + 1), axis=0),
                     keepdims=1)
         # `post` as a tensor of unknown rank (see below: no known rank with unknown dims)
-        hpost = b.op("Reshape", post, b.op("Slice", one, b.const([0], i64), b.op("Add", post, one)))
+        hpost = b.op("Reshape", post_t, b.op("Slice", one, b.const([0], i64), b.op("Add", post_t, one)))
         # allowzero: every dim is given (a zero-size dim is a real 0, not "copy")
         blen = min(length, B)  # a short axis is a single block of `length`
         inner = b.const([blen // S, S] if S > 1 else [blen], i64)
@@ -193,11 +206,11 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         # -- shapes: d = dim along axis, post = product of the dims after it, nb = blocks --------
         if axis == -1:
             d = b.op("Shape", "x", start=-1)
-            post = one
+            post_t = one
         else:
             d = b.op("Shape", "x", start=axis, end=axis + 1)
             tail = b.op("Shape", "x", start=axis + 1)
-            post = b.op("ReduceProd", b.op("Concat", one, tail, axis=0), keepdims=1)
+            post_t = b.op("ReduceProd", b.op("Concat", one, tail, axis=0), keepdims=1)
         nb = b.op("Div", b.op("Add", d, b.const([B - 1], i64)), b.const([B], i64))
         pad = b.op("Sub", b.op("Mul", nb, b.const([B], i64)), d)
         # `post` again, as a tensor of unknown rank for shape inference (reshaped to [1] by a
@@ -206,7 +219,7 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         # memory planner scans its whole free list for every output whose shape it cannot
         # match, and such tensors stay in that list: session creation became quadratic in the
         # number of calls on dynamic shapes. Outputs without a shape are not looked up.
-        hpost = b.op("Reshape", post, b.op("Slice", one, b.const([0], i64), b.op("Add", d, one)))
+        hpost = b.op("Reshape", post_t, b.op("Slice", one, b.const([0], i64), b.op("Add", d, one)))
 
         def hidden(*parts: str) -> str:
             """A Reshape target (ending with `post`) whose length shape inference cannot know."""
@@ -268,7 +281,8 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     b.op("Reshape", q, b.op("Shape", "x"), out="y", allowzero=1)
     doc = (f"{fmt.name} fake quantization, blocks of {B} along axis {axis}, "
            f"{'half to even' if rounding is Rounding.HALF_EVEN else 'half away from zero'}")
-    return make_function(fmt.function_name(axis, rounding, length=length, const=foldable), ["x"], ["y"], b.nodes, opset=fmt.onnx_opset, doc=doc)
+    name = fmt.function_name(axis, rounding, length=length, const=foldable, post=post)
+    return make_function(name, ["x"], ["y"], b.nodes, opset=fmt.onnx_opset, doc=doc)
 
 
 def emit_block(fmt, input_name: str, output_name: str, *, axis: int, prefix: str,
@@ -278,13 +292,16 @@ def emit_block(fmt, input_name: str, output_name: str, *, axis: int, prefix: str
     (`foldable`: the variant for constant inputs, see build_function). A known `shape` (None for
     unknown dims) whose axis length is a multiple of the block (or one short block, see
     build_function) selects the aligned function."""
-    length = None
+    length = post = None
     if shape is not None and -len(shape) <= axis < len(shape):
         axis_pos = axis % len(shape)
         dim = shape[axis_pos]
         if isinstance(dim, int) and _alignable(fmt, dim):
             axis, length = axis_pos, dim
-    fn = build_function(fmt, axis, rounding, foldable=foldable, length=length)
+            tail = [t for t in shape[axis_pos + 1:] if isinstance(t, int) and t > 0]
+            if len(tail) == len(shape) - axis_pos - 1:  # every dim after the axis known
+                post = int(np.prod(tail, dtype=np.int64))
+    fn = build_function(fmt, axis, rounding, foldable=foldable, length=length, post=post)
     node = helper.make_node(fn.name, [input_name], [output_name], name=f"{prefix}/{fn.name}",
                             domain=MIXQ_DOMAIN)
     return Emission(nodes=[node], functions=[fn], opsets={"": fmt.onnx_opset, MIXQ_DOMAIN: MIXQ_DOMAIN_VERSION})
