@@ -256,8 +256,8 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         sc = b.op("Clip", p, b.const(2.0 ** lo), b.const(2.0 ** min(hi, 127)))  # 2**s
         step = b.op("Add", b.op("Mul", sc, b.const(2.0 ** (1 - fmt.mant_bits))), flag)
         if S > 1:  # microexponent: sub-blocks below 2**s use the binade below (step / 2)
-            # step * 2**(mant - 1) = 2**s exactly (a power of two within float32's range)
-            fits_lower = b.op("Less", submax, b.op("Mul", step, b.const(2.0 ** (fmt.mant_bits - 1))))
+            # against sc = 2**s itself (a NaN-flagged block keeps its NaN step either way)
+            fits_lower = b.op("Less", submax, sc)
             step = b.op("Where", fits_lower, b.op("Mul", step, b.const(0.5)), step)  # (.., B/S, 1, ..)
         m = _round(b, b.op("Div", v, step), rounding, v)
         m = b.op("Clip", m, b.const(float(-fmt.max_code)), b.const(float(fmt.max_code)))
