@@ -87,8 +87,8 @@ class TestEmission:
 
 @pytest.mark.parametrize("name", ALL)
 def test_aligned_variant(name):
-    """A shape whose axis length is a multiple of the block selects the one-Reshape variant; it
-    gives the same bits, for any run-time size of the other dims (zero included)."""
+    """A shape whose axis length is a multiple of the block (or shorter than one block) selects
+    the one-Reshape variant; it gives the same bits, for any run-time size of the other dims (zero included)."""
     import onnxruntime as ort
     from onnx import TensorProto
 
@@ -96,11 +96,19 @@ def test_aligned_variant(name):
 
     fmt = get_format(name)
     n = 3 * fmt.block_size
-    for k, (dims, axis) in enumerate([(["N", n, "H", "W"], 1), ([n, "M"], 0), (["N", n], -1),
-                                      (["A", 2, n], 2)]):
+    # a short axis (fewer elements than one block, whole sub-blocks) is one block: issue 19
+    short = max(fmt.sub_block, (fmt.block_size // 2) // fmt.sub_block * fmt.sub_block)
+    # known dims after the axis (post) make the view's target a constant (issue 19)
+    cases = [(["N", n, "H", "W"], 1), ([n, "M"], 0), (["N", n], -1), (["A", 2, n], 2),
+             (["N", short, "H", "W"], 1), (["N", short], -1), (["N", n, 3, 5], 1),
+             (["N", short, 2, 3], 1), (["N", "C", n, 4], 2)]
+    for k, (dims, axis) in enumerate(cases):
+        n = dims[axis]
         shape = tuple(d if isinstance(d, int) else None for d in dims)
         em = fmt.emit("x", "y", axis=axis, prefix="q", shape=shape)
-        assert em.functions[0].name == fmt.function_name(axis % len(dims), length=n)
+        tail = dims[axis % len(dims) + 1:]
+        post = int(np.prod(tail)) if all(isinstance(t, int) for t in tail) else None
+        assert em.functions[0].name == fmt.function_name(axis % len(dims), length=n, post=post)
         model = emission_to_model(em, {"x": TensorProto.FLOAT}, input_shapes={"x": dims})
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         for j, size in enumerate((1, 3, 0)):
@@ -109,7 +117,11 @@ def test_aligned_variant(name):
             (y,) = sess.run(None, {"x": x})
             assert_same_bits(y, fmt.fake_quant(x, axis=axis))
     # a length that is not a multiple (or unknown) keeps the general function
+    n = 3 * fmt.block_size
     odd = fmt.emit("x", "y", axis=1, prefix="q", shape=(None, n + 1))
+    if fmt.sub_block > 1:  # a short axis must hold whole sub-blocks
+        odd = fmt.emit("x", "y", axis=1, prefix="q", shape=(None, fmt.sub_block + 1))
+        assert odd.functions[0].name == fmt.function_name(1)
     assert odd.functions[0].name == fmt.function_name(1)
     assert fmt.emit("x", "y", axis=1, prefix="q", shape=(None, None)).functions[0].name == fmt.function_name(1)
 
@@ -214,6 +226,21 @@ def test_no_tensor_with_unknown_dims(name):
     fmt = get_format(name)
     model = emission_to_model(fmt.emit("x", "y", axis=1, prefix="q"), {"x": TensorProto.FLOAT},
                               output_names=["y"], input_shapes={"x": ["N", 64, "H", "W"]})
+    _assert_no_unknown_dims(model, ["Reshape", "Slice"])
+    # the constant-target view of known trailing dims keeps x's symbolic batch dim
+    model = emission_to_model(fmt.emit("x", "y", axis=1, prefix="q", shape=(None, 64, 7, 7)),
+                              {"x": TensorProto.FLOAT}, output_names=["y"],
+                              input_shapes={"x": ["N", 64, 7, 7]})
+    assert model.functions[0].name.endswith("_p49")
+    _assert_no_unknown_dims(model, ["Reshape"])  # the alias back to x's shape
+
+
+def _assert_no_unknown_dims(model, allowed):
+    import onnx
+    import onnx.inliner
+    import onnxruntime as ort
+    from onnx import helper
+
     model = onnx.inliner.inline_local_functions(model)
     ops = {o: n.op_type for n in model.graph.node for o in n.output}
     del model.graph.output[:]
@@ -226,7 +253,7 @@ def test_no_tensor_with_unknown_dims(name):
     unknown = [(ops[o.name], o.shape) for o in sess.get_outputs() if None in o.shape]
     # the sliced shape vector (planned once per call) and the Reshape back to x's rank (an alias:
     # never planned) are the only ones
-    assert sorted(op for op, _ in unknown) == ["Reshape", "Slice"], unknown
+    assert sorted(op for op, _ in unknown) == allowed, unknown
 
 
 @pytest.mark.parametrize("element", sorted({get_format(n).element for n in BLOCK_FORMATS} - {"int"}))
@@ -254,3 +281,50 @@ def test_element_rounding_on_whole_binades(element):
         x = np.concatenate([x, -x[::3], np.float32([0.0, -0.0])])
         (got,) = sess.run(None, {"x": x})
         assert_same_bits(got, ef.round_elements(x).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["bfp16", "mx9", "mxint8", "mxfp8_e4m3", "mxfp4"])
+def test_nan_flag_of_huge_finite_and_nonfinite_blocks(name):
+    """The per-block NaN flag comes from the sum of |v| (NaN: a NaN in the block) and the block
+    maximum (inf): a block of huge finite values whose sum overflows stays finite (issue 19: the
+    flag reuses |v| instead of a full-size Mul(v, 0))."""
+    fmt = get_format(name)
+    B = fmt.block_size
+    x = np.ones((4, 2 * B), np.float32)
+    x[0, :4] = [BIG, BIG, -BIG, BIG]  # sum of |v| overflows to inf; no inf in the block
+    x[1, 3] = np.inf
+    x[2, B + 1] = np.nan
+    x[3, :2] = [np.inf, np.nan]
+    (y,) = run_emission(fmt.emit("x", "y", axis=1, prefix="q"), {"x": x})
+    ref = fmt.fake_quant(x, axis=1)
+    assert_same_bits(y, ref)
+    assert np.isfinite(y[0]).all() and np.isnan(y[1, :B]).all() and np.isfinite(y[1, B:]).all()
+    assert np.isnan(y[2, B:]).all() and np.isfinite(y[2, :B]).all() and np.isnan(y[3, :B]).all()
+
+
+@pytest.mark.parametrize("preset", ["BFP16", "MXINT8", "MXFP8_E4M3", "MX9"])
+def test_block_weights_are_constants_at_inference(preset, tmp_path):
+    """Issue 19: a block-quantized model's weights are quantized once, at write time: stored on
+    the grid, their (foldable) function calls are constant-folded by onnxruntime at session
+    creation, so an inference runs only the activation calls (one ReduceMax chain each)."""
+    import onnx
+    import onnxruntime as ort
+
+    import mixq
+    import mixq.data
+
+    samples = mixq.data.load_default_samples()
+    res = mixq.quantize(str(mixq.data.default_model_path()), preset)
+    calls = [n for n in res.model.graph.node if n.domain == MIXQ_DOMAIN]
+    weight_calls = [n for n in calls if n.op_type.endswith("_const")]
+    assert weight_calls and len(weight_calls) < len(calls)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    sess = ort.InferenceSession(res.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
+    per_call = 2 if get_format(preset.lower()).sub_block > 1 else 1  # sub-block, then block max
+    assert ops.count("ReduceMax") == per_call * (len(calls) - len(weight_calls)), ops.count("ReduceMax")
+    x = samples.test_images[:4]
+    (y,) = sess.run(None, {sess.get_inputs()[0].name: x})
+    assert np.isfinite(y).all()

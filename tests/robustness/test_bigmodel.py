@@ -153,5 +153,7 @@ def test_two_stage_weight_minmse_close_to_exhaustive(dist, monkeypatch):
     two_stage = observers.compute_weight_range(w, axis=1, method="minmse", fmt=256)
     m = w.T.astype(np.float64)
     excess = _mse(m, *two_stage) / _mse(m, *exhaustive) - 1
-    assert excess.min() >= -1e-12  # never better than the optimum over the same candidates
+    # both run the golden-section search; only its coarse scan is estimated in two stages, so
+    # the two may land in different local minima either way (issue 19)
+    assert excess.min() >= -0.01
     assert excess.mean() < 0.01 and excess.max() < 0.06, (excess.mean(), excess.max())

@@ -201,7 +201,7 @@ def test_custom_domain_ops_left_float(builder, node, why, preset):
 @pytest.mark.parametrize("preset", ["A8W8", "MXFP4"])
 def test_custom_function_whose_ops_change_across_an_opset_upgrade(preset):
     """A local function at opset 21 using Reshape (changed in opset 25): a block format moves
-    the model to opset 25, so the function is inlined and converted with the graph; one whose
+    the model to opset 26, so the function is inlined and converted with the graph; one whose
     ops do not change keeps its node (custom_function_model above)."""
     m = M.custom_function_model()
     fn = m.functions[0]
@@ -216,7 +216,7 @@ def test_custom_function_whose_ops_change_across_an_opset_upgrade(preset):
     kept = [n for n in res.model.graph.node if n.domain == "my.domain"]
     assert bool(kept) == (preset == "A8W8")  # opset 21 needs no upgrade: the call stays
     for f in res.model.functions:
-        assert all(i.version == 25 for i in f.opset_import if i.domain == "") or preset == "A8W8"
+        assert all(i.version == 26 for i in f.opset_import if i.domain == "") or preset == "A8W8"
 
 
 def test_unknown_custom_op_with_calibration_is_a_clear_error():

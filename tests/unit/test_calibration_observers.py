@@ -231,3 +231,91 @@ def test_entropy_ignores_exact_zeros_of_a_relu6_output():
     for symmetric in (True, False):
         lo, hi = compute_range(TensorStats.from_array(x), CalibMethod.ENTROPY, symmetric=symmetric)
         assert hi > 2.0, (symmetric, hi)
+
+
+# ---------------------------------------------------------------- MinMSE weight search (issue 19)
+def _fq_mse(m, lo, hi, levels, symmetric):
+    """Per-row squared fake-quantization error of rows `m` on the ONNX grid of (lo, hi)."""
+    qmin = -(levels // 2) if symmetric else 0
+    qmax = qmin + levels - 1
+    scale = np.where(hi > lo, (hi - lo) / (levels - 1), 1.0)[:, None]
+    zp = 0.0 if symmetric else np.clip(np.round(qmin - lo[:, None] / scale), qmin, qmax)
+    q = np.clip(np.rint(m / scale) + zp, qmin, qmax) - zp
+    return ((q * scale - m) ** 2).sum(axis=1)
+
+
+def _scan_reference(m, levels, symmetric, n=100):
+    """The former search: 100 shrink factors linspace(1, 0.01), the first minimum per row."""
+    lo = np.minimum(m.min(axis=1), 0.0)
+    hi = np.maximum(m.max(axis=1), 0.0)
+    if symmetric:
+        hi = np.maximum(-lo, hi)
+        lo = -hi
+    alphas = np.linspace(1.0, 1.0 / n, n)
+    err = np.stack([_fq_mse(m, lo * a, hi * a, levels, symmetric) for a in alphas], axis=1)
+    best = alphas[np.argmin(err, axis=1)]
+    return lo * best, hi * best
+
+
+def _search_weights():
+    import onnx
+    from onnx import numpy_helper
+
+    import mixq.data
+
+    rng = np.random.default_rng(3)
+    ws = {"normal": rng.standard_normal((64, 32, 3, 3)), "laplace": rng.laplace(size=(64, 288)),
+          "outliers": rng.standard_normal((32, 500)) * (1 + 30 * (rng.random((32, 500)) < 2e-3)),
+          "depthwise": rng.standard_normal((32, 1, 3, 3))}
+    model = onnx.load(str(mixq.data.default_model_path()))
+    for t in model.graph.initializer:  # the embedded CNN's trained conv / fc weights
+        if len(t.dims) >= 2:
+            ws["embedded:" + t.name] = numpy_helper.to_array(t)
+    return {k: v.astype(np.float32) for k, v in ws.items()}
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_weight_minmse_search_no_worse_than_the_100_point_scan(symmetric):
+    """The golden-section search finds, on 8-bit grids (every preset's weights), a tensor MSE no
+    larger than the former 100-candidate scan on random and trained weights, and no channel
+    more than 3 % worse (it searches alpha continuously; the scan's grid is 0.01 coarse)."""
+    for name, w in _search_weights().items():
+        m = w.reshape(w.shape[0], -1).astype(np.float64)
+        lo, hi = compute_weight_range(w, axis=0, method="minmse", symmetric=symmetric, fmt=256)
+        new = _fq_mse(m, lo, hi, 256, symmetric)
+        old = _fq_mse(m, *_scan_reference(m, 256, symmetric), 256, symmetric)
+        assert new.sum() <= old.sum() * (1 + 1e-12), (name, new.sum() / old.sum())
+        assert np.all(new <= old * 1.03 + 1e-30), (name, (new / np.maximum(old, 1e-30)).max())
+
+
+def test_weight_minmse_search_4bit_close_to_the_scan():
+    """On a 4-bit grid the error is jagged in alpha; the search lands in a local minimum at most
+    1 % above the scan's tensor MSE (measured worst: 0.6 %; median: 0.1 % better)."""
+    ratios = []
+    for symmetric in (True, False):
+        for name, w in _search_weights().items():
+            m = w.reshape(w.shape[0], -1).astype(np.float64)
+            lo, hi = compute_weight_range(w, axis=0, method="minmse", symmetric=symmetric, fmt=16)
+            new = _fq_mse(m, lo, hi, 16, symmetric).sum()
+            old = _fq_mse(m, *_scan_reference(m, 16, symmetric), 16, symmetric).sum()
+            assert new <= old * 1.01, (name, symmetric, new / old)
+            ratios.append(new / old)
+    assert np.median(ratios) <= 1.0
+
+
+def test_weight_minmse_search_evaluates_few_candidates(monkeypatch):
+    """Issue 19: a search that converges in a few steps, not a 100-candidate scan: at most 20
+    exact error evaluations per channel."""
+    from mixq.calibration import observers
+
+    seen = []
+    real = observers._minmse_errors
+
+    def counting(m, lo, hi, cand, *args, **kw):
+        seen.append(cand.shape[1])
+        return real(m, lo, hi, cand, *args, **kw)
+
+    monkeypatch.setattr(observers, "_minmse_errors", counting)
+    w = np.random.default_rng(0).standard_normal((16, 288)).astype(np.float32)
+    compute_weight_range(w, axis=0, method="minmse")
+    assert 0 < sum(seen) <= 20, seen

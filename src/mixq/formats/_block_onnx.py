@@ -1,6 +1,6 @@
 """ONNX emission of block formats: one model-local function per (format, axis, rounding).
 
-Built from standard opset-25 ops onnxruntime CPU implements, bit-identical to
+Built from standard opset-26 ops onnxruntime CPU implements, bit-identical to
 BlockFormat.fake_quant. Design (why, not what):
 
 * No Transpose: x is padded along `axis` to a multiple of the block and reshaped to
@@ -13,12 +13,12 @@ BlockFormat.fake_quant. Design (why, not what):
   made onnxruntime's memory planner scan its whole free list in vain: with many calls on
   dynamic shapes session creation was quadratic; bench/block_session_bench.py measures it.
   The rewrite pass declares each call's output shape (x's) in the graph's value_info.
-* Exact exponents: a Cast to float8e8m0 rounding down (opset 24) is 2**floor(log2(a)) for a
-  normal float; maxima below 2**-127 only ever meet a scale clipped to 2**-127. Every scale and
-  step is then a power of two obtained by exact Mul/Div/Clip.
-* NaN/Inf: onnxruntime's ReduceMax does not propagate NaN reliably, so a per-block
-  ReduceSum(x * 0) (NaN iff the block holds NaN or inf) is added to the per-block step: any
-  later product with the step is NaN.
+* Exact exponents: the exponent field of a (BitCast to int32 and a mask, opset 26) is
+  2**floor(log2(a)) for a normal float; maxima below 2**-126 only ever meet a scale clipped to
+  2**-127. Every scale and step is then a power of two obtained by exact Mul/Div/Clip.
+* NaN/Inf: onnxruntime's ReduceMax does not propagate NaN reliably, so a per-block flag (NaN
+  iff the block holds NaN or inf: the block's sum of |x| is NaN, or its maximum is inf) is
+  added to the per-block step: any later product with the step is NaN.
 * Scaling by 2**k is done with Mul/Div by exact powers of two; integer elements are rounded
   with Round (half to even) and clipped (saturation). Float elements (fp8/fp6/fp4) are rounded
   by arithmetic alone, see `_round_to_element`: onnxruntime's Cast to float8 converts one
@@ -93,17 +93,19 @@ def _pow2(b: _Body, e: str) -> str:
 
 
 def _pow2_floor(b: _Body, amax: str, flag: str, foldable: bool) -> str:
-    """2**floor(log2(amax)) (float32, exact) of per-block maxima, floored at 2**-127.
+    """2**floor(log2(amax)) (float32, exact) of per-block maxima of at least 2**-126; smaller
+    maxima give 0 (or 2**-127, foldable variant).
 
-    A Cast to float8e8m0 rounding down keeps exactly the exponent of a normal float; maxima
-    below 2**-127 (zero, subnormal) all map to 2**-127, which no format can tell apart: every
-    shared scale is clipped to at least 2**-127 (scale_range's low end is >= -127). NaN/inf
-    maxima give any value here; the block's NaN flag overrides them."""
+    The exponent field of amax, kept by a BitCast to int32 and a mask (opset 26), is exactly
+    2**floor(log2(amax)) for a normal float; maxima below 2**-126 (zero, subnormal) give 0, which
+    every caller clips up to its scale range's low end (>= -127, see build_function), where no
+    format can tell them apart. NaN/inf maxima give inf here; the block's NaN flag overrides
+    them. Three cheap ops instead of a Cast to float8e8m0 and back, which onnxruntime converts
+    one element at a time (docs/PERFORMANCE.md: twice the time of the three)."""
     if foldable:  # see build_function
         return _pow2(b, _exponent(b, amax, flag))
-    a = b.op("Max", amax, b.const(2.0 ** -127))
-    e8 = b.op("Cast", a, to=TensorProto.FLOAT8E8M0, saturate=1, round_mode="down")
-    return b.op("Cast", e8, to=TensorProto.FLOAT)
+    bits = b.op("BitCast", amax, to=TensorProto.INT32)
+    return b.op("BitCast", b.op("BitwiseAnd", bits, b.const(0x7F800000, np.int32)), to=TensorProto.FLOAT)
 
 
 def _round(b: _Body, y: str, rounding: Rounding, sign_of: str) -> str:
@@ -117,38 +119,58 @@ def _round(b: _Body, y: str, rounding: Rounding, sign_of: str) -> str:
     return b.op("Mul", b.op("Sign", sign_of), b.op("Add", t, up))
 
 
-def _round_to_element(b: _Body, y: str, ef) -> str:
+def _round_to_element(b: _Body, y: str, ef, abs_scaled: str | None = None) -> str:
     """`y` rounded to the float element grid `ef`, half to even, saturated to +-max_normal.
 
     By arithmetic alone: y is rounded to its own grid step qs = 2**(max(e, emin) - m), where
     e = floor(log2|y|), as Round(y / qs) * qs (exact: qs is a power of two; Round is half to
-    even and keeps the sign of zero). 2**e comes from Veltkamp splitting: g = a * (2**23 + 1),
-    g + (a - g) rounds a = |y| to one significant bit, i.e. to 2**e or 2**(e + 1), and the
-    larger is halved (test_formats_onnx_block.py runs it on whole binades). It cannot
-    overflow: |y| < 2**(emax + 1), the block's scale puts its maximum in the top binade.
-    Where only ever selects positive steps: onnxruntime's Where turns a selected -0.0 into +0.0."""
+    even and keeps the sign of zero). qs comes from Veltkamp splitting without a compare or a
+    Where: t = max(|y|, 2**emin) * 0.75 * 2**-m lies in [0.75, 1.5) * 2**(e' - m) (e' =
+    max(e, emin); the product is exact or rounds down inside the binade), and
+    g + (t - g), g = t * (2**23 + 1), rounds t to one significant bit, which is 2**(e' - m)
+    on that whole interval (the tie at 0.75 * 2**k goes up: test_formats_onnx_block.py runs
+    it on whole binades). It cannot overflow: |y| < 2**(emax + 1), the block's scale puts
+    its maximum in the top binade, and t stays a normal float (emin - m - 1 >= -126).
+    `abs_scaled`: |y| * 0.75 * 2**-m when the caller has it from |x| (one op less), else None."""
     m = ef.mantissa_bits
-    a = b.op("Abs", y)
-    g = b.op("Mul", a, b.const(2.0 ** 23 + 1.0))
-    r1 = b.op("Add", g, b.op("Sub", a, g))
-    qs = b.op("Mul", r1, b.op("Where", b.op("Greater", r1, a), b.const(2.0 ** (-m - 1)), b.const(2.0 ** -m)))
-    qs = b.op("Max", qs, b.const(2.0 ** (ef.min_exp - m)))
+    if abs_scaled is None:
+        abs_scaled = b.op("Mul", b.op("Abs", y), b.const(0.75 * 2.0 ** -m))
+    t = b.op("Max", abs_scaled, b.const(0.75 * 2.0 ** (ef.min_exp - m)))
+    g = b.op("Mul", t, b.const(2.0 ** 23 + 1.0))
+    qs = b.op("Add", g, b.op("Sub", t, g))
     r = b.op("Mul", b.op("Round", b.op("Div", y, qs)), qs)
     return b.op("Clip", r, b.const(-float(ef.max_normal)), b.const(float(ef.max_normal)))
 
 
+def _alignable(fmt, length: int) -> bool:
+    """Whether an axis of `length` has a blocked view by one Reshape: whole blocks, or a single
+    short block of whole sub-blocks."""
+    if length <= 0:
+        return False
+    return length % fmt.block_size == 0 or (length < fmt.block_size and length % fmt.sub_block == 0)
+
+
 def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False,
-                   length: int | None = None) -> onnx.FunctionProto:
+                   length: int | None = None, post: int | None = None) -> onnx.FunctionProto:
     """The FunctionProto `fmt.function_name(axis, rounding)`: input x, output y.
 
     `foldable`: the variant for constant weights. onnxruntime's constant folding cannot hold a
     float8e8m0 tensor (it fails the session), so weights use a slower exact exponent that folds:
     floor(log(a) / ln 2) corrected against a table of exact powers of two.
-    `length`: the axis length when it is known to be a multiple of the block size and `axis` is
-    non-negative: the blocked view is then a single Reshape (no padding, no cut)."""
-    if length is not None and (axis < 0 or length % fmt.block_size or length <= 0):
+    `length`: the axis length when it is known to be a multiple of the block size, or shorter
+    than one block (and a multiple of the sub-block), and `axis` is non-negative: the blocked
+    view is then a single Reshape (no padding, no cut). A short axis is one block of `length`
+    elements: the reference pads it with zeros, which never raise a block's maximum.
+    `post`: with `length`, the number of elements after the axis when every dim after it is
+    known: the view's target is then a constant (x's leading dims copied by 0s), which saves the
+    ~8 shape ops that compute it per call (they dominate a call on small tensors)."""
+    if post is not None and (length is None or post <= 0):
+        raise FormatError(f"a {fmt.name} function with known trailing elements ({post}) needs a "
+                          "known aligned axis length and post > 0")
+    if length is not None and (axis < 0 or not _alignable(fmt, length)):
         raise FormatError(f"an aligned {fmt.name} function needs a non-negative axis and a positive "
-                          f"axis length divisible by {fmt.block_size}; got axis {axis}, length {length}")
+                          f"axis length divisible by {fmt.block_size} (or shorter than it and "
+                          f"divisible by {fmt.sub_block}); got axis {axis}, length {length}")
     if rounding is not Rounding.HALF_EVEN and fmt.element != "int":
         raise FormatError(f"ONNX emission of {fmt.name} supports only Rounding.HALF_EVEN "
                           f"(its elements are rounded by float8 casts), got {rounding}")
@@ -156,29 +178,39 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     B, S = fmt.block_size, fmt.sub_block
     i64 = np.int64
     one = b.const([1], i64)
-    inner = b.const([B // S, S] if S > 1 else [B], i64)
     aligned = length is not None
-    if aligned:
+    if aligned and post is not None:
+        # -- everything after x's leading dims known: a constant view target; 0 copies x's dim
+        #    (allowzero=0), so the view keeps x's symbolic leading dims and a zero-size one
+        blen = min(length, B)
+        view = [0] * axis + [max(length // B, 1)] + ([blen // S, S] if S > 1 else [blen]) + [post]
+        v = b.op("Reshape", "x", b.const(view, i64))
+        bax = axis + 1
+    elif aligned:
         # -- the axis length is a known multiple of B: a view (x's leading dims, nb, B, post)
         #    by one Reshape, no padding
-        post = b.op("ReduceProd", b.op("Concat", one, b.op("Shape", "x", start=axis + 1), axis=0),
+        post_t = b.op("ReduceProd", b.op("Concat", one, b.op("Shape", "x", start=axis + 1), axis=0),
                     keepdims=1)
         # `post` as a tensor of unknown rank (see below: no known rank with unknown dims)
-        hpost = b.op("Reshape", post, b.op("Slice", one, b.const([0], i64), b.op("Add", post, one)))
+        hpost = b.op("Reshape", post_t, b.op("Slice", one, b.const([0], i64), b.op("Add", post_t, one)))
         # allowzero: every dim is given (a zero-size dim is a real 0, not "copy")
-        v = b.op("Reshape", "x", b.op("Concat", b.op("Shape", "x", end=axis), b.const([length // B], i64),
-                                      inner, hpost, axis=0), allowzero=1)
+        blen = min(length, B)  # a short axis is a single block of `length`
+        inner = b.const([blen // S, S] if S > 1 else [blen], i64)
+        v = b.op("Reshape", "x", b.op("Concat", b.op("Shape", "x", end=axis),
+                                      b.const([max(length // B, 1)], i64), inner, hpost, axis=0),
+                 allowzero=1)
         bax = axis + 1  # the block dim in the view
     else:
         bax = 2
+        inner = b.const([B // S, S] if S > 1 else [B], i64)
         # -- shapes: d = dim along axis, post = product of the dims after it, nb = blocks --------
         if axis == -1:
             d = b.op("Shape", "x", start=-1)
-            post = one
+            post_t = one
         else:
             d = b.op("Shape", "x", start=axis, end=axis + 1)
             tail = b.op("Shape", "x", start=axis + 1)
-            post = b.op("ReduceProd", b.op("Concat", one, tail, axis=0), keepdims=1)
+            post_t = b.op("ReduceProd", b.op("Concat", one, tail, axis=0), keepdims=1)
         nb = b.op("Div", b.op("Add", d, b.const([B - 1], i64)), b.const([B], i64))
         pad = b.op("Sub", b.op("Mul", nb, b.const([B], i64)), d)
         # `post` again, as a tensor of unknown rank for shape inference (reshaped to [1] by a
@@ -187,7 +219,7 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         # memory planner scans its whole free list for every output whose shape it cannot
         # match, and such tensors stay in that list: session creation became quadratic in the
         # number of calls on dynamic shapes. Outputs without a shape are not looked up.
-        hpost = b.op("Reshape", post, b.op("Slice", one, b.const([0], i64), b.op("Add", d, one)))
+        hpost = b.op("Reshape", post_t, b.op("Slice", one, b.const([0], i64), b.op("Add", d, one)))
 
         def hidden(*parts: str) -> str:
             """A Reshape target (ending with `post`) whose length shape inference cannot know."""
@@ -208,7 +240,12 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     else:
         amax = b.op("ReduceMax", av, b.const([bax], i64), keepdims=1)  # (.., nb, 1, ..)
         flag_axes = b.const([bax], i64)
-    flag = b.op("ReduceSum", b.op("Mul", v, b.const(0.0)), flag_axes, keepdims=1)
+    # NaN iff the block holds a NaN (the sum of |v| is NaN) or an inf (the maximum is inf; the
+    # sum alone would also overflow for huge finite blocks): one reduction of |v|, already
+    # computed, instead of a full-size Mul(v, 0) before it
+    # (amax - amax: NaN iff the maximum is inf; three small per-block ops)
+    total = b.op("ReduceSum", av, flag_axes, keepdims=1)
+    flag = b.op("Where", b.op("IsNaN", total), b.const(np.nan), b.op("Sub", amax, amax))
 
     p = _pow2_floor(b, amax, flag, foldable)  # 2**e, e = the block's exponent
     lo, hi = fmt.scale_range
@@ -219,8 +256,8 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         sc = b.op("Clip", p, b.const(2.0 ** lo), b.const(2.0 ** min(hi, 127)))  # 2**s
         step = b.op("Add", b.op("Mul", sc, b.const(2.0 ** (1 - fmt.mant_bits))), flag)
         if S > 1:  # microexponent: sub-blocks below 2**s use the binade below (step / 2)
-            # step * 2**(mant - 1) = 2**s exactly (a power of two within float32's range)
-            fits_lower = b.op("Less", submax, b.op("Mul", step, b.const(2.0 ** (fmt.mant_bits - 1))))
+            # against sc = 2**s itself (a NaN-flagged block keeps its NaN step either way)
+            fits_lower = b.op("Less", submax, sc)
             step = b.op("Where", fits_lower, b.op("Mul", step, b.const(0.5)), step)  # (.., B/S, 1, ..)
         m = _round(b, b.op("Div", v, step), rounding, v)
         m = b.op("Clip", m, b.const(float(-fmt.max_code)), b.const(float(fmt.max_code)))
@@ -231,7 +268,11 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         sc = b.op("Clip", b.op("Mul", p, b.const(2.0 ** -ef.emax)), b.const(2.0 ** lo), b.const(2.0 ** hi))
         # inv = 2**-s is in [2**-127, 2**127]: representable, like s itself
         inv = b.op("Add", b.op("Div", b.const(1.0), sc), flag)
-        r = _round_to_element(b, b.op("Mul", v, inv), ef)
+        # |y| * 0.75 * 2**-m as |v| * (inv * 0.75 * 2**-m): one rounding of the same real
+        # product either way (inv is a power of two; a product too small to be normal is far
+        # below the clamp at 0.75 * 2**(emin - m)), and |v| is already there
+        k = b.op("Mul", inv, b.const(0.75 * 2.0 ** -ef.mantissa_bits))
+        r = _round_to_element(b, b.op("Mul", v, inv), ef, abs_scaled=b.op("Mul", av, k))
         q = b.op("Div", r, inv)
     # back to x's layout (unpadded: (pre, nb * B, post) cut to d), then x's own shape
     if not aligned:
@@ -240,7 +281,8 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     b.op("Reshape", q, b.op("Shape", "x"), out="y", allowzero=1)
     doc = (f"{fmt.name} fake quantization, blocks of {B} along axis {axis}, "
            f"{'half to even' if rounding is Rounding.HALF_EVEN else 'half away from zero'}")
-    return make_function(fmt.function_name(axis, rounding, length=length, const=foldable), ["x"], ["y"], b.nodes, opset=fmt.onnx_opset, doc=doc)
+    name = fmt.function_name(axis, rounding, length=length, const=foldable, post=post)
+    return make_function(name, ["x"], ["y"], b.nodes, opset=fmt.onnx_opset, doc=doc)
 
 
 def emit_block(fmt, input_name: str, output_name: str, *, axis: int, prefix: str,
@@ -248,14 +290,18 @@ def emit_block(fmt, input_name: str, output_name: str, *, axis: int, prefix: str
                shape: Shape | None = None) -> Emission:
     """An Emission: one node in MIXQ_DOMAIN calling the format's function, plus the function
     (`foldable`: the variant for constant inputs, see build_function). A known `shape` (None for
-    unknown dims) whose axis length is a multiple of the block selects the aligned function."""
-    length = None
+    unknown dims) whose axis length is a multiple of the block (or one short block, see
+    build_function) selects the aligned function."""
+    length = post = None
     if shape is not None and -len(shape) <= axis < len(shape):
         axis_pos = axis % len(shape)
         dim = shape[axis_pos]
-        if isinstance(dim, int) and dim > 0 and dim % fmt.block_size == 0:
+        if isinstance(dim, int) and _alignable(fmt, dim):
             axis, length = axis_pos, dim
-    fn = build_function(fmt, axis, rounding, foldable=foldable, length=length)
+            tail = [t for t in shape[axis_pos + 1:] if isinstance(t, int) and t > 0]
+            if len(tail) == len(shape) - axis_pos - 1:  # every dim after the axis known
+                post = int(np.prod(tail, dtype=np.int64))
+    fn = build_function(fmt, axis, rounding, foldable=foldable, length=length, post=post)
     node = helper.make_node(fn.name, [input_name], [output_name], name=f"{prefix}/{fn.name}",
                             domain=MIXQ_DOMAIN)
     return Emission(nodes=[node], functions=[fn], opsets={"": fmt.onnx_opset, MIXQ_DOMAIN: MIXQ_DOMAIN_VERSION})

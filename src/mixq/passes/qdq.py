@@ -105,7 +105,7 @@ class _Rewrite:
 
 def _pass_opset(rw: _Rewrite) -> PassResult:
     """Upgrade the model to the default-domain opset every planned format's ONNX needs (block
-    formats: 25). Not in place when it converts: the converter returns a new model."""
+    formats: 26). Not in place when it converts: the converter returns a new model."""
     from .prepare import model_opset, upgrade_opset
 
     res = PassResult("opset", in_place=True)
