@@ -87,7 +87,8 @@ def _resolve_config(config: Any) -> QuantConfig:
 def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | str | None = None,
              calibration_data: Any = None, *, output_path: str | os.PathLike | None = None,
              plan: PrecisionPlan | None = None, progress: Callable[[int], None] | None = None,
-             check_kernels: bool = True, finetune: Any = None) -> QuantizeResult:
+             check_kernels: bool = True, finetune: Any = None,
+             executor: Any = None) -> QuantizeResult:
     """Quantize `model` with `config` (a QuantConfig or a preset name; default A8W8),
     calibrating activations on `calibration_data` (a data reader, an iterable of feed dicts, a
     .npz/.npy file or a folder).
@@ -101,6 +102,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     with the QDQ semantics (int8 saturation on x86 CPUs without VNNI).
     `finetune` (a mixq.finetune AdaRoundConfig / AdaQuantConfig, or a compat QConfig's
     algo_config) adjusts the weights layer by layer before the rewrite (needs torch).
+    `executor` (a mixq.distributed Executor: local processes or Ray) calibrates shards of the
+    data on its workers; the statistics, and the model, are the same bytes as without it.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -128,7 +131,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     timings["plan"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    pipe.calibrate(the_plan, calibration_data, progress=progress)
+    pipe.calibrate(the_plan, calibration_data, progress=progress, executor=executor)
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()

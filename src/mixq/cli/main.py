@@ -35,6 +35,17 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exclude-op-types", default="", help="comma-separated op types to keep float")
 
 
+def _add_parallel_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="calibrate N shards of the data in N local processes (the same bytes "
+                        "as one process)")
+    g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="calibrate shards as tasks on a Ray cluster (ADDRESS: 'auto', "
+                        "'ray://host:10001'; none: RAY_ADDRESS or a new local cluster); needs "
+                        "pip install 'mixq[ray]'")
+
+
 def _config_given(args: argparse.Namespace) -> bool:
     """Whether any config flag was given (a replayed plan carries its own config)."""
     return bool(args.config or args.preset or args.activation or args.weight or args.calib_method
@@ -88,9 +99,16 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     plan = _read_plan(args.plan) if args.plan else None
     # a replayed plan carries the config that made it; flags beside it must agree with it
     cfg = _config_from_args(args) if plan is None or _config_given(args) else None
-    with _progress("calibrating") as tick:
-        res = quantize(args.input, cfg, args.calib, output_path=args.output, plan=plan,
-                       progress=tick)
+    from ..distributed import executor_from
+
+    executor = executor_from(args.workers, args.ray)
+    try:
+        with _progress("calibrating") as tick:
+            res = quantize(args.input, cfg, args.calib, output_path=args.output, plan=plan,
+                           progress=tick, executor=executor)
+    finally:
+        if executor is not None:
+            executor.close()
     print(res.summary())
     print(f"\nwrote {res.output_path}")
     return 0
@@ -246,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("output")
     q.add_argument("--calib", help="calibration data: .npz, .npy or a folder of them")
     q.add_argument("--plan", help="replay a precision plan saved by `mixq plan -o`")
+    _add_parallel_args(q)
     _add_config_args(q)
     q.set_defaults(func=cmd_quantize)
 

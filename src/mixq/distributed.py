@@ -1,0 +1,337 @@
+"""Independent tasks on local processes or a Ray cluster: sharded calibration (and the search).
+
+An :class:`Executor` runs ``fn(shared, item)`` for every item and returns the results in item
+order. ``shared`` (the model bytes and the data) is sent once per `map` call, never once per
+task: a :class:`ProcessExecutor` writes it to one temporary file its workers read once each, a
+:class:`RayExecutor` puts it into the object store once (``ray.put``) and every task receives
+the reference. Task functions are module-level functions (they are pickled by reference) and
+return plain data (dicts, lists, numbers), so a result never depends on where it was computed.
+
+Sharded calibration (:func:`calibrate_sharded`) cuts the calibration feeds into contiguous
+shards, collects :class:`~mixq.calibration.stats.TensorStats` of every shard on a worker and
+merges them in shard order. The statistics are exact and their merge is plain integer addition
+plus min/max, so the merged statistics, and the quantized model, are the same bytes for any
+shard count.
+
+    from mixq.distributed import executor_from
+    with executor_from(workers=2) as ex:
+        mixq.quantize("model.onnx", "A8W8", data, executor=ex)
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+import onnx
+
+from .errors import ConfigError, MixqError
+
+__all__ = ["Executor", "SerialExecutor", "ProcessExecutor", "RayExecutor", "WorkerError",
+           "executor_from", "shard_bounds", "calibrate_sharded"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: How to get Ray, named in every error about it.
+RAY_INSTALL = "pip install 'mixq[ray]'"
+
+
+class WorkerError(MixqError, RuntimeError):
+    """A worker process died and the task could not be completed on another one."""
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs independent tasks; `workers` is how many run at once (and how many shards the
+    calibration data is cut into)."""
+
+    workers: int
+
+    def map(self, fn: Callable[[Any, T], R], items: Sequence[T], shared: Any = None) -> list[R]:
+        """``[fn(shared, item) for item in items]``, in item order. `fn` must be a module-level
+        function; `shared` is sent to the workers once per call."""
+        ...
+
+    def close(self) -> None:
+        """Release the workers (idempotent)."""
+        ...
+
+
+class _ContextMixin:
+    def close(self) -> None:  # pragma: no cover - overridden where there is something to free
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", fn))
+
+
+def _check_workers(workers: Any, what: str = "workers") -> int:
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise ConfigError(f"{what} must be a positive integer, got {workers!r}")
+    return int(workers)
+
+
+class SerialExecutor(_ContextMixin):
+    """Runs the tasks in this process, one after another. `workers` is only how many tasks the
+    work is split into: ``SerialExecutor(3)`` reproduces the splitting of a 3-worker run."""
+
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = _check_workers(workers)
+
+    def map(self, fn: Callable[[Any, T], R], items: Sequence[T], shared: Any = None) -> list[R]:
+        return [fn(shared, it) for it in items]
+
+    def __repr__(self) -> str:
+        return f"SerialExecutor({self.workers})"
+
+
+# -- local processes ---------------------------------------------------------------------------
+# the shared object a worker process read last: (token, object); one map call's shared data is
+# read once per worker, not once per task
+_WORKER_SHARED: tuple[str, Any] | None = None
+
+
+def _process_task(fn: Callable[[Any, Any], Any], token: str, path: str | None, item: Any) -> Any:
+    """Runs in a worker process: `fn(shared, item)` with the shared object of `token`."""
+    global _WORKER_SHARED
+    if path is None:
+        return fn(None, item)
+    if _WORKER_SHARED is None or _WORKER_SHARED[0] != token:
+        _WORKER_SHARED = None  # drop the previous call's data before reading the next
+        with open(path, "rb") as f:
+            _WORKER_SHARED = (token, pickle.load(f))  # written by this module, never user files
+    return fn(_WORKER_SHARED[1], item)
+
+
+class ProcessExecutor(_ContextMixin):
+    """`workers` local processes (spawn context: a fresh interpreter each, no forked
+    onnxruntime threads). The pool starts on the first `map` and lives until `close()`; a task
+    whose worker died is run again once in a new pool, then :class:`WorkerError`."""
+
+    def __init__(self, workers: int, *, retries: int = 1) -> None:
+        self.workers = _check_workers(workers)
+        self.retries = int(retries)
+        self._pool: ProcessPoolExecutor | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+
+    def _get_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            import multiprocessing
+
+            self._pool = ProcessPoolExecutor(max_workers=self.workers,
+                                             mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def map(self, fn: Callable[[Any, T], R], items: Sequence[T], shared: Any = None) -> list[R]:
+        items = list(items)
+        token = uuid.uuid4().hex
+        path = None
+        if shared is not None:
+            if self._tmp is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="mixq_shared_")
+            path = os.path.join(self._tmp.name, f"{token}.pkl")
+            with open(path, "wb") as f:
+                pickle.dump(shared, f, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            results: dict[int, Any] = {}
+            for attempt in range(self.retries + 1):
+                pool = self._get_pool()
+                todo = [i for i in range(len(items)) if i not in results]
+                futures = {i: pool.submit(_process_task, fn, token, path, items[i]) for i in todo}
+                try:
+                    for i, fut in futures.items():
+                        results[i] = fut.result()
+                    break
+                except BrokenProcessPool as e:
+                    # a worker died (killed, out of memory): finished results are kept
+                    self._shutdown_pool()
+                    if attempt == self.retries:
+                        raise WorkerError(f"a worker process died running {_name(fn)} "
+                                          f"({len(items) - len(results)} of {len(items)} tasks "
+                                          f"unfinished after {self.retries + 1} attempts); check "
+                                          "the memory per worker or use fewer workers") from e
+            return [results[i] for i in range(len(items))]
+        finally:
+            if path is not None:
+                Path(path).unlink(missing_ok=True)
+
+    def _shutdown_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def close(self) -> None:
+        self._shutdown_pool()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __repr__(self) -> str:
+        return f"ProcessExecutor({self.workers})"
+
+
+# -- Ray ---------------------------------------------------------------------------------------
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError(f"--ray (RayExecutor) needs Ray, which is not installed: {RAY_INSTALL}"
+                          ) from e
+    return ray
+
+
+def _ray_task(fn: Callable[[Any, Any], Any], shared: Any, item: Any) -> Any:
+    """Runs in a Ray worker; Ray resolves `shared` (an ObjectRef argument) from the object
+    store: numpy arrays in it are read in place, not copied."""
+    return fn(shared, item)
+
+
+class RayExecutor(_ContextMixin):
+    """Tasks on a Ray cluster: ``ray.init(address=address)`` (``None``: a running cluster named
+    by RAY_ADDRESS, else a new local one; ``"auto"``: the cluster this machine belongs to;
+    ``"ray://host:10001"``: a remote one). When Ray is already initialized in this process, that
+    cluster is used and left running. `shared` goes to the object store once per `map`
+    (``ray.put``); a task whose worker or node dies is retried `max_retries` times by Ray
+    (exceptions raised by the task itself are not retried: they are errors in the input).
+    `workers`: the cluster's CPUs unless given. `init_kwargs` go to ``ray.init``."""
+
+    def __init__(self, address: str | None = None, *, max_retries: int = 3,
+                 workers: int | None = None, **init_kwargs: Any) -> None:
+        ray = _import_ray()
+        self._ray = ray
+        self.max_retries = int(max_retries)
+        self._owned = False
+        if not ray.is_initialized():
+            try:
+                ray.init(address=address or None, **init_kwargs)
+            except ConnectionError as e:
+                raise ConfigError(f"cannot connect to the Ray cluster at {address!r}: {e}. Start "
+                                  "one with `ray start --head` or pass no address for a local "
+                                  "one.") from e
+            self._owned = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.workers = _check_workers(workers) if workers is not None else max(1, cpus)
+        self._remote = ray.remote(max_retries=self.max_retries, retry_exceptions=False)(_ray_task)
+
+    def map(self, fn: Callable[[Any, T], R], items: Sequence[T], shared: Any = None) -> list[R]:
+        ray = self._ray
+        ref = ray.put(shared)  # once: every task gets the reference
+        refs = [self._remote.remote(fn, ref, it) for it in items]
+        try:
+            return list(ray.get(refs))
+        except ray.exceptions.RayTaskError as e:
+            cause = e.as_instanceof_cause()
+            if isinstance(cause, MixqError):
+                raise cause from None  # a DataError in a shard reads as it would serially
+            raise
+        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as e:
+            raise WorkerError(f"a Ray worker died running {_name(fn)} after "
+                              f"{self.max_retries} retries: {e}") from e
+        finally:
+            del ref
+
+    def close(self) -> None:
+        if self._owned and self._ray.is_initialized():
+            self._ray.shutdown()
+        self._owned = False
+
+    def __repr__(self) -> str:
+        return f"RayExecutor(workers={self.workers})"
+
+
+def executor_from(workers: int | None = None, ray: str | bool | None = None) -> Executor | None:
+    """The executor of the `--workers N` / `--ray [ADDRESS]` options: None (one process, the
+    default), a :class:`ProcessExecutor` (N > 1), or a :class:`RayExecutor` (`ray`: an address,
+    or True / "" for a local cluster or the one RAY_ADDRESS names)."""
+    if ray is not None and ray is not False:
+        if workers is not None:
+            raise ConfigError("--workers and --ray exclude each other: --workers N runs N local "
+                              "processes, --ray runs tasks on a Ray cluster (its CPUs)")
+        return RayExecutor(None if ray is True or ray == "" else str(ray))
+    if workers is None:
+        return None
+    n = _check_workers(workers, "--workers")
+    return SerialExecutor(1) if n == 1 else ProcessExecutor(n)
+
+
+# -- sharded calibration -----------------------------------------------------------------------
+def shard_bounds(n_items: int, shards: int) -> list[tuple[int, int]]:
+    """`shards` contiguous, non-empty ``[lo, hi)`` ranges covering ``range(n_items)`` (fewer when
+    there are fewer items), sizes differing by at most one."""
+    k = max(1, min(_check_workers(shards, "shards"), n_items))
+    edges = [(n_items * i) // k for i in range(k + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(k)]
+
+
+def _calib_shard(shared: tuple[bytes, list[str], list[dict[str, np.ndarray]], str | None],
+                 bounds: tuple[int, int]) -> tuple[dict[str, dict[str, Any]], dict[str, str], int]:
+    """Task: statistics of one shard of the feeds, as plain data
+    (``{name: TensorStats.to_dict()}``, ``{name: why skipped}``, feeds run)."""
+    from .calibration.collect import collect_stats
+
+    model_bytes, names, feeds, base_dir = shared
+    lo, hi = bounds
+    res = collect_stats(onnx.load_from_string(model_bytes), names, feeds[lo:hi],
+                        base_dir=base_dir)
+    return {n: s.to_dict() for n, s in res.items()}, dict(res.skipped), res.num_batches
+
+
+def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data: Any,
+                      executor: Executor, *, shards: int | None = None,
+                      base_dir: str | os.PathLike | None = None,
+                      progress: Callable[[int], Any] | None = None) -> Any:
+    """:func:`mixq.calibration.collect.collect_stats` of `data` split into `shards` (default
+    ``executor.workers``) contiguous shards run on `executor`, merged in shard order: the same
+    statistics as one pass. Initializers are read once here, not per shard. The data is read
+    here once (every feed validated) and sent to the workers once. `progress` is called with
+    every batch index once its shard's results are back. Returns a CollectResult."""
+    from .calibration.collect import CollectResult, collect_stats
+    from .calibration.data import FeedSource
+    from .calibration.stats import TensorStats
+
+    names = list(dict.fromkeys(tensor_names))
+    inits = {t.name for t in model.graph.initializer}
+    # initializers (and unknown names) need no data: once, here
+    local = collect_stats(model, [n for n in names if n in inits], None, base_dir=base_dir)
+    run_names = [n for n in names if n not in inits]
+    feeds = [{k: np.asarray(v) for k, v in f.items()}
+             for f in FeedSource(data, model)] if run_names else []
+    merged: dict[str, TensorStats] = {}
+    skipped: dict[str, str] = dict(local.skipped)
+    n_batches = 0
+    if run_names:
+        bounds = shard_bounds(len(feeds), shards if shards is not None else executor.workers)
+        shared = (model.SerializeToString(), run_names, feeds,
+                  None if base_dir is None else str(base_dir))
+        set_total = getattr(progress, "set_total", None)  # a mixq._progress.Progress
+        if callable(set_total):
+            set_total(len(feeds))
+        for part_stats, part_skipped, nb in executor.map(_calib_shard, bounds, shared):
+            for n, d in part_stats.items():  # in shard order (merging is exact in any order)
+                s = TensorStats.from_dict(d)
+                if n in merged:
+                    merged[n].merge(s)
+                else:
+                    merged[n] = s
+            skipped.update(part_skipped)
+            if progress is not None:
+                for i in range(n_batches, n_batches + nb):
+                    progress(i)
+            n_batches += nb
+    out = {**local.stats, **{n: s for n, s in merged.items() if n not in skipped}}
+    return CollectResult({n: out[n] for n in names if n in out}, skipped, n_batches)
