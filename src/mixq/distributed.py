@@ -35,7 +35,8 @@ import onnx
 from .errors import ConfigError, MixqError
 
 __all__ = ["Executor", "SerialExecutor", "ProcessExecutor", "RayExecutor", "WorkerError",
-           "executor_from", "shard_bounds", "calibrate_sharded"]
+           "executor_from", "shard_bounds", "calibrate_sharded", "evaluate_plans",
+           "relative_l2_score"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -335,3 +336,67 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
             n_batches += nb
     out = {**local.stats, **{n: s for n, s in merged.items() if n not in skipped}}
     return CollectResult({n: out[n] for n in names if n in out}, skipped, n_batches)
+
+
+# -- candidate evaluations (the search) ---------------------------------------------------------
+def _evaluate_plan_task(shared: tuple[bytes, dict[str, dict[str, Any]], str | None,
+                                      Callable[[Any, onnx.ModelProto], float], Any],
+                        item: tuple[str, dict[str, Any]]) -> float:
+    """Task: the quantized model of one (plan, config) built from the shipped statistics, scored
+    by ``score(state, model)``; a float back."""
+    from .calibration.stats import TensorStats
+    from .config import QuantConfig
+    from .passes.prepare import PrepareReport
+    from .pipeline import Pipeline
+    from .plan.plan import PrecisionPlan
+
+    model_bytes, stats, base_dir, score, state = shared
+    pipe = Pipeline(onnx.load_from_string(model_bytes), PrepareReport(),
+                    base_dir=None if base_dir is None else Path(base_dir),
+                    stats={n: TensorStats.from_dict(d) for n, d in stats.items()})
+    plan, cfg = PrecisionPlan.from_json(item[0]), QuantConfig.from_dict(item[1])
+    model, _ = pipe.rewrite(plan, pipe.qparams(plan, cfg), cfg)
+    return float(score(state, model))
+
+
+def evaluate_plans(pipe: Any, candidates: Sequence[tuple[Any, Any]],
+                   score: Callable[[Any, onnx.ModelProto], float], state: Any,
+                   executor: Executor) -> list[float]:
+    """``score(state, quantized model)`` of every ``(PrecisionPlan, QuantConfig)`` in
+    `candidates`, one task each, in order. `pipe` (a calibrated mixq Pipeline) supplies the
+    prepared model and the statistics; they, `score` (a module-level function) and `state`
+    (e.g. the evaluation feeds and the float outputs) go to the workers once. A candidate's
+    model is rebuilt on its worker from the same statistics, so it is the same bytes, and its
+    score the same float, as in one process."""
+    from .formats import get_format
+
+    for plan, _ in candidates:  # every statistic a candidate needs must have been collected
+        need = plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
+        lacking = [n for n in need if n not in pipe.stats and n not in pipe.calib_skipped]
+        if lacking:
+            raise ConfigError(f"candidate plan needs statistics of {lacking[0]!r} (and "
+                              f"{len(lacking) - 1} more) that were not collected: run "
+                              "pipe.calibrate(plan, data) for every candidate first")
+    shared = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},
+              None if pipe.base_dir is None else str(pipe.base_dir), score, state)
+    items = [(plan.to_json(), cfg.to_dict()) for plan, cfg in candidates]
+    return executor.map(_evaluate_plan_task, items, shared)
+
+
+def relative_l2_score(state: tuple[list[dict[str, np.ndarray]], list[np.ndarray]],
+                      model: onnx.ModelProto) -> float:
+    """A score for :func:`evaluate_plans`: relative L2 error of the first output of `model`
+    against the float outputs, over the feeds (``state = (feeds, float first outputs)``)."""
+    import onnxruntime as ort
+
+    feeds, ref = state
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.intra_op_num_threads = 1  # one task per core: results do not depend on the thread count
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    num = den = 0.0
+    for f, r in zip(feeds, ref):
+        out = sess.run(None, f)[0].astype(np.float64)
+        num += float(np.sum((out - r) ** 2))
+        den += float(np.sum(np.asarray(r, dtype=np.float64) ** 2))
+    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))

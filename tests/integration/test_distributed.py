@@ -17,7 +17,7 @@ from mixq.calibration.collect import collect_stats
 from mixq.calibration.stats import TensorStats
 from mixq.data import default_model_path, load_default_samples
 from mixq.distributed import (ProcessExecutor, RayExecutor, SerialExecutor, calibrate_sharded,
-                              executor_from, shard_bounds)
+                              evaluate_plans, executor_from, relative_l2_score, shard_bounds)
 from mixq.errors import ConfigError
 from mixq.pipeline import Pipeline
 
@@ -139,6 +139,42 @@ def test_cli_workers_gives_the_same_bytes(tmp_path, calib, reference):
     assert out.read_bytes() == one.read_bytes()
 
 
+# -- candidate evaluations (what the search sends) ---------------------------------------------
+@pytest.fixture(scope="module")
+def candidates(calib):
+    """A calibrated pipeline, three candidate (plan, config) pairs and the score state."""
+    import onnxruntime as ort
+
+    pipe = Pipeline.load(default_model_path())
+    cands = []
+    for preset in ("A8W8", "A16W8", "U8S8"):
+        cfg = mixq.get_default_config(preset)
+        plan = pipe.plan(cfg)
+        pipe.calibrate(plan, calib[:16])
+        cands.append((plan, cfg))
+    sess = ort.InferenceSession(pipe.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    feeds = [{name: calib[i:i + 4]} for i in range(16, 32, 4)]
+    state = (feeds, [sess.run(None, f)[0] for f in feeds])
+    expected = [relative_l2_score(state, pipe.materialize(cfg, plan)[0]) for plan, cfg in cands]
+    assert len(set(expected)) == 3 and all(0 < e < 0.5 for e in expected)
+    return pipe, cands, state, expected
+
+
+def test_evaluate_plans_same_scores_in_processes(candidates):
+    pipe, cands, state, expected = candidates
+    assert evaluate_plans(pipe, cands, relative_l2_score, state, SerialExecutor(1)) == expected
+    with ProcessExecutor(2) as ex:
+        assert evaluate_plans(pipe, cands, relative_l2_score, state, ex) == expected
+
+
+def test_evaluate_plans_needs_the_statistics(candidates):
+    pipe, cands, state, _ = candidates
+    fresh = Pipeline.load(default_model_path())
+    with pytest.raises(ConfigError, match="calibrate"):
+        evaluate_plans(fresh, cands[:1], relative_l2_score, state, SerialExecutor(1))
+
+
 # -- Ray -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_cluster():
@@ -171,6 +207,11 @@ def test_ray_bytes_identical(ray_cluster, calib, reference):
     assert _quantized_bytes(calib, ex) == reference
     ex.close()  # the fixture's cluster was not started by the executor: still up
     assert ray_cluster.is_initialized()
+
+
+def test_ray_evaluate_plans_same_scores(ray_cluster, candidates):
+    pipe, cands, state, expected = candidates
+    assert evaluate_plans(pipe, cands, relative_l2_score, state, RayExecutor()) == expected
 
 
 def test_ray_retries_a_dead_worker(ray_cluster, calib, reference, tmp_path):
