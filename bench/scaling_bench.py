@@ -7,9 +7,10 @@
 
 Every configuration calibrates the same feeds on a fresh Pipeline (the calibrate stage only:
 plan, parameters and rewrite do not change with the workers) and its statistics are checked
-byte for byte against the one-process pass. "cold" includes starting the workers (spawning
-processes that import onnxruntime; Ray's worker processes), "warm" is a second run on the same
-executor. Ray's own start (`ray.init`, a local cluster) is reported apart: a real cluster is
+byte for byte against the one-process pass. "cold" (one run) includes starting the workers
+(spawning processes that import onnxruntime; Ray's worker processes); "warm" is the fastest of
+--repeats further runs on the same executor (on a shared machine the fastest is the least
+disturbed). Ray's own start (`ray.init`, a local cluster) is reported apart: a real cluster is
 started once, not per run. The per-part times the table ends with feed the model in
 docs/SCALING.md.
 """
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=4096, help="fashion_cnn: calibration samples")
     p.add_argument("--repeat", type=int, default=8, help="bench case: repeat its calib feeds")
     p.add_argument("--workers", default="1,2")
+    p.add_argument("--repeats", type=int, default=3, help="warm runs per row (the fastest counts)")
     p.add_argument("--no-ray", action="store_true")
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args(argv)
@@ -115,16 +117,22 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(w) for w in args.workers.split(",")]
     print(f"model {model_path.name}, {len(feeds)} calibration feeds, workers {counts}")
 
+    def warm_runs(ex: Executor | None) -> tuple[float, bool]:
+        # the fastest of `repeats` runs: the machine is shared, the minimum is the least noisy
+        runs = [_calibrate(model_path, feeds, ex) for _ in range(args.repeats)]
+        return min(t for t, _ in runs), all(js == ref for _, js in runs)
+
     rows: list[dict[str, Any]] = []
-    base_s, ref = _calibrate(model_path, feeds, None)
-    rows.append({"executor": "one process (no executor)", "workers": 1, "cold_s": base_s,
-                 "warm_s": base_s, "same": True})
+    first_s, ref = _calibrate(model_path, feeds, None)
+    base_s, same = warm_runs(None)
+    rows.append({"executor": "one process (no executor)", "workers": 1, "cold_s": first_s,
+                 "warm_s": base_s, "same": same})
     for n in counts:
         with ProcessExecutor(n) as ex:
             cold, a = _calibrate(model_path, feeds, ex)
-            warm, b = _calibrate(model_path, feeds, ex)
+            warm, same = warm_runs(ex)
         rows.append({"executor": "local processes", "workers": n, "cold_s": cold, "warm_s": warm,
-                     "same": a == ref and b == ref})
+                     "same": a == ref and same})
     if not args.no_ray:
         import ray
 
@@ -135,15 +143,15 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 ex = RayExecutor()
                 cold, a = _calibrate(model_path, feeds, ex)
-                warm, b = _calibrate(model_path, feeds, ex)
+                warm, same = warm_runs(ex)
             finally:
                 ray.shutdown()
             rows.append({"executor": f"Ray, local cluster (ray.init {init_s:.1f} s)",
                          "workers": n, "cold_s": cold, "warm_s": warm,
-                         "same": a == ref and b == ref})
+                         "same": a == ref and same})
 
-    print("\n| executor | workers | calibrate, cold (s) | warm (s) | speed-up (warm) | "
-          "same statistics |")
+    print(f"\n| executor | workers | calibrate, cold (s) | warm, best of {args.repeats} (s) | "
+          "speed-up (warm) | same statistics |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['executor']} | {r['workers']} | {r['cold_s']:.2f} | {r['warm_s']:.2f} | "
