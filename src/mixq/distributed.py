@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -35,8 +36,8 @@ import onnx
 from .errors import ConfigError, MixqError
 
 __all__ = ["Executor", "SerialExecutor", "ProcessExecutor", "RayExecutor", "WorkerError",
-           "executor_from", "shard_bounds", "calibrate_sharded", "evaluate_plans",
-           "relative_l2_score"]
+           "executor_from", "shard_bounds", "calibrate_sharded", "SplitMetric",
+           "evaluate_plans", "RELATIVE_L2"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -339,35 +340,60 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
 
 
 # -- candidate evaluations (the search) ---------------------------------------------------------
-def _evaluate_plan_task(shared: tuple[bytes, dict[str, dict[str, Any]], str | None,
-                                      Callable[[Any, onnx.ModelProto], float], Any],
-                        item: tuple[str, dict[str, Any]]) -> float:
-    """Task: the quantized model of one (plan, config) built from the shipped statistics, scored
-    by ``score(state, model)``; a float back."""
+@dataclass(frozen=True)
+class SplitMetric:
+    """A metric a search scores candidate models with, computed feed by feed so that the
+    evaluation data can be split over workers without changing a bit of the result.
+
+    per_feed(state, model, lo, hi): one plain-data row per evaluation feed in ``[lo, hi)``
+        (e.g. squared error and squared reference of that feed; a correct-prediction count);
+    combine(state, rows): the metric from the rows of every feed, in feed order (runs in the
+        driver; the same rows in the same order give the same float whatever the split).
+    Both must be module-level functions (they are pickled by reference)."""
+
+    per_feed: Callable[[Any, onnx.ModelProto, int, int], list[Any]]
+    combine: Callable[[Any, list[Any]], float]
+
+
+def _model_of(shared: tuple[bytes, dict[str, dict[str, Any]], str | None], plan_json: str,
+              config: dict[str, Any]) -> onnx.ModelProto:
+    """The quantized model of (plan, config) rebuilt on a worker from the shipped prepared
+    model and statistics: the same bytes as the driver's."""
     from .calibration.stats import TensorStats
     from .config import QuantConfig
     from .passes.prepare import PrepareReport
     from .pipeline import Pipeline
     from .plan.plan import PrecisionPlan
 
-    model_bytes, stats, base_dir, score, state = shared
+    model_bytes, stats, base_dir = shared
     pipe = Pipeline(onnx.load_from_string(model_bytes), PrepareReport(),
                     base_dir=None if base_dir is None else Path(base_dir),
                     stats={n: TensorStats.from_dict(d) for n, d in stats.items()})
-    plan, cfg = PrecisionPlan.from_json(item[0]), QuantConfig.from_dict(item[1])
-    model, _ = pipe.rewrite(plan, pipe.qparams(plan, cfg), cfg)
-    return float(score(state, model))
+    plan, cfg = PrecisionPlan.from_json(plan_json), QuantConfig.from_dict(config)
+    return pipe.rewrite(plan, pipe.qparams(plan, cfg), cfg)[0]
 
 
-def evaluate_plans(pipe: Any, candidates: Sequence[tuple[Any, Any]],
-                   score: Callable[[Any, onnx.ModelProto], float], state: Any,
-                   executor: Executor) -> list[float]:
-    """``score(state, quantized model)`` of every ``(PrecisionPlan, QuantConfig)`` in
-    `candidates`, one task each, in order. `pipe` (a calibrated mixq Pipeline) supplies the
-    prepared model and the statistics; they, `score` (a module-level function) and `state`
-    (e.g. the evaluation feeds and the float outputs) go to the workers once. A candidate's
-    model is rebuilt on its worker from the same statistics, so it is the same bytes, and its
-    score the same float, as in one process."""
+def _evaluate_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | None],
+                                 SplitMetric, Any],
+                   item: tuple[str, dict[str, Any], int, int]) -> list[Any]:
+    """Task: the metric rows of feeds ``[lo, hi)`` for one candidate (plan JSON, config dict)."""
+    model_part, metric, state = shared
+    plan_json, config, lo, hi = item
+    return list(metric.per_feed(state, _model_of(model_part, plan_json, config), lo, hi))
+
+
+def evaluate_plans(pipe: Any, candidates: Sequence[tuple[Any, Any]], metric: SplitMetric,
+                   state: Any, n_feeds: int, executor: Executor, *,
+                   shards: int | None = None) -> list[float]:
+    """The metric of every ``(PrecisionPlan, QuantConfig)`` in `candidates`, in order.
+
+    `pipe` (a calibrated mixq Pipeline) supplies the prepared model and the statistics; they,
+    `metric` and `state` (e.g. the evaluation feeds and the float outputs; `n_feeds` of them)
+    go to the workers once. Each candidate's evaluation feeds are cut into `shards` contiguous
+    shards (default: enough tasks to keep every worker busy), one task per (candidate, shard);
+    a task rebuilds the candidate's model from the same statistics (the same bytes as in one
+    process) and returns per-feed rows, which `metric.combine` reduces in feed order: the same
+    floats as one process, whatever the shard count."""
     from .formats import get_format
 
     for plan, _ in candidates:  # every statistic a candidate needs must have been collected
@@ -377,26 +403,46 @@ def evaluate_plans(pipe: Any, candidates: Sequence[tuple[Any, Any]],
             raise ConfigError(f"candidate plan needs statistics of {lacking[0]!r} (and "
                               f"{len(lacking) - 1} more) that were not collected: run "
                               "pipe.calibrate(plan, data) for every candidate first")
-    shared = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},
-              None if pipe.base_dir is None else str(pipe.base_dir), score, state)
-    items = [(plan.to_json(), cfg.to_dict()) for plan, cfg in candidates]
-    return executor.map(_evaluate_plan_task, items, shared)
+    if not candidates:
+        return []
+    k = shards if shards is not None else -(-executor.workers // len(candidates))
+    bounds = shard_bounds(n_feeds, k)
+    model_part = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},
+                  None if pipe.base_dir is None else str(pipe.base_dir))
+    items = [(plan.to_json(), cfg.to_dict(), lo, hi) for plan, cfg in candidates
+             for lo, hi in bounds]
+    rows = executor.map(_evaluate_task, items, (model_part, metric, state))
+    out = []
+    for c in range(len(candidates)):
+        per_feed = [r for part in rows[c * len(bounds):(c + 1) * len(bounds)] for r in part]
+        out.append(float(metric.combine(state, per_feed)))
+    return out
 
 
-def relative_l2_score(state: tuple[list[dict[str, np.ndarray]], list[np.ndarray]],
-                      model: onnx.ModelProto) -> float:
-    """A score for :func:`evaluate_plans`: relative L2 error of the first output of `model`
-    against the float outputs, over the feeds (``state = (feeds, float first outputs)``)."""
+def _l2_rows(state: tuple[list[dict[str, np.ndarray]], list[np.ndarray]], model: onnx.ModelProto,
+             lo: int, hi: int) -> list[tuple[float, float]]:
+    """Per feed: (sum of squared error of the first output against the float one, sum of
+    squared float output), float64."""
     import onnxruntime as ort
 
     feeds, ref = state
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    so.intra_op_num_threads = 1  # one task per core: results do not depend on the thread count
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    num = den = 0.0
-    for f, r in zip(feeds, ref):
+    rows = []
+    for f, r in zip(feeds[lo:hi], ref[lo:hi]):
         out = sess.run(None, f)[0].astype(np.float64)
-        num += float(np.sum((out - r) ** 2))
-        den += float(np.sum(np.asarray(r, dtype=np.float64) ** 2))
+        r64 = np.asarray(r, dtype=np.float64)
+        rows.append((float(np.sum((out - r64) ** 2)), float(np.sum(r64 ** 2))))
+    return rows
+
+
+def _l2_combine(state: Any, rows: list[tuple[float, float]]) -> float:
+    num = float(sum(r[0] for r in rows))
+    den = float(sum(r[1] for r in rows))
     return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+
+
+#: Relative L2 error of the first output against the float model's, over the evaluation feeds
+#: (``state = (feeds, float first outputs)``).
+RELATIVE_L2 = SplitMetric(_l2_rows, _l2_combine)

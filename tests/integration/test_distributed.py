@@ -17,7 +17,7 @@ from mixq.calibration.collect import collect_stats
 from mixq.calibration.stats import TensorStats
 from mixq.data import default_model_path, load_default_samples
 from mixq.distributed import (ProcessExecutor, RayExecutor, SerialExecutor, calibrate_sharded,
-                              evaluate_plans, executor_from, relative_l2_score, shard_bounds)
+                              RELATIVE_L2, evaluate_plans, executor_from, shard_bounds)
 from mixq.errors import ConfigError
 from mixq.pipeline import Pipeline
 
@@ -156,23 +156,31 @@ def candidates(calib):
     name = sess.get_inputs()[0].name
     feeds = [{name: calib[i:i + 4]} for i in range(16, 32, 4)]
     state = (feeds, [sess.run(None, f)[0] for f in feeds])
-    expected = [relative_l2_score(state, pipe.materialize(cfg, plan)[0]) for plan, cfg in cands]
+    # one process, no executor: the driver's own models, all feeds at once
+    expected = [RELATIVE_L2.combine(state, RELATIVE_L2.per_feed(
+        state, pipe.materialize(cfg, plan)[0], 0, len(feeds))) for plan, cfg in cands]
     assert len(set(expected)) == 3 and all(0 < e < 0.5 for e in expected)
     return pipe, cands, state, expected
 
 
-def test_evaluate_plans_same_scores_in_processes(candidates):
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_evaluate_plans_same_floats_for_any_split(candidates, shards):
     pipe, cands, state, expected = candidates
-    assert evaluate_plans(pipe, cands, relative_l2_score, state, SerialExecutor(1)) == expected
+    assert evaluate_plans(pipe, cands, RELATIVE_L2, state, 4, SerialExecutor(1),
+                          shards=shards) == expected
+
+
+def test_evaluate_plans_same_floats_in_processes(candidates):
+    pipe, cands, state, expected = candidates
     with ProcessExecutor(2) as ex:
-        assert evaluate_plans(pipe, cands, relative_l2_score, state, ex) == expected
+        assert evaluate_plans(pipe, cands, RELATIVE_L2, state, 4, ex) == expected
 
 
 def test_evaluate_plans_needs_the_statistics(candidates):
     pipe, cands, state, _ = candidates
     fresh = Pipeline.load(default_model_path())
     with pytest.raises(ConfigError, match="calibrate"):
-        evaluate_plans(fresh, cands[:1], relative_l2_score, state, SerialExecutor(1))
+        evaluate_plans(fresh, cands[:1], RELATIVE_L2, state, 4, SerialExecutor(1))
 
 
 # -- Ray -------------------------------------------------------------------------------------
@@ -211,7 +219,7 @@ def test_ray_bytes_identical(ray_cluster, calib, reference):
 
 def test_ray_evaluate_plans_same_scores(ray_cluster, candidates):
     pipe, cands, state, expected = candidates
-    assert evaluate_plans(pipe, cands, relative_l2_score, state, RayExecutor()) == expected
+    assert evaluate_plans(pipe, cands, RELATIVE_L2, state, 4, RayExecutor(), shards=2) == expected
 
 
 def test_ray_retries_a_dead_worker(ray_cluster, calib, reference, tmp_path):
