@@ -103,11 +103,42 @@ def _parts(model_path: Path, feeds: list[dict]) -> dict[str, float]:
             "merge_s": merge, "pass_s": full}
 
 
+class _Evals:
+    """The search's full-model evaluations: candidate plans scored one after another (the rounds
+    of a bisection), each split over the workers by its evaluation feeds."""
+
+    def __init__(self, model_path: Path, calib: list[dict], n_eval: int) -> None:
+        import onnxruntime as ort
+
+        self.pipe = Pipeline.load(model_path)
+        self.cands = []
+        for preset in ("A8W8", "A16W8", "U8S8"):
+            cfg = mixq.get_default_config(preset)
+            plan = self.pipe.plan(cfg)
+            self.pipe.calibrate(plan, calib[:64])
+            self.cands.append((plan, cfg))
+        sess = ort.InferenceSession(self.pipe.model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        feeds = [dict(f) for f in calib[-n_eval:]]
+        self.state = (feeds, [sess.run(None, f)[0] for f in feeds])
+        self.n = len(feeds)
+
+    def run(self, ex: Executor | None) -> tuple[float, list[float]]:
+        from mixq.distributed import RELATIVE_L2, SerialExecutor, evaluate_plans
+
+        t = time.perf_counter()
+        out = [evaluate_plans(self.pipe, [c], RELATIVE_L2, self.state, self.n,
+                              ex or SerialExecutor(1))[0] for c in self.cands]
+        return time.perf_counter() - t, out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", default="fashion_cnn", help="fashion_cnn (embedded) or a bench case")
     p.add_argument("--samples", type=int, default=4096, help="fashion_cnn: calibration samples")
     p.add_argument("--repeat", type=int, default=8, help="bench case: repeat its calib feeds")
+    p.add_argument("--eval-feeds", type=int, default=500,
+                   help="feeds each candidate evaluation runs (the last calibration feeds)")
     p.add_argument("--workers", default="1,2")
     p.add_argument("--repeats", type=int, default=3, help="warm runs per row (the fastest counts)")
     p.add_argument("--no-ray", action="store_true")
@@ -115,24 +146,31 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     model_path, feeds = _workload(args)
     counts = [int(w) for w in args.workers.split(",")]
-    print(f"model {model_path.name}, {len(feeds)} calibration feeds, workers {counts}")
+    evals = _Evals(model_path, feeds, args.eval_feeds)
+    print(f"model {model_path.name}, {len(feeds)} calibration feeds, {len(evals.cands)} candidate "
+          f"evaluations of {evals.n} feeds, workers {counts}")
 
-    def warm_runs(ex: Executor | None) -> tuple[float, bool]:
-        # the fastest of `repeats` runs: the machine is shared, the minimum is the least noisy
-        runs = [_calibrate(model_path, feeds, ex) for _ in range(args.repeats)]
-        return min(t for t, _ in runs), all(js == ref for _, js in runs)
-
-    rows: list[dict[str, Any]] = []
     first_s, ref = _calibrate(model_path, feeds, None)
-    base_s, same = warm_runs(None)
-    rows.append({"executor": "one process (no executor)", "workers": 1, "cold_s": first_s,
-                 "warm_s": base_s, "same": same})
+    _, ref_scores = evals.run(None)
+
+    def measure(label: str, n: int, ex: Executor | None) -> dict[str, Any]:
+        cold, js = _calibrate(model_path, feeds, ex) if ex is not None else (first_s, ref)
+        same = js == ref
+        # the fastest of `repeats` runs: the machine is shared, the minimum is the least noisy
+        calib_runs, eval_runs = [], []
+        for _ in range(args.repeats):
+            t, js = _calibrate(model_path, feeds, ex)
+            calib_runs.append(t)
+            te, scores = evals.run(ex)
+            eval_runs.append(te)
+            same = same and js == ref and scores == ref_scores
+        return {"executor": label, "workers": n, "cold_s": cold, "warm_s": min(calib_runs),
+                "eval_s": min(eval_runs), "same": same}
+
+    rows = [measure("one process (no executor)", 1, None)]
     for n in counts:
         with ProcessExecutor(n) as ex:
-            cold, a = _calibrate(model_path, feeds, ex)
-            warm, same = warm_runs(ex)
-        rows.append({"executor": "local processes", "workers": n, "cold_s": cold, "warm_s": warm,
-                     "same": a == ref and same})
+            rows.append(measure("local processes", n, ex))
     if not args.no_ray:
         import ray
 
@@ -141,21 +179,20 @@ def main(argv: list[str] | None = None) -> int:
             ray.init(num_cpus=n, include_dashboard=False, log_to_driver=False)
             init_s = time.perf_counter() - t
             try:
-                ex = RayExecutor()
-                cold, a = _calibrate(model_path, feeds, ex)
-                warm, same = warm_runs(ex)
+                rows.append(measure(f"Ray, local cluster (ray.init {init_s:.1f} s)", n,
+                                    RayExecutor()))
             finally:
                 ray.shutdown()
-            rows.append({"executor": f"Ray, local cluster (ray.init {init_s:.1f} s)",
-                         "workers": n, "cold_s": cold, "warm_s": warm,
-                         "same": a == ref and same})
 
-    print(f"\n| executor | workers | calibrate, cold (s) | warm, best of {args.repeats} (s) | "
-          "speed-up (warm) | same statistics |")
-    print("|---|---|---|---|---|---|")
+    base, base_e = rows[0]["warm_s"], rows[0]["eval_s"]
+    print(f"\n| executor | workers | calibrate, cold (s) | calibrate, best of {args.repeats} (s) | "
+          f"speed-up | {len(evals.cands)} evaluations, best of {args.repeats} (s) | speed-up | "
+          "same bytes / floats |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['executor']} | {r['workers']} | {r['cold_s']:.2f} | {r['warm_s']:.2f} | "
-              f"{base_s / r['warm_s']:.2f}x | {'yes' if r['same'] else 'NO'} |")
+              f"{base / r['warm_s']:.2f}x | {r['eval_s']:.2f} | {base_e / r['eval_s']:.2f}x | "
+              f"{'yes' if r['same'] else 'NO'} |")
     parts = _parts(model_path, feeds)
     print("\nmodel terms (one process): " + ", ".join(f"{k} {v:.4f}" for k, v in parts.items()))
     if args.json:
