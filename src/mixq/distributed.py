@@ -161,6 +161,9 @@ class ProcessExecutor(_ContextMixin):
                     break
                 except BrokenProcessPool as e:
                     # a worker died (killed, out of memory): finished results are kept
+                    for i, fut in futures.items():
+                        if fut.done() and not fut.cancelled() and fut.exception() is None:
+                            results[i] = fut.result()
                     self._shutdown_pool()
                     if attempt == self.retries:
                         raise WorkerError(f"a worker process died running {_name(fn)} "

@@ -195,13 +195,35 @@ def ray_cluster():
     ray.shutdown()
 
 
-def _die_once(marker_dir: str, fn, shared, item):
-    """Kills its worker process the first time it runs an item (a marker file per item)."""
+def _die_once(marker_dir: str, fn, shared, item, only_first: bool = False):
+    """Kills its worker process the first time it runs an item (a marker file per item; with
+    `only_first`, only the first shard's)."""
     marker = Path(marker_dir) / f"died-{item[0]}"
-    if not marker.exists():
+    if not marker.exists() and not (only_first and item[0] != 0):
         marker.write_text("x")
         os._exit(1)
     return fn(shared, item)
+
+
+class _DyingProcessExecutor(ProcessExecutor):
+    """The first shard's worker dies once: a dead process breaks the whole pool, so every
+    unfinished task runs again (the second attempt must not die again)."""
+    marker_dir = ""
+
+    def map(self, fn, items, shared=None):
+        return super().map(functools.partial(_die_once, self.marker_dir, fn, only_first=True),
+                           items, shared)
+
+
+def test_process_executor_reruns_a_dead_worker(calib, reference, tmp_path):
+    with _DyingProcessExecutor(2) as ex:
+        ex.marker_dir = str(tmp_path)
+        assert _quantized_bytes(calib, ex) == reference
+    assert [p.name for p in tmp_path.iterdir()] == ["died-0"]
+
+
+def _raise_data_error(shared, item):
+    raise mixq.errors.DataError(f"bad item {item}")
 
 
 class _DyingRayExecutor(RayExecutor):
@@ -227,6 +249,11 @@ def test_ray_retries_a_dead_worker(ray_cluster, calib, reference, tmp_path):
     ex.marker_dir = str(tmp_path)
     assert _quantized_bytes(calib, ex) == reference
     assert sorted(p.name for p in tmp_path.iterdir()) == ["died-0", "died-24"]  # both died once
+
+
+def test_ray_task_errors_are_the_mixq_error_and_not_retried(ray_cluster):
+    with pytest.raises(mixq.errors.DataError, match="bad item 7"):
+        RayExecutor().map(_raise_data_error, [7])
 
 
 def test_ray_without_retries_reports_the_dead_worker(ray_cluster, calib, tmp_path):
