@@ -159,6 +159,9 @@ class ProcessExecutor(_ContextMixin):
                     for i, fut in futures.items():
                         results[i] = fut.result()
                     break
+                except KeyboardInterrupt:
+                    self._shutdown_pool(wait=False)
+                    raise
                 except BrokenProcessPool as e:
                     # a worker died (killed, out of memory): finished results are kept
                     for i, fut in futures.items():
@@ -175,9 +178,9 @@ class ProcessExecutor(_ContextMixin):
             if path is not None:
                 Path(path).unlink(missing_ok=True)
 
-    def _shutdown_pool(self) -> None:
+    def _shutdown_pool(self, wait: bool = True) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
 
     def close(self) -> None:
@@ -247,6 +250,11 @@ class RayExecutor(_ContextMixin):
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as e:
             raise WorkerError(f"a Ray worker died running {_name(fn)} after "
                               f"{self.max_retries} retries: {e}") from e
+        except KeyboardInterrupt:
+            # an interrupted search keeps its best plan: the tasks still running are not needed
+            for r in refs:
+                ray.cancel(r, force=True)
+            raise
         finally:
             del ref
 
@@ -431,6 +439,9 @@ def _l2_rows(state: tuple[list[dict[str, np.ndarray]], list[np.ndarray]], model:
     feeds, ref = state
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    # one task per core (Ray gives a task one CPU): one thread, and no spinning between runs
+    so.intra_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     rows = []
     for f, r in zip(feeds[lo:hi], ref[lo:hi]):
