@@ -103,6 +103,20 @@ def _parts(model_path: Path, feeds: list[dict]) -> dict[str, float]:
             "merge_s": merge, "pass_s": full}
 
 
+def _noop(shared: Any, item: int) -> int:
+    return item
+
+
+def _dispatch_s(ex: Executor, n: int) -> float:
+    """One map of n no-op tasks with a small shared object: the per-round overhead."""
+    ts = []
+    for _ in range(3):
+        t = time.perf_counter()
+        ex.map(_noop, list(range(n)), b"x" * 1024)
+        ts.append(time.perf_counter() - t)
+    return min(ts)
+
+
 class _Evals:
     """The search's full-model evaluations: candidate plans scored one after another (the rounds
     of a bisection), each split over the workers by its evaluation feeds."""
@@ -132,6 +146,71 @@ class _Evals:
         return time.perf_counter() - t, out
 
 
+def _rounds(levels: int, depth: int) -> int:
+    """Rounds of a bisection of `levels` levels that evaluates `depth` levels of its decision
+    tree at once (2**depth - 1 plans a round): the same decisions as one level a round."""
+    return -(-levels // depth)
+
+
+def estimate(n: int, t: dict[str, float]) -> dict[str, float]:
+    """Wall time with `n` workers from measured per-part times (the model of docs/SCALING.md).
+
+    Calibration: T_read + T_fixed + N*t_feed/k + k*t_merge + t_task, over k <= n shards (the
+    best k: beyond sqrt(N*t_feed/t_merge) the driver's merges cost more than they save).
+    auto: T_other + calibration + ceil(L/n)*t_layer + the evaluations: one all-wide check, then
+    a bisection of ceil(log2(P+1)) levels, `depth` levels a round (2**depth - 1 plans, each split
+    over n // (2**depth - 1) workers by its E feeds): 1 + ceil(levels/depth) rounds of
+    t_build + E*t_eval/w + t_task (the best depth)."""
+    import math
+
+    def calib(n_feeds: float, workers: int) -> float:
+        return min(t["read_s"] + t["task_fixed_s"] + n_feeds * t["per_feed_s"] / k
+                   + k * t["merge_s"] + (t["task_s"] if workers > 1 else 0.0)
+                   for k in range(1, workers + 1))
+
+    levels = math.ceil(math.log2(t["path"] + 1))
+    evals = []
+    for depth in range(1, levels + 1):
+        plans = 2 ** depth - 1
+        if plans > n and depth > 1:
+            break
+        w = max(1, n // plans)
+        per_round = t["build_s"] + t["eval_feeds"] * t["eval_per_feed_s"] / w + \
+            (t["task_s"] if n > 1 else 0.0)
+        evals.append((1 + _rounds(levels, depth)) * per_round)
+    auto = (t["other_s"] + calib(t["auto_calib_feeds"], n)
+            + math.ceil(t["layers"] / n) * t["layer_s"] + min(evals))
+    return {"calibrate": calib(t["calib_feeds"], n), "auto": auto}
+
+
+def _terms(args: argparse.Namespace, parts: dict[str, float], rows: list[dict[str, Any]],
+           evals: _Evals, n_feeds: int) -> dict[str, float]:
+    """The estimate's inputs: the calibration terms, with the per-feed time of the fastest
+    one-process run (the least disturbed), the evaluation terms and the dispatch overhead."""
+    from mixq.distributed import _model_of
+
+    pipe, (plan, cfg) = evals.pipe, evals.cands[0]
+    shared = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},
+              None)
+    builds = []
+    for _ in range(3):
+        t = time.perf_counter()
+        _model_of(shared, plan.to_json(), cfg.to_dict())
+        builds.append(time.perf_counter() - t)
+    build = min(builds)
+    one = rows[0]
+    fixed = parts["read_s"] + parts["task_fixed_s"]
+    per_feed = max(0.0, one["warm_s"] - fixed) / n_feeds
+    eval_per_feed = max(0.0, one["eval_s"] / len(evals.cands) - build) / evals.n
+    task = max((r["dispatch_s"] for r in rows if r["workers"] > 1), default=0.0)
+    return {"read_s": parts["read_s"], "task_fixed_s": parts["task_fixed_s"],
+            "per_feed_s": per_feed, "merge_s": parts["merge_s"], "task_s": task,
+            "calib_feeds": n_feeds, "build_s": build, "eval_per_feed_s": eval_per_feed,
+            "eval_feeds": evals.n, "layers": args.auto_layers, "layer_s": args.auto_layer_s,
+            "path": args.auto_path, "other_s": args.auto_other_s,
+            "auto_calib_feeds": args.auto_calib_feeds}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", default="fashion_cnn", help="fashion_cnn (embedded) or a bench case")
@@ -143,6 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="warm runs per row (the fastest counts)")
     p.add_argument("--no-ray", action="store_true")
     p.add_argument("--json", help="write the results here too")
+    # the auto search's shape and serial parts, measured in one process on the embedded model
+    # (mixq.search.auto_quantize, candidates int16/int8,int8/int8,int8/int4, top-1 drop 1 %)
+    p.add_argument("--auto-layers", type=int, default=7)
+    p.add_argument("--auto-layer-s", type=float, default=0.30, help="sensitivity of one layer")
+    p.add_argument("--auto-path", type=int, default=14, help="plans on the bisection's path")
+    p.add_argument("--auto-other-s", type=float, default=2.1,
+                   help="the search's serial rest: load, capture, float outputs, write")
+    p.add_argument("--auto-calib-feeds", type=int, default=256)
     args = p.parse_args(argv)
     model_path, feeds = _workload(args)
     counts = [int(w) for w in args.workers.split(",")]
@@ -165,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             eval_runs.append(te)
             same = same and js == ref and scores == ref_scores
         return {"executor": label, "workers": n, "cold_s": cold, "warm_s": min(calib_runs),
-                "eval_s": min(eval_runs), "same": same}
+                "eval_s": min(eval_runs), "same": same,
+                "dispatch_s": _dispatch_s(ex, n) if ex is not None else 0.0}
 
     rows = [measure("one process (no executor)", 1, None)]
     for n in counts:
@@ -195,9 +283,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{'yes' if r['same'] else 'NO'} |")
     parts = _parts(model_path, feeds)
     print("\nmodel terms (one process): " + ", ".join(f"{k} {v:.4f}" for k, v in parts.items()))
+    terms = _terms(args, parts, rows, evals, len(feeds))
+    print("terms of the estimate: " + ", ".join(f"{k} {v:.4g}" for k, v in terms.items()))
+    print("\n| workers | calibration (s) | auto (s) |\n|---|---|---|")
+    est = {n: estimate(n, terms) for n in (1, 2, 8, 64)}
+    for n, e in est.items():
+        print(f"| {n} | {e['calibrate']:.2f} | {e['auto']:.2f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "parts": parts,
-                                               "feeds": len(feeds)}, indent=1))
+        Path(args.json).write_text(json.dumps({"rows": rows, "parts": parts, "terms": terms,
+                                               "estimate": est, "feeds": len(feeds)}, indent=1))
     return 0 if all(r["same"] for r in rows) else 1
 
 
