@@ -42,8 +42,8 @@ def _add_parallel_args(p: argparse.ArgumentParser) -> None:
                         "as one process)")
     g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="calibrate shards as tasks on a Ray cluster (ADDRESS: 'auto', "
-                        "'ray://host:10001'; none: RAY_ADDRESS or a new local cluster); needs "
-                        "pip install 'mixq[ray]'")
+                        "'ray://host:10001'; none: RAY_ADDRESS or a new local cluster; give it after "
+                        "the model paths, or as --ray=ADDRESS); needs pip install 'mixq[ray]'")
 
 
 def _config_given(args: argparse.Namespace) -> bool:
