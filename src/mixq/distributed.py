@@ -20,9 +20,9 @@ shard count.
 from __future__ import annotations
 
 import os
+import hashlib
 import pickle
 import tempfile
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -103,14 +103,24 @@ class SerialExecutor(_ContextMixin):
 
 
 # -- local processes ---------------------------------------------------------------------------
+# set in worker processes (local or Ray): only there are parsed models kept between tasks
+_IN_WORKER = False
+
 # the shared object a worker process read last: (token, object); one map call's shared data is
 # read once per worker, not once per task
 _WORKER_SHARED: tuple[str, Any] | None = None
 
 
+def _digest(shared: Any) -> tuple[str, bytes]:
+    """(content digest, pickle) of a shared object."""
+    blob = pickle.dumps(shared, protocol=pickle.HIGHEST_PROTOCOL)
+    return hashlib.sha256(blob).hexdigest(), blob
+
+
 def _process_task(fn: Callable[[Any, Any], Any], token: str, path: str | None, item: Any) -> Any:
     """Runs in a worker process: `fn(shared, item)` with the shared object of `token`."""
-    global _WORKER_SHARED
+    global _WORKER_SHARED, _IN_WORKER
+    _IN_WORKER = True
     if path is None:
         return fn(None, item)
     if _WORKER_SHARED is None or _WORKER_SHARED[0] != token:
@@ -141,42 +151,44 @@ class ProcessExecutor(_ContextMixin):
 
     def map(self, fn: Callable[[Any, T], R], items: Sequence[T], shared: Any = None) -> list[R]:
         items = list(items)
-        token = uuid.uuid4().hex
-        path = None
+        token, path = "", None
         if shared is not None:
+            # the file is named by its content: a search's rounds send the same model and
+            # feeds again and again, and each worker keeps what it read last
+            token, blob = _digest(shared)
             if self._tmp is None:
                 self._tmp = tempfile.TemporaryDirectory(prefix="mixq_shared_")
             path = os.path.join(self._tmp.name, f"{token}.pkl")
-            with open(path, "wb") as f:
-                pickle.dump(shared, f, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            results: dict[int, Any] = {}
-            for attempt in range(self.retries + 1):
-                pool = self._get_pool()
-                todo = [i for i in range(len(items)) if i not in results]
-                futures = {i: pool.submit(_process_task, fn, token, path, items[i]) for i in todo}
-                try:
-                    for i, fut in futures.items():
+            if not os.path.exists(path):
+                for old in Path(self._tmp.name).glob("*.pkl"):
+                    old.unlink()
+                with open(path, "wb") as f:
+                    f.write(blob)
+            del blob
+        results: dict[int, Any] = {}
+        for attempt in range(self.retries + 1):
+            pool = self._get_pool()
+            todo = [i for i in range(len(items)) if i not in results]
+            futures = {i: pool.submit(_process_task, fn, token, path, items[i]) for i in todo}
+            try:
+                for i, fut in futures.items():
+                    results[i] = fut.result()
+                break
+            except KeyboardInterrupt:
+                self._shutdown_pool(wait=False)
+                raise
+            except BrokenProcessPool as e:
+                # a worker died (killed, out of memory): finished results are kept
+                for i, fut in futures.items():
+                    if fut.done() and not fut.cancelled() and fut.exception() is None:
                         results[i] = fut.result()
-                    break
-                except KeyboardInterrupt:
-                    self._shutdown_pool(wait=False)
-                    raise
-                except BrokenProcessPool as e:
-                    # a worker died (killed, out of memory): finished results are kept
-                    for i, fut in futures.items():
-                        if fut.done() and not fut.cancelled() and fut.exception() is None:
-                            results[i] = fut.result()
-                    self._shutdown_pool()
-                    if attempt == self.retries:
-                        raise WorkerError(f"a worker process died running {_name(fn)} "
-                                          f"({len(items) - len(results)} of {len(items)} tasks "
-                                          f"unfinished after {self.retries + 1} attempts); check "
-                                          "the memory per worker or use fewer workers") from e
-            return [results[i] for i in range(len(items))]
-        finally:
-            if path is not None:
-                Path(path).unlink(missing_ok=True)
+                self._shutdown_pool()
+                if attempt == self.retries:
+                    raise WorkerError(f"a worker process died running {_name(fn)} "
+                                      f"({len(items) - len(results)} of {len(items)} tasks "
+                                      f"unfinished after {self.retries + 1} attempts); check "
+                                      "the memory per worker or use fewer workers") from e
+        return [results[i] for i in range(len(items))]
 
     def _shutdown_pool(self, wait: bool = True) -> None:
         if self._pool is not None:
@@ -206,6 +218,8 @@ def _import_ray() -> Any:
 def _ray_task(fn: Callable[[Any, Any], Any], shared: Any, item: Any) -> Any:
     """Runs in a Ray worker; Ray resolves `shared` (an ObjectRef argument) from the object
     store: numpy arrays in it are read in place, not copied."""
+    global _IN_WORKER
+    _IN_WORKER = True
     return fn(shared, item)
 
 
@@ -224,6 +238,7 @@ class RayExecutor(_ContextMixin):
         self._ray = ray
         self.max_retries = int(max_retries)
         self._owned = False
+        self._shared: tuple[str, Any] | None = None
         if not ray.is_initialized():
             try:
                 ray.init(address=address or None, **init_kwargs)
@@ -238,7 +253,13 @@ class RayExecutor(_ContextMixin):
 
     def map(self, fn: Callable[[Any, T], R], items: Sequence[T], shared: Any = None) -> list[R]:
         ray = self._ray
-        ref = ray.put(shared)  # once: every task gets the reference
+        # once: every task gets the reference; the same content again (a search's next round)
+        # reuses the object already in the store
+        token = _digest(shared)[0]
+        if self._shared is None or self._shared[0] != token:
+            self._shared = None  # the old object can go from the store
+            self._shared = (token, ray.put(shared))
+        ref = self._shared[1]
         refs = [self._remote.remote(fn, ref, it) for it in items]
         try:
             return list(ray.get(refs))
@@ -255,10 +276,9 @@ class RayExecutor(_ContextMixin):
             for r in refs:
                 ray.cancel(r, force=True)
             raise
-        finally:
-            del ref
 
     def close(self) -> None:
+        self._shared = None
         if self._owned and self._ray.is_initialized():
             self._ray.shutdown()
         self._owned = False
@@ -366,31 +386,44 @@ class SplitMetric:
     combine: Callable[[Any, list[Any]], float]
 
 
+# the pipeline a worker built last, by the digest of (model, statistics): a search's rounds
+# evaluate many plans of one calibrated model
+_WORKER_PIPE: tuple[str, Any] | None = None
+
+
 def _model_of(shared: tuple[bytes, dict[str, dict[str, Any]], str | None], plan_json: str,
-              config: dict[str, Any]) -> onnx.ModelProto:
+              config: dict[str, Any], key: str | None = None) -> onnx.ModelProto:
     """The quantized model of (plan, config) rebuilt on a worker from the shipped prepared
-    model and statistics: the same bytes as the driver's."""
+    model and statistics: the same bytes as the driver's. `key`: the digest of `shared`, under
+    which the parsed pipeline is kept for the next task."""
+    global _WORKER_PIPE
     from .calibration.stats import TensorStats
     from .config import QuantConfig
     from .passes.prepare import PrepareReport
     from .pipeline import Pipeline
     from .plan.plan import PrecisionPlan
 
-    model_bytes, stats, base_dir = shared
-    pipe = Pipeline(onnx.load_from_string(model_bytes), PrepareReport(),
-                    base_dir=None if base_dir is None else Path(base_dir),
-                    stats={n: TensorStats.from_dict(d) for n, d in stats.items()})
+    if key is not None and _WORKER_PIPE is not None and _WORKER_PIPE[0] == key:
+        pipe = _WORKER_PIPE[1]
+    else:
+        model_bytes, stats, base_dir = shared
+        _WORKER_PIPE = None
+        pipe = Pipeline(onnx.load_from_string(model_bytes), PrepareReport(),
+                        base_dir=None if base_dir is None else Path(base_dir),
+                        stats={n: TensorStats.from_dict(d) for n, d in stats.items()})
+        if key is not None and _IN_WORKER:
+            _WORKER_PIPE = (key, pipe)
     plan, cfg = PrecisionPlan.from_json(plan_json), QuantConfig.from_dict(config)
     return pipe.rewrite(plan, pipe.qparams(plan, cfg), cfg)[0]
 
 
-def _evaluate_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | None],
+def _evaluate_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | None], str,
                                  SplitMetric, Any],
                    item: tuple[str, dict[str, Any], int, int]) -> list[Any]:
     """Task: the metric rows of feeds ``[lo, hi)`` for one candidate (plan JSON, config dict)."""
-    model_part, metric, state = shared
+    model_part, key, metric, state = shared
     plan_json, config, lo, hi = item
-    return list(metric.per_feed(state, _model_of(model_part, plan_json, config), lo, hi))
+    return list(metric.per_feed(state, _model_of(model_part, plan_json, config, key), lo, hi))
 
 
 def evaluate_plans(pipe: Any, candidates: Sequence[tuple[Any, Any]], metric: SplitMetric,
@@ -422,7 +455,8 @@ def evaluate_plans(pipe: Any, candidates: Sequence[tuple[Any, Any]], metric: Spl
                   None if pipe.base_dir is None else str(pipe.base_dir))
     items = [(plan.to_json(), cfg.to_dict(), lo, hi) for plan, cfg in candidates
              for lo, hi in bounds]
-    rows = executor.map(_evaluate_task, items, (model_part, metric, state))
+    key = _digest(model_part)[0]
+    rows = executor.map(_evaluate_task, items, (model_part, key, metric, state))
     out = []
     for c in range(len(candidates)):
         per_feed = [r for part in rows[c * len(bounds):(c + 1) * len(bounds)] for r in part]

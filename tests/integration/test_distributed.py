@@ -95,6 +95,23 @@ def test_process_executor_bytes_identical(calib, reference):
         assert _quantized_bytes(calib, ex) == reference
 
 
+def _where(shared, item):
+    return os.getpid(), id(shared), len(shared)
+
+
+def test_shared_data_goes_to_each_worker_once_per_content():
+    """A search sends the same model and feeds every round: a worker keeps what it read."""
+    big = bytes(1 << 20)
+    with ProcessExecutor(1) as ex:
+        first = ex.map(_where, [0, 1], shared=(big,))
+        again = ex.map(_where, [0], shared=(bytes(1 << 20),))  # equal content, new object
+        other = ex.map(_where, [0], shared=(big, 1))
+        files = list(Path(ex._tmp.name).glob("*.pkl"))
+    assert first[0] == first[1] == again[0]  # same process, same object: read once
+    assert other[0][1] != first[0][1] and other[0][2] == 2
+    assert len(files) == 1  # the previous content's file was removed
+
+
 def test_data_errors_surface_before_any_worker_starts(calib):
     pipe = Pipeline.load(default_model_path())
     plan = pipe.plan(mixq.get_default_config("A8W8"))
@@ -249,6 +266,16 @@ def test_ray_retries_a_dead_worker(ray_cluster, calib, reference, tmp_path):
     ex.marker_dir = str(tmp_path)
     assert _quantized_bytes(calib, ex) == reference
     assert sorted(p.name for p in tmp_path.iterdir()) == ["died-0", "died-24"]  # both died once
+
+
+def test_ray_puts_equal_shared_data_once(ray_cluster):
+    ex = RayExecutor()
+    assert ex.map(_where, [0, 1], shared=(b"abc",))[0][2] == 1
+    ref = ex._shared[1]
+    ex.map(_where, [0], shared=(b"abc",))
+    assert ex._shared[1] is ref
+    ex.map(_where, [0], shared=(b"abd",))
+    assert ex._shared[1] is not ref
 
 
 def test_ray_task_errors_are_the_mixq_error_and_not_retried(ray_cluster):
