@@ -14,7 +14,7 @@ $(CORE): pyproject.toml Makefile
 	touch $@
 
 $(TEST): $(CORE)
-	$(BIN)/pip install -q -e '.[test,finetune,report]'
+	$(BIN)/pip install -q -e '.[test,finetune,report,ray]'
 	# real pretrained models for the integration tests: only the .onnx files inside the wheel
 	$(BIN)/pip install -q --no-deps rapidocr-onnxruntime==1.4.4
 	# the font the OCR test lines are rendered with (Debian; CI runs as root)

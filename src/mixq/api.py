@@ -97,7 +97,8 @@ def _resolve_config(config: Any) -> QuantConfig:
 def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | str | None = None,
              calibration_data: Any = None, *, output_path: str | os.PathLike | None = None,
              plan: PrecisionPlan | None = None, progress: Callable[[int], None] | None = None,
-             check_kernels: bool = True, finetune: Any = None, strict: bool = False) -> QuantizeResult:
+             check_kernels: bool = True, finetune: Any = None, strict: bool = False,
+             executor: Any = None) -> QuantizeResult:
     """Quantize `model` with `config` (a QuantConfig or a preset name; default A8W8),
     calibrating activations on `calibration_data` (a data reader, an iterable of feed dicts, a
     .npz/.npy file or a folder).
@@ -113,6 +114,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     algo_config) adjusts the weights layer by layer before the rewrite (needs torch).
     The result's `fidelity` compares quantized and float outputs on the last calibration
     samples; `strict` raises a ModelError when the quantized model looks broken.
+    `executor` (a mixq.distributed Executor: local processes or Ray) calibrates shards of the
+    data on its workers; the statistics, and the model, are the same bytes as without it.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -141,7 +144,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     timings["plan"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    pipe.calibrate(the_plan, calibration_data, progress=progress)
+    pipe.calibrate(the_plan, calibration_data, progress=progress, executor=executor)
     # numerics policies read the statistics: tensors whose range or role makes a uniform grid
     # wrong stay float, each with its reason in the plan (tensor overrides are left as set);
     # applied to replayed plans too, so that a plan replays to the bytes its config gives

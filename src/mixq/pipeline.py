@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -32,6 +32,9 @@ from .passes.qdq import RewriteReport, apply_plan
 from .plan.plan import PrecisionPlan, deployed_weight_bytes
 from .plan.qparams import activation_qparams, constant_qparams
 from .plan.rules import build_plan
+
+if TYPE_CHECKING:
+    from .distributed import Executor
 
 __all__ = ["Pipeline", "ensure_node_names", "config_of_plan"]
 
@@ -162,9 +165,12 @@ class Pipeline:
             get_format(f)
 
     def calibrate(self, plan: PrecisionPlan, data: Any, *,
-                  progress: Callable[[int], None] | None = None) -> dict[str, TensorStats]:
+                  progress: Callable[[int], None] | None = None,
+                  executor: Executor | None = None) -> dict[str, TensorStats]:
         """Statistics of every tensor `plan` calibrates, collected in one onnxruntime pass over
-        `data` (tensors collected before are not collected again)."""
+        `data` (tensors collected before are not collected again). With an `executor`
+        (mixq.distributed) the data is cut into one shard per worker and the shards' statistics
+        are merged: the same statistics, to the bit."""
         from .check import custom_op_problems
 
         needed = plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
@@ -182,9 +188,16 @@ class Pipeline:
             raise ConfigError(f"the plan's formats need calibration data for {len(missing)} "
                               "activations; pass calibration_data (a data reader, feeds, a "
                               ".npz/.npy file or a folder).")
-        from .calibration.collect import collect_stats
+        if executor is not None:
+            from .distributed import calibrate_sharded
 
-        res = collect_stats(self.model, missing, data, progress=progress, base_dir=self.base_dir)
+            res = calibrate_sharded(self.model, missing, data, executor, progress=progress,
+                                    base_dir=self.base_dir)
+        else:
+            from .calibration.collect import collect_stats
+
+            res = collect_stats(self.model, missing, data, progress=progress,
+                                base_dir=self.base_dir)
         self.stats.update(res.stats)
         self.calib_skipped.update(res.skipped)
         return self.stats

@@ -39,6 +39,17 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 _MAX_CONFIG_BYTES = 1_000_000
 
 
+def _add_parallel_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="calibrate N shards of the data in N local processes (the same bytes "
+                        "as one process)")
+    g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="calibrate shards as tasks on a Ray cluster (ADDRESS: 'auto', "
+                        "'ray://host:10001'; none: RAY_ADDRESS or a new local cluster; give it after "
+                        "the model paths, or as --ray=ADDRESS); needs pip install 'mixq[ray]'")
+
+
 def _config_given(args: argparse.Namespace) -> bool:
     """Whether any config flag was given (a replayed plan carries its own config)."""
     return bool(args.config or args.preset or args.activation or args.weight or args.calib_method
@@ -155,9 +166,16 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     # a replayed plan carries the config that made it; flags beside it must agree with it
     cfg = _config_from_args(args) if plan is None or _config_given(args) else None
     ft = _finetune_from_args(args)
-    with _progress("calibrating") as tick:
-        res = quantize(args.input, cfg, _calib_data(args), output_path=args.output, plan=plan,
-                       progress=tick, finetune=ft, strict=args.strict)
+    from ..distributed import executor_from
+
+    executor = executor_from(args.workers, args.ray)
+    try:
+        with _progress("calibrating") as tick:
+            res = quantize(args.input, cfg, _calib_data(args), output_path=args.output, plan=plan,
+                           progress=tick, finetune=ft, strict=args.strict, executor=executor)
+    finally:
+        if executor is not None:
+            executor.close()
     print(res.summary())
     print(f"\nwrote {res.output_path}")
     return 0
@@ -537,6 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=None, help="quantize every planned tensor even where a uniform grid "
                    "breaks it (masks, Log/Reciprocal inputs, cancellation); see docs/ACCURACY.md")
     _add_data_args(q, calib=True)
+    _add_parallel_args(q)
     _add_config_args(q)
     _add_finetune_args(q)
     q.set_defaults(func=cmd_quantize)

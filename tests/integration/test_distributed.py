@@ -1,0 +1,290 @@
+"""Sharded calibration on local processes and on a local Ray cluster (mixq.distributed, issue 20):
+the statistics and the quantized model are the same bytes as one process, whatever the shard
+count, order and executor; a worker that dies is retried by Ray."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mixq
+from mixq.calibration.collect import collect_stats
+from mixq.calibration.stats import TensorStats
+from mixq.data import default_model_path, load_default_samples
+from mixq.distributed import (ProcessExecutor, RayExecutor, SerialExecutor, calibrate_sharded,
+                              RELATIVE_L2, evaluate_plans, executor_from, shard_bounds)
+from mixq.errors import ConfigError
+from mixq.pipeline import Pipeline
+
+N_CALIB = 48  # feeds: enough for three uneven shards, few enough to stay fast
+
+
+@pytest.fixture(scope="module")
+def calib() -> np.ndarray:
+    return load_default_samples().calib_images[:N_CALIB]
+
+
+def _quantized_bytes(calib: np.ndarray, executor=None) -> bytes:
+    res = mixq.quantize(default_model_path(), "A8W8", calib, check_kernels=False,
+                        executor=executor)
+    return res.model.SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def reference(calib) -> bytes:
+    """The one-process model (no executor: collect_stats' single pass)."""
+    return _quantized_bytes(calib)
+
+
+def _stats_json(stats: dict[str, TensorStats]) -> str:
+    return json.dumps({n: s.to_dict() for n, s in stats.items()})
+
+
+# -- the merge contract ------------------------------------------------------------------------
+def test_shard_bounds_contiguous_and_balanced():
+    assert shard_bounds(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    assert shard_bounds(2, 5) == [(0, 1), (1, 2)]  # never an empty shard
+    assert shard_bounds(7, 1) == [(0, 7)]
+    with pytest.raises(ConfigError, match="shards"):
+        shard_bounds(7, 0)
+
+
+def test_merge_is_exact_in_any_shard_count_and_order():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((40, 3, 17)) * np.logspace(-6, 6, 17)).astype(np.float32)
+    x[3, 1, 2], x[7, 0, 0], x[9, 2, 5] = np.nan, np.inf, -np.inf
+    whole = TensorStats.from_array(x, axis=1).to_dict()
+    for k in (2, 3, 7):
+        parts = [TensorStats.from_array(x[lo:hi], axis=1) for lo, hi in shard_bounds(40, k)]
+        for order in (parts, parts[::-1], parts[1:] + parts[:1]):
+            merged = TensorStats(axis=1)
+            for p in order:
+                merged.merge(p)
+            assert json.dumps(merged.to_dict()) == json.dumps(whole), (k, order is parts)
+
+
+# -- sharded calibration == one pass -----------------------------------------------------------
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_sharded_statistics_equal_one_pass(calib, shards):
+    pipe = Pipeline.load(default_model_path())
+    names = pipe.plan(mixq.get_default_config("A8W8")).calibrated_tensors(lambda f: True)
+    names = [*names, pipe.model.graph.initializer[0].name]  # read once, not once per shard
+    ticks: list[int] = []
+    one = collect_stats(pipe.model, names, calib)
+    sharded = calibrate_sharded(pipe.model, names, calib, SerialExecutor(shards),
+                                progress=ticks.append)
+    assert list(sharded) == list(one) and sharded.skipped == one.skipped
+    assert _stats_json(sharded.stats) == _stats_json(one.stats)
+    assert sharded.num_batches == N_CALIB and ticks == list(range(N_CALIB))
+    init = pipe.model.graph.initializer[0]
+    assert sharded[init.name].count == int(np.prod(init.dims))
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_quantized_bytes_identical_for_1_2_3_shards(calib, reference, shards):
+    assert _quantized_bytes(calib, SerialExecutor(shards)) == reference
+
+
+def test_process_executor_bytes_identical(calib, reference):
+    with ProcessExecutor(2) as ex:
+        assert _quantized_bytes(calib, ex) == reference
+
+
+def _where(shared, item):
+    return os.getpid(), id(shared), len(shared)
+
+
+def test_shared_data_goes_to_each_worker_once_per_content():
+    """A search sends the same model and feeds every round: a worker keeps what it read."""
+    big = bytes(1 << 20)
+    with ProcessExecutor(1) as ex:
+        first = ex.map(_where, [0, 1], shared=(big,))
+        again = ex.map(_where, [0], shared=(bytes(1 << 20),))  # equal content, new object
+        other = ex.map(_where, [0], shared=(big, 1))
+        files = list(Path(ex._tmp.name).glob("*.pkl"))
+    assert first[0] == first[1] == again[0]  # same process, same object: read once
+    assert other[0][1] != first[0][1] and other[0][2] == 2
+    assert len(files) == 1  # the previous content's file was removed
+
+
+def test_data_errors_surface_before_any_worker_starts(calib):
+    pipe = Pipeline.load(default_model_path())
+    plan = pipe.plan(mixq.get_default_config("A8W8"))
+    with pytest.raises(mixq.errors.DataError):
+        pipe.calibrate(plan, [{"nope": calib[0]}], executor=SerialExecutor(2))
+
+
+def test_executor_from_options():
+    assert executor_from() is None
+    assert isinstance(executor_from(workers=1), SerialExecutor)
+    ex = executor_from(workers=2)
+    assert isinstance(ex, ProcessExecutor) and ex.workers == 2
+    ex.close()
+    with pytest.raises(ConfigError, match="--workers"):
+        executor_from(workers=0)
+    with pytest.raises(ConfigError, match="exclude"):
+        executor_from(workers=2, ray="auto")
+
+
+def test_ray_missing_says_how_to_install(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'mixq\[ray\]'"):
+        executor_from(ray="")
+    from mixq.cli.main import main
+
+    assert main(["quantize", str(default_model_path()), "/nonexistent-dir/out.onnx",
+                 "--ray"]) != 0
+    assert "pip install 'mixq[ray]'" in capsys.readouterr().err
+
+
+def test_cli_workers_gives_the_same_bytes(tmp_path, calib, reference):
+    from mixq.cli.main import main
+
+    data = tmp_path / "calib.npy"
+    np.save(data, calib)
+    out = tmp_path / "q.onnx"
+    assert main(["-q", "quantize", str(default_model_path()), str(out), "--calib", str(data),
+                 "--preset", "A8W8", "--workers", "2"]) == 0
+    one = tmp_path / "one.onnx"
+    assert main(["-q", "quantize", str(default_model_path()), str(one), "--calib", str(data),
+                 "--preset", "A8W8"]) == 0
+    assert out.read_bytes() == one.read_bytes()
+
+
+# -- candidate evaluations (what the search sends) ---------------------------------------------
+@pytest.fixture(scope="module")
+def candidates(calib):
+    """A calibrated pipeline, three candidate (plan, config) pairs and the score state."""
+    import onnxruntime as ort
+
+    pipe = Pipeline.load(default_model_path())
+    cands = []
+    for preset in ("A8W8", "A16W8", "U8S8"):
+        cfg = mixq.get_default_config(preset)
+        plan = pipe.plan(cfg)
+        pipe.calibrate(plan, calib[:16])
+        cands.append((plan, cfg))
+    sess = ort.InferenceSession(pipe.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    feeds = [{name: calib[i:i + 4]} for i in range(16, 32, 4)]
+    state = (feeds, [sess.run(None, f)[0] for f in feeds])
+    # one process, no executor: the driver's own models, all feeds at once
+    expected = [RELATIVE_L2.combine(state, RELATIVE_L2.per_feed(
+        state, pipe.materialize(cfg, plan)[0], 0, len(feeds))) for plan, cfg in cands]
+    assert len(set(expected)) == 3 and all(0 < e < 0.5 for e in expected)
+    return pipe, cands, state, expected
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_evaluate_plans_same_floats_for_any_split(candidates, shards):
+    pipe, cands, state, expected = candidates
+    assert evaluate_plans(pipe, cands, RELATIVE_L2, state, 4, SerialExecutor(1),
+                          shards=shards) == expected
+
+
+def test_evaluate_plans_same_floats_in_processes(candidates):
+    pipe, cands, state, expected = candidates
+    with ProcessExecutor(2) as ex:
+        assert evaluate_plans(pipe, cands, RELATIVE_L2, state, 4, ex) == expected
+
+
+def test_evaluate_plans_needs_the_statistics(candidates):
+    pipe, cands, state, _ = candidates
+    fresh = Pipeline.load(default_model_path())
+    with pytest.raises(ConfigError, match="calibrate"):
+        evaluate_plans(fresh, cands[:1], RELATIVE_L2, state, 4, SerialExecutor(1))
+
+
+# -- Ray -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    # this module's task wrapper travels by value: workers need not import the tests package
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=256 * 2**20)
+    yield ray
+    ray.shutdown()
+
+
+def _die_once(marker_dir: str, fn, shared, item, only_first: bool = False):
+    """Kills its worker process the first time it runs an item (a marker file per item; with
+    `only_first`, only the first shard's)."""
+    marker = Path(marker_dir) / f"died-{item[0]}"
+    if not marker.exists() and not (only_first and item[0] != 0):
+        marker.write_text("x")
+        os._exit(1)
+    return fn(shared, item)
+
+
+class _DyingProcessExecutor(ProcessExecutor):
+    """The first shard's worker dies once: a dead process breaks the whole pool, so every
+    unfinished task runs again (the second attempt must not die again)."""
+    marker_dir = ""
+
+    def map(self, fn, items, shared=None):
+        return super().map(functools.partial(_die_once, self.marker_dir, fn, only_first=True),
+                           items, shared)
+
+
+def test_process_executor_reruns_a_dead_worker(calib, reference, tmp_path):
+    with _DyingProcessExecutor(2) as ex:
+        ex.marker_dir = str(tmp_path)
+        assert _quantized_bytes(calib, ex) == reference
+    assert [p.name for p in tmp_path.iterdir()] == ["died-0"]
+
+
+def _raise_data_error(shared, item):
+    raise mixq.errors.DataError(f"bad item {item}")
+
+
+class _DyingRayExecutor(RayExecutor):
+    def map(self, fn, items, shared=None):
+        return super().map(functools.partial(_die_once, self.marker_dir, fn), items, shared)
+
+
+def test_ray_bytes_identical(ray_cluster, calib, reference):
+    ex = RayExecutor()
+    assert ex.workers == 2
+    assert _quantized_bytes(calib, ex) == reference
+    ex.close()  # the fixture's cluster was not started by the executor: still up
+    assert ray_cluster.is_initialized()
+
+
+def test_ray_evaluate_plans_same_scores(ray_cluster, candidates):
+    pipe, cands, state, expected = candidates
+    assert evaluate_plans(pipe, cands, RELATIVE_L2, state, 4, RayExecutor(), shards=2) == expected
+
+
+def test_ray_retries_a_dead_worker(ray_cluster, calib, reference, tmp_path):
+    ex = _DyingRayExecutor(max_retries=2)
+    ex.marker_dir = str(tmp_path)
+    assert _quantized_bytes(calib, ex) == reference
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["died-0", "died-24"]  # both died once
+
+
+def test_ray_puts_equal_shared_data_once(ray_cluster):
+    ex = RayExecutor()
+    assert ex.map(_where, [0, 1], shared=(b"abc",))[0][2] == 1
+    ref = ex._shared[1]
+    ex.map(_where, [0], shared=(b"abc",))
+    assert ex._shared[1] is ref
+    ex.map(_where, [0], shared=(b"abd",))
+    assert ex._shared[1] is not ref
+
+
+def test_ray_task_errors_are_the_mixq_error_and_not_retried(ray_cluster):
+    with pytest.raises(mixq.errors.DataError, match="bad item 7"):
+        RayExecutor().map(_raise_data_error, [7])
+
+
+def test_ray_without_retries_reports_the_dead_worker(ray_cluster, calib, tmp_path):
+    ex = _DyingRayExecutor(max_retries=0)
+    ex.marker_dir = str(tmp_path)
+    with pytest.raises(mixq.distributed.WorkerError, match="died"):
+        _quantized_bytes(calib, ex)
