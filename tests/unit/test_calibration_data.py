@@ -90,6 +90,17 @@ def test_arrays_and_mappings():
     x = np.zeros((4, 1, 3, 4), np.float32)
     assert len(list(as_feeds(x, ONE))) == 4
     assert len(list(as_feeds(_feed(4), SPECS, batch_size=2))) == 2
+    # along a dynamic batch axis the last feed may be short; rows are all used, in order
+    feeds = list(as_feeds(_feed(5), SPECS, batch_size=2))
+    assert [len(f["image"]) for f in feeds] == [2, 2, 1]
+    assert np.array_equal(_cat(feeds, "mask"), _feed(5)["mask"])
+    # a fixed batch dim must be filled
+    with pytest.raises(DataError, match="not a multiple of the model's batch dim 2"):
+        list(as_feeds(np.zeros((3, 4), np.float32), [InputSpec("x", np.float32, (2, 4))]))
+    # inputs cut along a dynamic axis must agree on rows, even when they make as many feeds
+    uneven = {"image": _feed(5)["image"], "mask": _feed(6)["mask"]}
+    with pytest.raises(DataError, match="different numbers of samples"):
+        list(as_feeds(uneven, SPECS, batch_size=3))
 
 
 def test_dtype_conversion():

@@ -15,7 +15,8 @@ Accepted `data` (see :func:`as_feeds`):
 Arrays (from files, mappings or single arrays) are split into feeds: an array with one more
 dimension than the model input is a stack of samples, each fed on its own; an array with the
 input's rank is cut along its first (batch) axis into pieces of the input's static first dim,
-or of `batch_size` (default 1) when that dim is dynamic. Statistics do not depend on the split.
+or of `batch_size` (default 1) when that dim is dynamic (the last piece may then be shorter).
+Statistics do not depend on the split.
 
 Every feed is validated: unknown or missing input names, wrong rank, static dims that differ
 and dtypes of another kind raise :class:`DataError`. Dtypes: data of the input's dtype is used as
@@ -213,6 +214,7 @@ def _split_arrays(arrays: Mapping[str, Any], specs: Sequence[InputSpec], batch_s
     _check_names(arrays, names, f" (in {where})", "expected arrays named")
     plans = {}
     n_items = set()
+    n_rows: set[int] = set()  # inputs split along a dynamic axis must agree on rows, not feeds
     for s in specs:
         a = arrays[s.name]
         rank = None if s.shape is None else len(s.shape)
@@ -225,10 +227,14 @@ def _split_arrays(arrays: Mapping[str, Any], specs: Sequence[InputSpec], batch_s
                 n_items.add(None)
                 continue
             d0 = s.shape[0] if s.shape else None
-            step = d0 if isinstance(d0, int) and d0 > 0 else batch_size
-            if a.shape[0] % step:
+            fixed = isinstance(d0, int) and d0 > 0
+            step = d0 if fixed else batch_size
+            # a fixed batch dim must be filled; along a dynamic one the last feed may be short
+            if fixed and a.shape[0] % step:
                 raise DataError(f"input {s.name!r} (in {where}) has {a.shape[0]} rows along its "
                                 f"first axis, not a multiple of the model's batch dim {step}")
+            if not fixed:
+                n_rows.add(a.shape[0])
             plans[s.name] = ("batch", step)
             n_items.add(-(-a.shape[0] // step))
         else:
@@ -236,7 +242,7 @@ def _split_arrays(arrays: Mapping[str, Any], specs: Sequence[InputSpec], batch_s
                             f"model expects shape {s.shape_str}: give an array of rank "
                             f"{rank} (a batch) or {rank + 1} (a stack of samples)")
     counts = {c for c in n_items if c is not None}
-    if len(counts) > 1:
+    if len(counts) > 1 or len(n_rows) > 1:
         raise DataError(f"the arrays in {where} hold different numbers of samples "
                         f"({', '.join(f'{k}: {arrays[k].shape[0]}' for k in names if arrays[k].ndim)})")
     n = counts.pop() if counts else 1
