@@ -37,7 +37,7 @@ from .errors import ConfigError, MixqError
 
 __all__ = ["Executor", "SerialExecutor", "ProcessExecutor", "RayExecutor", "WorkerError",
            "executor_from", "shard_bounds", "calibrate_sharded", "SplitMetric",
-           "evaluate_plans", "RELATIVE_L2"]
+           "evaluate_plans", "RELATIVE_L2", "sensitivity_rows", "plan_outputs"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -494,3 +494,60 @@ def _l2_combine(state: Any, rows: list[tuple[float, float]]) -> float:
 #: Relative L2 error of the first output against the float model's, over the evaluation feeds
 #: (``state = (feeds, float first outputs)``).
 RELATIVE_L2 = SplitMetric(_l2_rows, _l2_combine)
+
+
+# -- the search's parallel pieces: per-layer sensitivities, candidate models' outputs -----------
+def _sensitivity_task(shared: tuple[dict[str, dict[str, Any]], dict[str, Any],
+                                    list[tuple[str, str]]],
+                      item: tuple[bytes, list[dict[str, np.ndarray]], bool]) -> dict[str, float]:
+    """Task: one layer's row of the sensitivity table (see `search.sensitivity.layer_row`)."""
+    from .calibration.stats import TensorStats
+    from .config import QuantConfig
+    from .search.sensitivity import Candidate, layer_row
+
+    stats, base, cands = shared
+    tiny_bytes, chunks, weightless = item
+    tiny = onnx.load_from_string(tiny_bytes)
+    names = {*(i for n in tiny.graph.node for i in n.input), *(o.name for o in tiny.graph.output)}
+    return layer_row(tiny, {n: TensorStats.from_dict(stats[n]) for n in names if n in stats},
+                     QuantConfig.from_dict(base), [Candidate(a, w) for a, w in cands], chunks,
+                     weightless)
+
+
+def sensitivity_rows(executor: Executor, layers: Sequence[tuple[onnx.ModelProto,
+                                                                 list[dict[str, np.ndarray]], bool]],
+                     stats: dict[str, Any], base: Any, candidates: Sequence[Any]) -> list[dict[str, float]]:
+    """The sensitivity rows of `layers` ((one-node model, its captured values, weightless)), one
+    task per layer on `executor`: the same floats as `layer_row` in this process."""
+    names = {x for tiny, _, _ in layers for n in tiny.graph.node for x in (*n.input, *n.output)}
+    shared = ({n: s.to_dict() for n, s in stats.items() if n in names}, base.to_dict(),
+              [(c.activation, c.weight) for c in candidates])
+    items = [(tiny.SerializeToString(), chunks, weightless) for tiny, chunks, weightless in layers]
+    return executor.map(_sensitivity_task, items, shared)
+
+
+def _outputs_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | None], str,
+                                list[dict[str, np.ndarray]], int],
+                  item: tuple[str, dict[str, Any]]) -> list[np.ndarray]:
+    """Task: output `index` of one candidate (plan JSON, config dict) on every evaluation feed,
+    computed as `Workbench.outputs` computes it."""
+    from .evaluate import make_session
+
+    model_part, key, feeds, index = shared
+    plan_json, config = item
+    sess = make_session(_model_of(model_part, plan_json, config, key), optimize="basic")
+    name = sess.get_outputs()[index].name
+    return [sess.run([name], f)[0] for f in feeds]
+
+
+def plan_outputs(executor: Executor, pipe: Any, candidates: Sequence[tuple[Any, Any]],
+                 feeds: list[dict[str, np.ndarray]], output_index: int) -> list[list[np.ndarray]]:
+    """Output `output_index` on every feed of each ``(PrecisionPlan, QuantConfig)``, one task
+    per candidate: the same arrays as ``Workbench.outputs`` of the materialized model (the model
+    is rebuilt on the worker from the same prepared model and statistics, byte for byte).
+    The prepared model, statistics and feeds are shared (sent once, reused while unchanged)."""
+    model_part = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},
+                  None if pipe.base_dir is None else str(pipe.base_dir))
+    key = _digest(model_part)[0]
+    items = [(plan.to_json(), cfg.to_dict()) for plan, cfg in candidates]
+    return executor.map(_outputs_task, items, (model_part, key, feeds, output_index))

@@ -288,3 +288,72 @@ def test_ray_without_retries_reports_the_dead_worker(ray_cluster, calib, tmp_pat
     ex.marker_dir = str(tmp_path)
     with pytest.raises(mixq.distributed.WorkerError, match="died"):
         _quantized_bytes(calib, ex)
+
+
+# -- auto: the search on workers ---------------------------------------------------------------
+def _auto(calib, executor=None, strategy="bisection"):
+    from mixq.search import AutoConfig, auto_quantize, base_from_candidate, parse_candidates
+
+    cands = parse_candidates("int16/int8,int8,int8/int4,int4")
+    auto = AutoConfig(base=base_from_candidate(cands[0]), candidates=tuple(cands[1:]),
+                      l2_target=0.05, cache_dir=None, strategy=strategy)
+    feeds = [{"image": calib[i:i + 4]} for i in range(0, len(calib), 4)]
+    return auto_quantize(default_model_path(), auto, feeds[:6], feeds[6:], executor=executor)
+
+
+def _auto_record(r) -> tuple:
+    return (r.model.SerializeToString(), r.plan.to_json(), r.chosen_k, r.metric,
+            r.sensitivity.to_dict(), r.wide_metric, r.narrow_metric)
+
+
+@pytest.fixture(scope="module")
+def auto_reference(calib):
+    r = _auto(calib)
+    assert r.target_met and 0 < r.chosen_k < len(r.path_labels)  # a real bisection, not an end
+    return r
+
+
+def test_auto_same_result_with_split_work_in_process(calib, auto_reference):
+    """SerialExecutor(3) runs the parallel code paths in this process (3 sensitivity tasks at
+    once, speculative evaluations): the same model, plan, sensitivities and metrics."""
+    r = _auto(calib, SerialExecutor(3))
+    assert _auto_record(r) == _auto_record(auto_reference)
+    # the speculation evaluated points the serial bisection did not need: never fewer
+    assert r.full_evaluations >= auto_reference.full_evaluations
+
+
+def test_auto_same_bytes_on_processes(calib, auto_reference):
+    with ProcessExecutor(2) as ex:
+        assert _auto_record(_auto(calib, ex)) == _auto_record(auto_reference)
+
+
+def test_auto_other_strategies_take_an_executor(calib):
+    ref = _auto(calib, strategy="guided")
+    assert _auto_record(_auto(calib, SerialExecutor(2), strategy="guided")) == _auto_record(ref)
+
+
+def _die_first(marker_dir: str, fn, shared, item):
+    """Kills its worker the first time any task of this function runs (one marker per fn)."""
+    marker = Path(marker_dir) / f"died-{getattr(fn, '__name__', 'task')}"
+    if not marker.exists():
+        marker.write_text("x")
+        os._exit(1)
+    return fn(shared, item)
+
+
+class _DyingFirstRayExecutor(RayExecutor):
+    def map(self, fn, items, shared=None):
+        return super().map(functools.partial(_die_first, self.marker_dir, fn), items, shared)
+
+
+def test_ray_auto_same_bytes(ray_cluster, calib, auto_reference):
+    assert _auto_record(_auto(calib, RayExecutor())) == _auto_record(auto_reference)
+
+
+def test_ray_auto_survives_killed_workers(ray_cluster, calib, auto_reference, tmp_path):
+    ex = _DyingFirstRayExecutor(max_retries=2)
+    ex.marker_dir = str(tmp_path)
+    assert _auto_record(_auto(calib, ex)) == _auto_record(auto_reference)
+    # a worker died once in each kind of task: calibration, sensitivities, evaluations
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "died-_calib_shard", "died-_outputs_task", "died-_sensitivity_task"]

@@ -256,3 +256,42 @@ def test_a_seeded_point_is_known_and_not_counted():
     ev.seed(10, Evaluation(0, 10.0, False, 90.0, 1.0, "all wide"))
     assert bisection(10, ev) == 3
     assert 10 not in calls and ev.count == len(calls)  # the known end cost nothing
+
+
+def _parallel_eval(n: int, limit: int, width: int, rounds: list):
+    fn = lambda k: (float(k), k <= limit, float(n - k))  # noqa: E731
+
+    def batch(ks):
+        rounds.append(list(ks))
+        return [fn(k) for k in ks]
+
+    ev = Evaluator(lambda k: (rounds.append([k]), fn(k))[1], None, batch=batch, width=width)
+    return ev
+
+
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("n", [1, 2, 7, 12, 33])
+def test_speculative_bisection_decides_as_the_serial_one(n, width):
+    """Every break point and every guess (right, wrong, none): the serial bisection's answer; a
+    right guess takes fewer rounds of (parallel) evaluations than the serial bisection."""
+    for limit in range(n + 1):
+        serial = make_eval(n, limit)
+        expected = bisection(n, serial)
+        for guess in (None, lambda lo, hi: limit, lambda lo, hi: n - limit, lambda lo, hi: 0):
+            rounds: list = []
+            assert bisection(n, _parallel_eval(n, limit, width, rounds), guess) == expected
+            if guess is not None and guess(0, n) == limit and serial.count > 2:
+                assert len(rounds) < serial.count
+            assert all(len(r) <= width for r in rounds)
+
+
+def test_prefetch_needs_a_batch_and_two_points():
+    ev = make_eval(10, 5)
+    ev.prefetch([1, 2, 3])  # no batch: nothing evaluated ahead
+    assert ev.count == 0 and ev.width == 1
+    rounds: list = []
+    ev = _parallel_eval(10, 5, 2, rounds)
+    ev.prefetch([4])  # one point: evaluated when asked, not ahead
+    assert ev.count == 0
+    ev.prefetch([4, 9, 4])
+    assert rounds == [[4, 9]] and ev(9).ok is False and len(rounds) == 1

@@ -228,7 +228,7 @@ def _split_arrays(arrays: Mapping[str, Any], specs: Sequence[InputSpec], batch_s
                 continue
             d0 = s.shape[0] if s.shape else None
             fixed = isinstance(d0, int) and d0 > 0
-            step = d0 if fixed else batch_size
+            step = d0 if isinstance(d0, int) and d0 > 0 else batch_size
             # a fixed batch dim must be filled; along a dynamic one the last feed may be short
             if fixed and a.shape[0] % step:
                 raise DataError(f"input {s.name!r} (in {where}) has {a.shape[0]} rows along its "

@@ -39,13 +39,12 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 _MAX_CONFIG_BYTES = 1_000_000
 
 
-def _add_parallel_args(p: argparse.ArgumentParser) -> None:
+def _add_parallel_args(p: argparse.ArgumentParser, what: str = "calibration shards") -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="calibrate N shards of the data in N local processes (the same bytes "
-                        "as one process)")
+                   help=f"run the {what} in N local processes (the same bytes as one process)")
     g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="calibrate shards as tasks on a Ray cluster (ADDRESS: 'auto', "
+                   help=f"run the {what} as tasks on a Ray cluster (ADDRESS: 'auto', "
                         "'ray://host:10001'; none: RAY_ADDRESS or a new local cluster; give it after "
                         "the model paths, or as --ray=ADDRESS); needs pip install 'mixq[ray]'")
 
@@ -515,16 +514,21 @@ def cmd_auto(args: argparse.Namespace) -> int:
 
     from ..search.auto import TargetNotMetWarning
 
+    from ..distributed import executor_from
+
     progress = StageProgress()
+    executor = executor_from(args.workers, args.ray)
     try:
         with warnings.catch_warnings():  # the message is printed below, with the exit code
             warnings.simplefilter("ignore", TargetNotMetWarning)
             res = auto_quantize(args.input, auto, args.calib, args.eval, labels=labels,
                                 evaluate_function=evaluate_function, output_path=args.output,
                                 report_dir=args.report_dir, progress=progress,
-                                check_data=args.check)
+                                check_data=args.check, executor=executor)
     finally:
         progress.close()
+        if executor is not None:
+            executor.close()
     from ..report.auto_report import to_markdown
 
     print(to_markdown(res))
@@ -627,6 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "rerun is instant (default: $MIXQ_CACHE_DIR, else ~/.cache/mixq); the cache "
                    "is bounded to $MIXQ_CACHE_MAX_MB MB (default 100), oldest files evicted first")
     a.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    _add_parallel_args(a, "calibration shards, per-layer sensitivities and candidate evaluations "
+                       "(the bisection evaluates its likely next points at once)")
     a.set_defaults(func=cmd_auto)
 
     d = sub.add_parser("demo", help="quantize the embedded model with several presets")

@@ -38,7 +38,7 @@ from .objectives import (AgreementObjective, DropObjective, L2Objective, Objecti
 from .sensitivity import (ALL_OPS, FLOAT, Candidate, SensitivityTable, candidate_layers,
                           measure_sensitivity)
 from .strategies import (STRATEGIES, Evaluation, Evaluator, MetricModel, OutOfTime, bisection, front,
-                         greedy, guided, pareto)
+                         greedy, guided, noise_coordinates, pareto, predicted_break)
 from .workbench import Feeds, Workbench, feeds_digest
 
 #: the documented AutoMixprecision TargetOpType default (mixq.compat passes it)
@@ -456,8 +456,11 @@ class _Search:
                  layers: list[str], cands: list[Candidate], table: SensitivityTable,
                  ev_cache: dict[str, float], deadline: float | None,
                  progress: Callable[[str, int, int], None] | None, rows: int | None,
-                 calib: Feeds) -> None:
+                 calib: Feeds, executor: Any = None) -> None:
         self.wb, self.auto, self.objective, self.calib = wb, auto, objective, calib
+        # candidate models evaluated on workers: only metrics computed from the outputs
+        self.executor = (executor if executor is not None and executor.workers > 1
+                         and objective.scores_outputs else None)
         self.accuracy_target = accuracy_target
         self.layers, self.cands, self.table = layers, cands, table
         self.ev_cache, self.deadline, self.progress, self.rows = ev_cache, deadline, progress, rows
@@ -490,9 +493,40 @@ class _Search:
             assignments.append(a)
         configs = [_assignment_config(self.auto.base, a) for a in assignments]
         path = _Path(start, moves, assignments, configs, Evaluator(lambda k: (0.0, False, 0.0), None))
-        path.ev = Evaluator(lambda k: self._run_point(path, k), self.deadline)
+        ex = self.executor
+        path.ev = Evaluator(lambda k: self._run_point(path, k), self.deadline,
+                            batch=None if ex is None else (lambda ks: self._run_points(path, ks)),
+                            width=1 if ex is None else ex.workers)
         self.paths.append(path)
         return path
+
+    def guess(self, p: _Path) -> Callable[[int, int], int | None]:
+        """The bisection's speculation on `p`: the last point of a bracket the cheap
+        sensitivities predict to meet the target (see `strategies.predicted_break`)."""
+        outs = self.wb.float_outputs
+        classes = int(np.prod(outs[0].shape[1:])) if outs and outs[0].ndim >= 2 else None
+        model = metric_model(self.objective, self.rows, classes)
+        x = noise_coordinates(path_noise(self.layers, self.cands[0], p.moves, self.table, p.start))
+        return lambda lo, hi: predicted_break(x, model, p.ev, lo, hi)
+
+    def _run_points(self, p: _Path, ks: list[int]) -> list[tuple[float, bool, float]]:
+        """`_run_point` of several points, their models evaluated at once on the workers."""
+        from ..distributed import plan_outputs
+
+        todo = [k for k in ks if _key(self.plan(p, k).to_json()) not in self.ev_cache]
+        if todo and self.executor is not None:
+            outs = plan_outputs(self.executor, self.wb.pipeline,
+                                [(self.plan(p, k), p.configs[k]) for k in todo],
+                                self.wb.eval_feeds, self.wb.output_index)
+            for k, o in zip(todo, outs):
+                self.ev_cache[_key(self.plan(p, k).to_json())] = self.objective.score(self.wb, o)
+        out = []
+        for k in ks:
+            metric = self.metric(p, k)
+            out.append((metric, self.meets(metric) and self.size_ok(p, k), self.size(p, k)))
+        if self.progress:
+            self.progress("evaluate", self.count + len(ks), self.count + len(ks))
+        return out
 
     def plan(self, p: _Path, k: int) -> PrecisionPlan:
         if k not in p.plans:
@@ -543,7 +577,7 @@ class _Search:
         if auto.strategy == "bisection":
             # on the widened path the all-narrow end is narrower everywhere than the all-wide
             # plan that missed: not worth an evaluation
-            return bisection(n, ev)
+            return bisection(n, ev, self.guess(p) if ev.width > 1 else None)
         if auto.strategy == "guided":
             # labels score the rows of the held-out outputs: one flipped row moves top-1 by
             # 1/rows; a row's width is the number of classes
@@ -625,8 +659,14 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                   output_path: str | os.PathLike | None = None,
                   report_dir: str | os.PathLike | None = None,
                   progress: Callable[[str, int, int], None] | None = None,
-                  check_data: Any = None) -> AutoResult:
+                  check_data: Any = None, executor: Any = None) -> AutoResult:
     """Run the search and return (and optionally write) the chosen model with its record.
+
+    executor: a :class:`mixq.distributed.Executor` (local processes, Ray): the calibration
+    shards, the per-layer sensitivities and the candidate models' evaluations run on its
+    workers, and the bisection evaluates the next points it predicts it will probe at once.
+    The decisions, the output model and its record are those of a one-process run; only the
+    count of full-model evaluations (speculative ones included) and the wall time differ.
 
     check_data: data the search never looks at; the chosen model's metric on it is reported
     (`check_metric`, `check_met`), for the metrics that compare with the float model (l2, sqnr,
@@ -671,7 +711,12 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         if needed:
             from ..calibration.collect import collect_stats
 
-            stats = dict(collect_stats(prepared, sorted(needed), calib).stats)
+            if executor is not None and executor.workers > 1:
+                from ..distributed import calibrate_sharded
+
+                stats = dict(calibrate_sharded(prepared, sorted(needed), calib, executor).stats)
+            else:
+                stats = dict(collect_stats(prepared, sorted(needed), calib).stats)
         cache.put(stats_key, {k: v.to_dict() for k, v in stats.items()})
     timings["calibrate"] = time.perf_counter() - t
 
@@ -702,7 +747,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     else:
         table = measure_sensitivity(wb, base, layers, cands, max_rows=auto.max_sensitivity_rows,
                                     progress=(lambda i: progress("sensitivity", i + 1, len(layers)))
-                                    if progress else None)
+                                    if progress else None, executor=executor)
         cache.put(sens_key, table.to_dict())
     timings["sensitivity"] = time.perf_counter() - t
 
@@ -714,7 +759,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
             if evaluate_function is None and (labels is not None or auto.metric == "agreement")
             else None)
     search = _Search(wb, auto, objective, accuracy_target, layers, cands, table, ev_cache,
-                     deadline, progress, rows, calib)
+                     deadline, progress, rows, calib, executor)
     wide = search.make_path({})
     chosen_path, chosen = wide, 0
     widened: list[str] = []

@@ -45,7 +45,19 @@ class Objective:
     higher_is_better: bool = False
 
     def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
+        """The metric of `model` on the workbench's held-out data."""
+        return self.score(wb, wb.outputs(model))
+
+    def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
+        """The metric of a model from its outputs on the held-out feeds (what a worker sends
+        back: the same floats wherever the outputs were computed)."""
         raise NotImplementedError
+
+    @property
+    def scores_outputs(self) -> bool:
+        """Whether the metric is a function of the outputs alone (`score`): then the outputs
+        can be computed on workers. A user function measures its own data."""
+        return True
 
     def meets(self, value: float) -> bool:
         raise NotImplementedError
@@ -71,8 +83,8 @@ class L2Objective(Objective):
         if self.target is not None and not (np.isfinite(self.target) and self.target > 0):
             raise ConfigError(f"L2Target={self.target} must be a positive number, e.g. 0.1.")
 
-    def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
-        return wb.relative_l2(wb.outputs(model))
+    def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
+        return wb.relative_l2(outputs)
 
     def meets(self, value: float) -> bool:
         return self.target is None or value <= self.target
@@ -119,9 +131,16 @@ class Top1Objective(Objective):
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"EvaluateFunction returned {v!r}; it must return a number "
                                   "(the top-1 accuracy).") from exc
-        outs = wb.outputs(model)
-        pred = np.concatenate([np.argmax(o.reshape(o.shape[0], -1), 1) for o in outs])
+        return self.score(wb, wb.outputs(model))
+
+    def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
+        assert self.labels is not None, "a user function has no outputs to score"
+        pred = np.concatenate([np.argmax(o.reshape(o.shape[0], -1), 1) for o in outputs])
         return float(np.mean(pred == self.labels[:len(pred)]))
+
+    @property
+    def scores_outputs(self) -> bool:
+        return self.evaluate_function is None
 
     def bind_float(self, wb: Workbench) -> None:
         """Measure the float model once: the reference of the allowed drop."""
@@ -177,8 +196,8 @@ class AgreementObjective(DropObjective):
 
     name: str = "top-1 agreement"
 
-    def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
-        return wb.top1_agreement(wb.outputs(model))
+    def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
+        return wb.top1_agreement(outputs)
 
 
 @dataclass
@@ -188,9 +207,9 @@ class CosineObjective(DropObjective):
 
     name: str = "cosine"
 
-    def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
+    def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
         sims = []
-        for q, f in zip(wb.outputs(model), wb.float_outputs):
+        for q, f in zip(outputs, wb.float_outputs):
             q2, f2 = _rows(q), _rows(f)
             nq, nf = np.linalg.norm(q2, axis=1), np.linalg.norm(f2, axis=1)
             dot = np.sum(q2 * f2, axis=1)
@@ -214,8 +233,8 @@ class SQNRObjective(Objective):
         if self.min_db is not None and not np.isfinite(self.min_db):
             raise ConfigError(f"the SQNR target {self.min_db} must be a finite number of dB, e.g. 30.")
 
-    def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
-        rel = wb.relative_l2(wb.outputs(model))
+    def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
+        rel = wb.relative_l2(outputs)
         return float("inf") if rel == 0 else float(-20.0 * np.log10(rel))
 
     def meets(self, value: float) -> bool:

@@ -150,13 +150,13 @@ def _single_node_model(wb: Workbench, node: onnx.NodeProto) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(m)
 
 
-def _layer_error(wb: Workbench, tiny: onnx.ModelProto, config: QuantConfig,
+def _layer_error(tiny: onnx.ModelProto, stats: dict, config: QuantConfig,
                  chunks: list[dict[str, np.ndarray]], out_name: str) -> float:
     """Relative L2 of the layer output with the layer quantized by `config`, run feed by feed
     (the batches the model itself was fed)."""
     from ..evaluate import make_session
 
-    qmodel, _ = Pipeline.of_prepared(tiny, wb.pipeline.stats).materialize(config)
+    qmodel, _ = Pipeline.of_prepared(tiny, stats).materialize(config)
     # QDQ semantics: with full optimizations a non-VNNI CPU's saturating u8s8 kernels made int8
     # weights measure worse than int4 ones (which no integer kernel takes)
     sess = make_session(qmodel, optimize="basic")
@@ -165,10 +165,34 @@ def _layer_error(wb: Workbench, tiny: onnx.ModelProto, config: QuantConfig,
                         for c in chunks])
 
 
+def layer_row(tiny: onnx.ModelProto, stats: dict, base: QuantConfig, candidates: list[Candidate],
+              chunks: list[dict[str, np.ndarray]], weightless: bool) -> dict[str, float]:
+    """err(candidate) of one layer (`tiny`: the layer as a one-node model; `chunks`: its float
+    inputs and output per held-out feed): a function of its arguments alone, so that a worker
+    computes the same floats."""
+    out_name = tiny.graph.output[0].name
+    row: dict[str, float] = {}
+    by_activation: dict[str, float] = {}
+    for c in candidates:
+        if c.is_float:  # a layer left float adds no error of its own
+            row[c.label] = 0.0
+            continue
+        if weightless and c.activation in by_activation:
+            row[c.label] = by_activation[c.activation]
+            continue
+        cfg = base.with_options(activation=c.activation, weight=c.weight, layer_rules=(),
+                                tensor_formats=())
+        row[c.label] = _layer_error(tiny, stats, cfg, chunks, out_name)
+        by_activation.setdefault(c.activation, row[c.label])
+    return row
+
+
 def measure_sensitivity(wb: Workbench, base: QuantConfig, layers: list[str],
                         candidates: list[Candidate], *, max_rows: int = 16,
-                        progress=None) -> SensitivityTable:
-    """err(layer, candidate) for every candidate layer and format (the base config included)."""
+                        progress=None, executor=None) -> SensitivityTable:
+    """err(layer, candidate) for every candidate layer and format (the base config included).
+    `executor` (a :class:`mixq.distributed.Executor` with more than one worker): the layers are
+    measured in parallel tasks, the same floats."""
     nodes = {n.name: n for n in wb.model.graph.node}
     chosen = [nodes[n] for n in layers]
     chunks = _capture(wb, chosen, max_rows)
@@ -176,29 +200,37 @@ def measure_sensitivity(wb: Workbench, base: QuantConfig, layers: list[str],
     inits = {t.name for t in wb.model.graph.initializer}
     labels = [c.label for c in candidates]
     table = SensitivityTable(layers=list(layers), candidates=labels)
-    for i, node in enumerate(chosen):
+    todo = []
+    for node in chosen:
         if node.output[0] not in have or any(x not in have for x in node.input
                                              if x and x not in inits):
             continue
-        tiny = _single_node_model(wb, node)
         sem = semantics(node)
         w = None if sem is None else sem.weight
         # a layer without a weight: only the activation format matters, measured once each
         weightless = w is None or w >= len(node.input) or node.input[w] not in inits
-        row: dict[str, float] = {}
-        by_activation: dict[str, float] = {}
-        for c in candidates:
-            if c.is_float:  # a layer left float adds no error of its own
-                row[c.label] = 0.0
-                continue
-            if weightless and c.activation in by_activation:
-                row[c.label] = by_activation[c.activation]
-                continue
-            cfg = base.with_options(activation=c.activation, weight=c.weight, layer_rules=(),
-                                    tensor_formats=())
-            row[c.label] = _layer_error(wb, tiny, cfg, chunks, node.output[0])
-            by_activation.setdefault(c.activation, row[c.label])
-        table.err[node.name] = row
+        todo.append((node, weightless))
+    if executor is not None and executor.workers > 1 and len(todo) > 1:
+        from ..distributed import sensitivity_rows
+
+        rows = sensitivity_rows(executor, [(_single_node_model(wb, node),
+                                            _layer_chunks(node, chunks), weightless)
+                                           for node, weightless in todo],
+                                wb.pipeline.stats, base, candidates)
+        for i, ((node, _), row) in enumerate(zip(todo, rows)):
+            table.err[node.name] = row
+            if progress is not None:
+                progress(i)
+        return table
+    for i, (node, weightless) in enumerate(todo):
+        table.err[node.name] = layer_row(_single_node_model(wb, node), wb.pipeline.stats, base,
+                                         candidates, chunks, weightless)
         if progress is not None:
             progress(i)
     return table
+
+
+def _layer_chunks(node: onnx.NodeProto, chunks: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """The captured values one layer reads and writes (what its task needs)."""
+    names = {*node.input, node.output[0]}
+    return [{k: v for k, v in c.items() if k in names} for c in chunks]

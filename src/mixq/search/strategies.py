@@ -46,13 +46,36 @@ class OutOfTime(Exception):
 
 
 class Evaluator:
-    """Evaluates path points once each, counts them, and enforces the deadline."""
+    """Evaluates path points once each, counts them, and enforces the deadline.
 
-    def __init__(self, fn: Callable[[int], tuple[float, bool, float]], deadline: float | None) -> None:
+    `batch` (optional): evaluates several points at once (on parallel workers), the same values
+    as `fn` one by one; `width` is how many it runs at once. Strategies call `prefetch` with the
+    points they will likely ask for next (see `bisection`): the points are then known when asked
+    for, and the strategy's decisions, which read only the values, are those of a serial run."""
+
+    def __init__(self, fn: Callable[[int], tuple[float, bool, float]], deadline: float | None,
+                 batch: Callable[[list[int]], list[tuple[float, bool, float]]] | None = None,
+                 width: int = 1) -> None:
         self.fn = fn
         self.deadline = deadline
+        self.batch = batch
+        self.width = width if batch is not None else 1
         self.done: dict[int, Evaluation] = {}
         self.seeded: set[int] = set()
+
+    def prefetch(self, ks: Sequence[int]) -> None:
+        """Evaluate the points of `ks` not yet known, at once (nothing without a `batch`, or for
+        fewer than two points: those are evaluated when asked for)."""
+        todo = list(dict.fromkeys(k for k in ks if k not in self.done))
+        if self.batch is None or len(todo) < 2:
+            return
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise OutOfTime
+        t = time.perf_counter()
+        values = self.batch(todo)
+        dt = (time.perf_counter() - t) / len(todo)
+        for k, (metric, ok, size) in zip(todo, values):
+            self.done[k] = Evaluation(k, metric, ok, size, dt)
 
     def seed(self, k: int, e: Evaluation) -> None:
         """Point k is a plan already evaluated elsewhere: known, and not counted again."""
@@ -88,17 +111,43 @@ def greedy(n: int, ev: Evaluator) -> int:
     return k
 
 
-def bisection(n: int, ev: Evaluator) -> int:
-    if n == 0 or ev(n).ok:
+def bisection(n: int, ev: Evaluator, guess: Callable[[int, int], int | None] | None = None) -> int:
+    """The last point meeting the target, by bisection. With parallel workers (`ev.width` > 1)
+    each round evaluates, at once, the next midpoints the bisection would probe if the points
+    went as `guess(lo, hi)` predicts (the last point of the bracket predicted to meet the
+    target; None: each midpoint predicted to meet it): a right guess saves rounds, a wrong one
+    evaluations, and the decisions (so the result) are those of the serial bisection."""
+    if n == 0:
+        return n
+    if ev.width > 1:
+        ev.prefetch([n, *_speculate(0, n, ev.width - 1, ev, None if guess is None else guess(0, n))])
+    if ev(n).ok:
         return n
     lo, hi = 0, n  # P[lo] assumed good (all wide), P[hi] bad
     while hi - lo > 1:
         mid = (lo + hi) // 2
+        if ev.width > 1 and mid not in ev.done:
+            ev.prefetch(_speculate(lo, hi, ev.width, ev, None if guess is None else guess(lo, hi)))
         if ev(mid).ok:
             lo = mid
         else:
             hi = mid
     return lo
+
+
+def _speculate(lo: int, hi: int, width: int, ev: Evaluator, last_ok: int | None) -> list[int]:
+    """Up to `width` midpoints the bisection of bracket (lo, hi) would probe next, known
+    outcomes followed and unknown ones predicted (ok up to `last_ok`; None: every one ok)."""
+    pts: list[int] = []
+    while hi - lo > 1 and len(pts) < width:
+        mid = (lo + hi) // 2
+        if mid in ev.done:
+            ok = ev.done[mid].ok
+        else:
+            pts.append(mid)
+            ok = last_ok is None or mid <= last_ok
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return pts
 
 
 def spread(n: int) -> list[int]:
@@ -212,6 +261,32 @@ def noise_coordinates(noise: Sequence[float]) -> np.ndarray:
     return x
 
 
+def noise_crossing(x: np.ndarray, model: MetricModel, ev: Evaluator, lo: int, hi: int) -> float | None:
+    """Where `model`'s noise power crosses the target between bracket ends lo and hi (hi
+    evaluated; lo too, or assumed to degrade nothing), in noise coordinates `x`; None when the
+    bad end degrades less than the good one (the model cannot tell)."""
+    def power(k: int) -> float:
+        return model.power(model.degradation(ev.done[k].metric))
+
+    p_hi = power(hi)
+    x0, p0 = 0.0, 0.0
+    if lo in ev.done and power(lo) > 0.0:
+        x0, p0 = float(x[lo]), power(lo)
+    if not p_hi > p0 or not x[hi] > x0:
+        return None
+    return x0 + (model.target_power() - p0) / (p_hi - p0) * (x[hi] - x0)
+
+
+def predicted_break(x: np.ndarray, model: MetricModel | None, ev: Evaluator, lo: int,
+                    hi: int) -> int | None:
+    """The last point of bracket (lo, hi) that `model` predicts to meet the target (None: no
+    prediction: no model, or hi not evaluated yet)."""
+    if model is None or hi not in ev.done:
+        return None
+    xs = noise_crossing(x, model, ev, lo, hi)
+    return None if xs is None else _last_at_most(x, xs)
+
+
 def _last_at_most(x: np.ndarray, value: float) -> int:
     """The largest index k with x[k] <= value (-1 when none)."""
     return int(np.searchsorted(x, value, side="right")) - 1
@@ -259,22 +334,13 @@ def guided(n: int, ev: Evaluator, noise: Sequence[float], sizes: Sequence[float]
     if not cost[0] > cost[n]:
         cost = np.arange(n, -1, -1, dtype=np.float64)  # sizes do not move: every move counts the same
     tol = size_tol * (cost[0] - cost[n])
-    target = model.target_power() if model is not None else 0.0
 
     def power(k: int) -> float:
+        assert model is not None
         return model.power(model.degradation(ev.done[k].metric))
 
     def crossing(lo: int, hi: int) -> float | None:
-        """Where the model's noise power crosses the target between lo and hi (None: no model)."""
-        if model is None:
-            return None
-        p_hi = power(hi)
-        x0, p0 = 0.0, 0.0
-        if lo in ev.done and power(lo) > 0.0:
-            x0, p0 = float(x[lo]), power(lo)
-        if not p_hi > p0 or not x[hi] > x0:
-            return None  # a bad end that degrades less than the good one: the model cannot tell
-        return x0 + (target - p0) / (p_hi - p0) * (x[hi] - x0)
+        return None if model is None else noise_crossing(x, model, ev, lo, hi)
 
     if ev(n).ok:
         return n

@@ -1,0 +1,102 @@
+"""Wall time of `mixq auto` (automatic mixed precision) with 1 and 2 workers: one process, local
+processes and a local Ray cluster, on a real model; every run's output is checked byte for byte
+against the one-process run.
+
+    python -m bench.auto_scaling_bench                     # PP-OCR text-direction classifier
+    python -m bench.auto_scaling_bench --repeats 3 --no-ray
+
+What runs on the workers (see docs/SCALING.md): the calibration shards, one task per layer for
+the sensitivities, and the candidate models of the search (built and evaluated on the workers,
+the bisection evaluating its likely next points at once). "cold" is the first run on a new
+executor, starting the worker processes included; "warm" the fastest of --repeats runs on the
+same executor. Ray's own start (`ray.init` of a local cluster) is shown apart: a real cluster is
+started once, not per search. The cache is off: every run does the whole search.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _warm(shared: Any, item: int) -> int:
+    import onnxruntime  # noqa: F401  (a worker's import, paid before the timed runs)
+
+    return item
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calib", type=int, default=64, help="calibration lines")
+    ap.add_argument("--eval", type=int, default=96, help="held-out lines the search scores on")
+    ap.add_argument("--target", type=float, default=0.02, help="relative L2 target")
+    ap.add_argument("--candidates", default="int16/int8,int8,int8/int4,int4")
+    ap.add_argument("--repeats", type=int, default=2, help="warm runs per row (the fastest counts)")
+    ap.add_argument("--no-ray", action="store_true")
+    args = ap.parse_args(argv)
+
+    from mixq.distributed import ProcessExecutor, RayExecutor, SerialExecutor
+    from mixq.search import AutoConfig, auto_quantize, base_from_candidate, parse_candidates
+    from tests import realmodels
+
+    path = str(realmodels.ppocr_cls_model_path())
+    calib = realmodels.cls_inputs("calib", args.calib)
+    ev = realmodels.cls_inputs("eval", args.eval)
+    cands = parse_candidates(args.candidates)
+    auto = AutoConfig(base=base_from_candidate(cands[0]), candidates=tuple(cands[1:]),
+                      l2_target=args.target, cache_dir=None)
+    c = [{"x": calib[i:i + 1]} for i in range(len(calib))]
+    e = [{"x": ev[i:i + 8]} for i in range(0, len(ev), 8)]
+
+    def run(ex: Any) -> tuple[float, Any]:
+        t = time.perf_counter()
+        r = auto_quantize(path, auto, c, e, executor=ex)
+        return time.perf_counter() - t, r
+
+    print(f"model: PP-OCR text-direction classifier; {len(c)} calibration lines, {args.eval} "
+          f"held-out lines; target relative L2 <= {args.target}; candidates {args.candidates}\n")
+    print("| executor | workers | cold s | warm s | speed-up (warm) | full-model evaluations | "
+          "same bytes |")
+    print("|---|---|---|---|---|---|---|")
+    ref_digest, base_s = "", 0.0
+    rows: list[tuple[str, Any, float]] = [("one process (no executor)", None, 0.0)]
+    rows += [("local processes", ProcessExecutor(1), 0.0), ("local processes", ProcessExecutor(2), 0.0)]
+    ray_s = 0.0
+    if not args.no_ray:
+        try:
+            import ray
+
+            t = time.perf_counter()
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            ray_s = time.perf_counter() - t
+            rows += [("Ray, local cluster", RayExecutor(workers=1), 0.0),
+                     ("Ray, local cluster", RayExecutor(workers=2), 0.0)]
+        except ImportError:
+            print("(Ray is not installed: pip install 'mixq[ray]'; its rows are left out)\n")
+    for label, ex, _ in rows:
+        if ex is not None and not isinstance(ex, SerialExecutor):
+            ex.map(_warm, list(range(ex.workers)))  # start the workers outside the "warm" runs
+        cold, r = run(ex)
+        warm = min(run(ex)[0] for _ in range(args.repeats))
+        digest = hashlib.sha256(r.model.SerializeToString()).hexdigest()
+        if ex is None:
+            ref_digest, base_s = digest, warm
+        print(f"| {label} | {1 if ex is None else ex.workers} | {cold:.2f} | {warm:.2f} | "
+              f"{base_s / warm:.2f}x | {r.full_evaluations} | {'yes' if digest == ref_digest else 'NO'} |")
+        if ex is not None:
+            ex.close()
+    if ray_s:
+        print(f"\nray.init of the local cluster: {ray_s:.1f} s (once per cluster)")
+        import ray
+
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
