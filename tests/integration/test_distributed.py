@@ -156,6 +156,18 @@ def test_cli_workers_gives_the_same_bytes(tmp_path, calib, reference):
     assert out.read_bytes() == one.read_bytes()
 
 
+def test_cli_auto_workers_gives_the_same_bytes(tmp_path, calib):
+    from mixq.cli.main import main
+
+    np.save(tmp_path / "calib.npy", calib[:24])
+    np.save(tmp_path / "eval.npy", calib[24:])
+    args = [str(default_model_path()), "--calib", str(tmp_path / "calib.npy"), "--eval",
+            str(tmp_path / "eval.npy"), "--l2-target", "0.05", "--no-cache"]
+    assert main(["-q", "auto", args[0], str(tmp_path / "two.onnx"), *args[1:], "--workers", "2"]) == 0
+    assert main(["-q", "auto", args[0], str(tmp_path / "one.onnx"), *args[1:]]) == 0
+    assert (tmp_path / "two.onnx").read_bytes() == (tmp_path / "one.onnx").read_bytes()
+
+
 # -- candidate evaluations (what the search sends) ---------------------------------------------
 @pytest.fixture(scope="module")
 def candidates(calib):
