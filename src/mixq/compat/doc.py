@@ -112,12 +112,16 @@ def default_path() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    check = "--check" in args
-    args = [a for a in args if a != "--check"]
-    path = Path(args[0]) if args else default_path()
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m mixq.compat.doc",
+                                 description="Write (or check) docs/COMPAT.md from the translation table.")
+    ap.add_argument("path", nargs="?", default=None, help="where to write it (default: docs/COMPAT.md)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")
+    ns = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    path = Path(ns.path) if ns.path else default_path()
     text = render()
-    if check:
+    if ns.check:
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             print(f"{path} is out of date: run python -m mixq.compat.doc", file=sys.stderr)
             return 1

@@ -460,8 +460,11 @@ EXTRA_OPTIONS: list[Entry] = [
     *[_u(k, _CAL, example=1) for k in (
         "CalibMovingAverageConstant", "NumBins", "NumQuantizedBins", "Scenario", "LWPMetric",
         "PercentileCandidates", "LWPUseHistogram", "MinMSEModePof2Scale", "MinMSEModeFloatScale",
-        "CalibOptimizeMem", "CalibWorkerNum", "WeightCalibrateMethod", "TensorsRangeFile",
+        "CalibOptimizeMem", "WeightCalibrateMethod", "TensorsRangeFile",
         "SaveTensorHistFig", "SaveAndRestore")],
+    _u("CalibWorkerNum", "mixq spreads calibration over workers outside the config: "
+       "mixq.quantize(..., executor=mixq.distributed.ProcessExecutor(N)) or `mixq quantize "
+       "--workers N` / `--ray` (the same bytes as one process)", accept=(1,), example=2),
     _u("UseRandomData", "mixq calibrates on real data only: random inputs give ranges that do not "
        "match the model's use (pass a calibration data reader)"),
     _u("RandomDataReaderInputShape", "mixq calibrates on real data only (pass a data reader)", example=[1, 3]),
@@ -567,7 +570,11 @@ AUTO_MIXPRECISION: list[Entry] = [
           accept=("l2",), example="kl"),
     *[Entry(AM, k, "unsupported", _NEW_AMP, example=1) for k in (
         "SubgraphJson", "MetricDistanceFn", "MetricEvaluateFn", "MetricThreshold", "MetricOptimizeObject",
-        "SensitivityCacheFile", "WorkerNum", "SharedParamMode")],
+        "SensitivityCacheFile", "SharedParamMode")],
+    Entry(AM, "WorkerNum", "unsupported", "the documented walk runs in one process; mixq's search "
+          "runs on workers: mixq.search.auto_quantize(..., executor=mixq.distributed."
+          "ProcessExecutor(N)) or `mixq auto --workers N` / `--ray` (the same result as one "
+          "process)", default=1, example=2),
 ]
 
 
