@@ -499,19 +499,22 @@ RELATIVE_L2 = SplitMetric(_l2_rows, _l2_combine)
 # -- the search's parallel pieces: per-layer sensitivities, candidate models' outputs -----------
 def _sensitivity_task(shared: tuple[dict[str, dict[str, Any]], dict[str, Any],
                                     list[tuple[str, str]]],
-                      item: tuple[bytes, list[dict[str, np.ndarray]], bool]) -> dict[str, float]:
-    """Task: one layer's row of the sensitivity table (see `search.sensitivity.layer_row`)."""
+                      item: list[tuple[bytes, list[dict[str, np.ndarray]], bool]]
+                      ) -> list[dict[str, float]]:
+    """Task: the sensitivity rows of a group of layers (see `search.sensitivity.layer_row`)."""
     from .calibration.stats import TensorStats
     from .config import QuantConfig
     from .search.sensitivity import Candidate, layer_row
 
-    stats, base, cands = shared
-    tiny_bytes, chunks, weightless = item
-    tiny = onnx.load_from_string(tiny_bytes)
-    names = {*(i for n in tiny.graph.node for i in n.input), *(o.name for o in tiny.graph.output)}
-    return layer_row(tiny, {n: TensorStats.from_dict(stats[n]) for n in names if n in stats},
-                     QuantConfig.from_dict(base), [Candidate(a, w) for a, w in cands], chunks,
-                     weightless)
+    stats, base_dict, cand_pairs = shared
+    base, cands = QuantConfig.from_dict(base_dict), [Candidate(a, w) for a, w in cand_pairs]
+    rows = []
+    for tiny_bytes, chunks, weightless in item:
+        tiny = onnx.load_from_string(tiny_bytes)
+        names = {*(i for n in tiny.graph.node for i in n.input), *(o.name for o in tiny.graph.output)}
+        rows.append(layer_row(tiny, {n: TensorStats.from_dict(stats[n]) for n in names if n in stats},
+                              base, cands, chunks, weightless, threads=1 if _IN_WORKER else None))
+    return rows
 
 
 def sensitivity_rows(executor: Executor, layers: Sequence[tuple[onnx.ModelProto,
@@ -523,7 +526,10 @@ def sensitivity_rows(executor: Executor, layers: Sequence[tuple[onnx.ModelProto,
     shared = ({n: s.to_dict() for n, s in stats.items() if n in names}, base.to_dict(),
               [(c.activation, c.weight) for c in candidates])
     items = [(tiny.SerializeToString(), chunks, weightless) for tiny, chunks, weightless in layers]
-    return executor.map(_sensitivity_task, items, shared)
+    # a few tasks per worker, not one per layer: a layer is milliseconds of work, a task's
+    # round trip is not much less
+    groups = [items[lo:hi] for lo, hi in shard_bounds(len(items), 2 * executor.workers)]
+    return [row for part in executor.map(_sensitivity_task, groups, shared) for row in part]
 
 
 def _outputs_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | None], str,
@@ -535,7 +541,10 @@ def _outputs_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | No
 
     model_part, key, feeds, index = shared
     plan_json, config = item
-    sess = make_session(_model_of(model_part, plan_json, config, key), optimize="basic")
+    # one thread per worker: the workers share the cores (onnxruntime computes each output
+    # element the same way whatever its thread count)
+    sess = make_session(_model_of(model_part, plan_json, config, key), optimize="basic",
+                        threads=1 if _IN_WORKER else None)
     name = sess.get_outputs()[index].name
     return [sess.run([name], f)[0] for f in feeds]
 

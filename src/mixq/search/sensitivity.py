@@ -151,7 +151,7 @@ def _single_node_model(wb: Workbench, node: onnx.NodeProto) -> onnx.ModelProto:
 
 
 def _layer_error(tiny: onnx.ModelProto, stats: dict, config: QuantConfig,
-                 chunks: list[dict[str, np.ndarray]], out_name: str) -> float:
+                 chunks: list[dict[str, np.ndarray]], out_name: str, threads: int | None = None) -> float:
     """Relative L2 of the layer output with the layer quantized by `config`, run feed by feed
     (the batches the model itself was fed)."""
     from ..evaluate import make_session
@@ -159,17 +159,18 @@ def _layer_error(tiny: onnx.ModelProto, stats: dict, config: QuantConfig,
     qmodel, _ = Pipeline.of_prepared(tiny, stats).materialize(config)
     # QDQ semantics: with full optimizations a non-VNNI CPU's saturating u8s8 kernels made int8
     # weights measure worse than int4 ones (which no integer kernel takes)
-    sess = make_session(qmodel, optimize="basic")
+    sess = make_session(qmodel, optimize="basic", threads=threads)
     names = [i.name for i in sess.get_inputs()]
     return relative_l2([(sess.run(None, {nm: c[nm] for nm in names})[0], c[out_name])
                         for c in chunks])
 
 
 def layer_row(tiny: onnx.ModelProto, stats: dict, base: QuantConfig, candidates: list[Candidate],
-              chunks: list[dict[str, np.ndarray]], weightless: bool) -> dict[str, float]:
+              chunks: list[dict[str, np.ndarray]], weightless: bool,
+              threads: int | None = None) -> dict[str, float]:
     """err(candidate) of one layer (`tiny`: the layer as a one-node model; `chunks`: its float
     inputs and output per held-out feed): a function of its arguments alone, so that a worker
-    computes the same floats."""
+    computes the same floats (`threads`: onnxruntime's, 1 on a worker sharing the cores)."""
     out_name = tiny.graph.output[0].name
     row: dict[str, float] = {}
     by_activation: dict[str, float] = {}
@@ -182,7 +183,7 @@ def layer_row(tiny: onnx.ModelProto, stats: dict, base: QuantConfig, candidates:
             continue
         cfg = base.with_options(activation=c.activation, weight=c.weight, layer_rules=(),
                                 tensor_formats=())
-        row[c.label] = _layer_error(tiny, stats, cfg, chunks, out_name)
+        row[c.label] = _layer_error(tiny, stats, cfg, chunks, out_name, threads)
         by_activation.setdefault(c.activation, row[c.label])
     return row
 
