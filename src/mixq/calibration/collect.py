@@ -177,7 +177,7 @@ def _augmented_session(m: onnx.ModelProto, fetch: list[str], graph_outputs: set[
 
 
 #: numpy dtypes of tensors handed to onnxruntime in memory (big models).
-_ORT_NUMPY = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
+_ORT_NUMPY: dict[int, type] = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
               onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.INT8: np.int8,
               onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT32: np.int32,
               onnx.TensorProto.INT64: np.int64}
