@@ -153,7 +153,7 @@ def _augmented_session(m: onnx.ModelProto, fetch: list[str], graph_outputs: set[
             if dtype is None or not t.HasField("raw_data") or t.ByteSize() < _IN_MEMORY_MIN_BYTES:
                 continue
             raw = t.raw_data
-            arr = np.frombuffer(raw, dtype=dtype).reshape(tuple(t.dims))
+            arr: np.ndarray = np.frombuffer(raw, dtype=dtype).reshape(tuple(t.dims))
             moved.append((t, raw, t.HasField("data_location")))
             t.ClearField("raw_data")
             t.data_location = onnx.TensorProto.EXTERNAL
