@@ -141,6 +141,10 @@ def _row_cells(r: dict[str, Any], metric: str) -> list[str]:
     if r.get("warnings"):
         notes += "; warns: kernels disagree (no VNNI)" if any("VNNI" in w for w in r["warnings"]) \
             else f"; {len(r['warnings'])} warning(s)"
+    guard = r.get("guard") or {}
+    if guard.get("broken"):
+        named = ", ".join(c["tensor"] for c in guard.get("culprits", []))
+        notes += "; guard: WARNS looks broken" + (f" (names {named})" if named else "")
     return [r["preset"], tool, q, qr, _f(r.get("peak_rss_mb"), 0), _f(r.get("size_mb"), 3), lat,
             lr, _metric_cell(r, "metric_opt", metric), _metric_cell(r, "metric_noopt", metric),
             dm, notes.replace("|", "\\|")]

@@ -10,6 +10,7 @@ the most output SQNR.
 from __future__ import annotations
 
 import math
+import time
 import os
 from dataclasses import dataclass, field
 
@@ -27,6 +28,8 @@ BROKEN_SQNR_DB = 10.0
 MAX_PROBED = 32
 #: Samples the probe runs on (the first held-back feeds): each probe is a session and a run.
 PROBE_SAMPLES = 8
+#: Seconds the probe may spend putting tensors back to float (at least one is always probed).
+PROBE_BUDGET_S = 10.0
 #: A probed tensor is named when putting it back to float gains at least this much output SQNR.
 MIN_GAIN_DB = 1.0
 
@@ -217,10 +220,13 @@ def _noise_from_stats(pairs: dict[str, list[str]], qmodel: onnx.ModelProto, stat
 
 def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.ndarray]],
                    feeds: list[dict[str, np.ndarray]], *, max_probed: int = MAX_PROBED, top: int = 3,
-                   stats: dict | None = None) -> tuple[list[Culprit], int]:
+                   stats: dict | None = None, budget_s: float | None = PROBE_BUDGET_S
+                   ) -> tuple[list[Culprit], int]:
     """Put the `max_probed` noisiest quantized activations back to float one at a time and
     return the `top` that raise the worst output's SQNR most (and how many were probed). The
-    noise is estimated from the calibration `stats` where given, else measured in one run."""
+    noise is estimated from the calibration `stats` where given, else measured in one run.
+    Probing stops once `budget_s` seconds are spent (the noisiest tensors come first): a probe
+    is a session and a run, and a detector at full resolution spent a minute on 32."""
     pairs = _qdq_pairs(qmodel)
     if not pairs:
         return [], 0
@@ -235,9 +241,14 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
         gots = [s.run(names, f) for f in feeds]
         return min(o.sqnr_db for o in _score(names, refs, gots))
 
+    t0 = time.perf_counter()
     base = worst_sqnr(qmodel)
     found = []
+    probed = 0
     for t in order:
+        if budget_s is not None and probed and time.perf_counter() - t0 > budget_s:
+            break
+        probed += 1
         variant = _bypass(qmodel, t, pairs[t])
         if variant is qmodel:
             continue
@@ -246,7 +257,7 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
             continue
         found.append(Culprit(t, producer.get(t, "graph input"), gain, noise[t]))
     found.sort(key=lambda c: -c.sqnr_gain_db if math.isfinite(c.sqnr_gain_db) else -math.inf)
-    return [c for c in found if c.sqnr_gain_db >= MIN_GAIN_DB][:top], len(order)
+    return [c for c in found if c.sqnr_gain_db >= MIN_GAIN_DB][:top], probed
 
 
 def fix_command(culprits: list[Culprit], *, preset: str | None, model_path: str | None,

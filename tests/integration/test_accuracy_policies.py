@@ -284,6 +284,10 @@ def test_probe_ranks_from_statistics_finds_the_mask_first(policies_off):
     refs = [make_session(m).run(["y"], f) for f in feeds[:1]]
     culprits, probed = probe_culprits(res.model, ["y"], refs, feeds[:1], max_probed=1, stats=stats)
     assert probed == 1 and [c.tensor for c in culprits] == ["masked"], culprits
+    # the time budget: spent, the probe stops after the noisiest tensor (always one probed)
+    culprits, probed = probe_culprits(res.model, ["y"], refs, feeds[:1], stats=stats, budget_s=0.0)
+    assert probed == 1 and [c.tensor for c in culprits] == ["masked"], culprits
+    assert probe_culprits(res.model, ["y"], refs, feeds[:1], stats=stats, budget_s=None)[1] > 1
 
 
 def test_config_flag_switches_the_policies_off():
