@@ -78,7 +78,7 @@ def _parts(model_path: Path, feeds: list[dict]) -> dict[str, float]:
     merge_s: the driver rebuilds and merges one shard's statistics (once per shard)."""
     from mixq.calibration.data import FeedSource
     from mixq.calibration.stats import TensorStats
-    from mixq.distributed import _calib_shard
+    from mixq.calibration.sharded import _calib_shard
 
     pipe = Pipeline.load(model_path)
     names = pipe.plan(mixq.get_default_config("A8W8")).calibrated_tensors(lambda f: True)
@@ -187,7 +187,7 @@ def _terms(args: argparse.Namespace, parts: dict[str, float], rows: list[dict[st
            evals: _Evals, n_feeds: int) -> dict[str, float]:
     """The estimate's inputs: the calibration terms, with the per-feed time of the fastest
     one-process run (the least disturbed), the evaluation terms and the dispatch overhead."""
-    from mixq.distributed import _model_of
+    from mixq.pipeline import model_from_shared as _model_of
 
     pipe, (plan, cfg) = evals.pipe, evals.cands[0]
     shared = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},

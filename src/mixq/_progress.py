@@ -200,3 +200,17 @@ class StageProgress:
         if self.current is not None:
             self.current.close()
             self.current = None
+
+
+def stdout_closed() -> int:
+    """The reader of stdout went away (`mixq ... | head -1`): stop quietly, as other command
+    line tools do. Later writes (and the flush at exit) go to /dev/null instead of raising."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file: nothing left to flush there
+        pass
+    return 0

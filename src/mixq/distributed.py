@@ -20,7 +20,6 @@ shard count.
 from __future__ import annotations
 
 import os
-import hashlib
 import pickle
 import tempfile
 from collections.abc import Callable, Sequence
@@ -28,12 +27,17 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
 
+from ._shards import Executor, check_workers, digest, mark_worker, shard_bounds
+from .calibration.sharded import calibrate_sharded
 from .errors import ConfigError, MixqError
+from .pipeline import model_from_shared
+from .search.sensitivity import sensitivity_rows
+from .search.workbench import plan_outputs
 
 __all__ = ["Executor", "SerialExecutor", "ProcessExecutor", "RayExecutor", "WorkerError",
            "executor_from", "shard_bounds", "calibrate_sharded", "SplitMetric",
@@ -48,23 +52,6 @@ RAY_INSTALL = "pip install 'mixq[ray]'"
 
 class WorkerError(MixqError, RuntimeError):
     """A worker process died and the task could not be completed on another one."""
-
-
-@runtime_checkable
-class Executor(Protocol):
-    """Runs independent tasks; `workers` is how many run at once (and how many shards the
-    calibration data is cut into)."""
-
-    workers: int
-
-    def map(self, fn: Callable[[Any, T], R], items: Sequence[T], shared: Any = None) -> list[R]:
-        """``[fn(shared, item) for item in items]``, in item order. `fn` must be a module-level
-        function; `shared` is sent to the workers once per call."""
-        ...
-
-    def close(self) -> None:
-        """Release the workers (idempotent)."""
-        ...
 
 
 class _ContextMixin:
@@ -82,18 +69,12 @@ def _name(fn: Any) -> str:
     return str(getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", fn))
 
 
-def _check_workers(workers: Any, what: str = "workers") -> int:
-    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
-        raise ConfigError(f"{what} must be a positive integer, got {workers!r}")
-    return int(workers)
-
-
 class SerialExecutor(_ContextMixin):
     """Runs the tasks in this process, one after another. `workers` is only how many tasks the
     work is split into: ``SerialExecutor(3)`` reproduces the splitting of a 3-worker run."""
 
     def __init__(self, workers: int = 1) -> None:
-        self.workers = _check_workers(workers)
+        self.workers = check_workers(workers)
 
     def map(self, fn: Callable[[Any, T], R], items: Sequence[T], shared: Any = None) -> list[R]:
         return [fn(shared, it) for it in items]
@@ -103,24 +84,15 @@ class SerialExecutor(_ContextMixin):
 
 
 # -- local processes ---------------------------------------------------------------------------
-# set in worker processes (local or Ray): only there are parsed models kept between tasks
-_IN_WORKER = False
-
 # the shared object a worker process read last: (token, object); one map call's shared data is
 # read once per worker, not once per task
 _WORKER_SHARED: tuple[str, Any] | None = None
 
 
-def _digest(shared: Any) -> tuple[str, bytes]:
-    """(content digest, pickle) of a shared object."""
-    blob = pickle.dumps(shared, protocol=pickle.HIGHEST_PROTOCOL)
-    return hashlib.sha256(blob).hexdigest(), blob
-
-
 def _process_task(fn: Callable[[Any, Any], Any], token: str, path: str | None, item: Any) -> Any:
     """Runs in a worker process: `fn(shared, item)` with the shared object of `token`."""
-    global _WORKER_SHARED, _IN_WORKER
-    _IN_WORKER = True
+    global _WORKER_SHARED
+    mark_worker()
     if path is None:
         return fn(None, item)
     if _WORKER_SHARED is None or _WORKER_SHARED[0] != token:
@@ -136,7 +108,7 @@ class ProcessExecutor(_ContextMixin):
     whose worker died is run again once in a new pool, then :class:`WorkerError`."""
 
     def __init__(self, workers: int, *, retries: int = 1) -> None:
-        self.workers = _check_workers(workers)
+        self.workers = check_workers(workers)
         self.retries = int(retries)
         self._pool: ProcessPoolExecutor | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
@@ -155,7 +127,7 @@ class ProcessExecutor(_ContextMixin):
         if shared is not None:
             # the file is named by its content: a search's rounds send the same model and
             # feeds again and again, and each worker keeps what it read last
-            token, blob = _digest(shared)
+            token, blob = digest(shared)
             if self._tmp is None:
                 self._tmp = tempfile.TemporaryDirectory(prefix="mixq_shared_")
             path = os.path.join(self._tmp.name, f"{token}.pkl")
@@ -218,8 +190,7 @@ def _import_ray() -> Any:
 def _ray_task(fn: Callable[[Any, Any], Any], shared: Any, item: Any) -> Any:
     """Runs in a Ray worker; Ray resolves `shared` (an ObjectRef argument) from the object
     store: numpy arrays in it are read in place, not copied."""
-    global _IN_WORKER
-    _IN_WORKER = True
+    mark_worker()
     return fn(shared, item)
 
 
@@ -248,14 +219,14 @@ class RayExecutor(_ContextMixin):
                                   "one.") from e
             self._owned = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
-        self.workers = _check_workers(workers) if workers is not None else max(1, cpus)
+        self.workers = check_workers(workers) if workers is not None else max(1, cpus)
         self._remote = ray.remote(max_retries=self.max_retries, retry_exceptions=False)(_ray_task)
 
     def map(self, fn: Callable[[Any, T], R], items: Sequence[T], shared: Any = None) -> list[R]:
         ray = self._ray
         # once: every task gets the reference; the same content again (a search's next round)
         # reuses the object already in the store
-        token = _digest(shared)[0]
+        token = digest(shared)[0]
         if self._shared is None or self._shared[0] != token:
             self._shared = None  # the old object can go from the store
             self._shared = (token, ray.put(shared))
@@ -298,76 +269,8 @@ def executor_from(workers: int | None = None, ray: str | bool | None = None) -> 
         return RayExecutor(None if ray is True or ray == "" else str(ray))
     if workers is None:
         return None
-    n = _check_workers(workers, "--workers")
+    n = check_workers(workers, "--workers")
     return SerialExecutor(1) if n == 1 else ProcessExecutor(n)
-
-
-# -- sharded calibration -----------------------------------------------------------------------
-def shard_bounds(n_items: int, shards: int) -> list[tuple[int, int]]:
-    """`shards` contiguous, non-empty ``[lo, hi)`` ranges covering ``range(n_items)`` (fewer when
-    there are fewer items), sizes differing by at most one."""
-    k = max(1, min(_check_workers(shards, "shards"), n_items))
-    edges = [(n_items * i) // k for i in range(k + 1)]
-    return [(edges[i], edges[i + 1]) for i in range(k)]
-
-
-def _calib_shard(shared: tuple[bytes, list[str], list[dict[str, np.ndarray]], str | None],
-                 bounds: tuple[int, int]) -> tuple[dict[str, dict[str, Any]], dict[str, str], int]:
-    """Task: statistics of one shard of the feeds, as plain data
-    (``{name: TensorStats.to_dict()}``, ``{name: why skipped}``, feeds run)."""
-    from .calibration.collect import collect_stats
-
-    model_bytes, names, feeds, base_dir = shared
-    lo, hi = bounds
-    res = collect_stats(onnx.load_from_string(model_bytes), names, feeds[lo:hi],
-                        base_dir=base_dir)
-    return {n: s.to_dict() for n, s in res.items()}, dict(res.skipped), res.num_batches
-
-
-def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data: Any,
-                      executor: Executor, *, shards: int | None = None,
-                      base_dir: str | os.PathLike | None = None,
-                      progress: Callable[[int], Any] | None = None) -> Any:
-    """:func:`mixq.calibration.collect.collect_stats` of `data` split into `shards` (default
-    ``executor.workers``) contiguous shards run on `executor`, merged in shard order: the same
-    statistics as one pass. Initializers are read once here, not per shard. The data is read
-    here once (every feed validated) and sent to the workers once. `progress` is called with
-    every batch index once its shard's results are back. Returns a CollectResult."""
-    from .calibration.collect import CollectResult, collect_stats
-    from .calibration.data import FeedSource
-    from .calibration.stats import TensorStats
-
-    names = list(dict.fromkeys(tensor_names))
-    inits = {t.name for t in model.graph.initializer}
-    # initializers (and unknown names) need no data: once, here
-    local = collect_stats(model, [n for n in names if n in inits], None, base_dir=base_dir)
-    run_names = [n for n in names if n not in inits]
-    feeds = [{k: np.asarray(v) for k, v in f.items()}
-             for f in FeedSource(data, model)] if run_names else []
-    merged: dict[str, TensorStats] = {}
-    skipped: dict[str, str] = dict(local.skipped)
-    n_batches = 0
-    if run_names:
-        bounds = shard_bounds(len(feeds), shards if shards is not None else executor.workers)
-        shared = (model.SerializeToString(), run_names, feeds,
-                  None if base_dir is None else str(base_dir))
-        set_total = getattr(progress, "set_total", None)  # a mixq._progress.Progress
-        if callable(set_total):
-            set_total(len(feeds))
-        for part_stats, part_skipped, nb in executor.map(_calib_shard, bounds, shared):
-            for n, d in part_stats.items():  # in shard order (merging is exact in any order)
-                s = TensorStats.from_dict(d)
-                if n in merged:
-                    merged[n].merge(s)
-                else:
-                    merged[n] = s
-            skipped.update(part_skipped)
-            if progress is not None:
-                for i in range(n_batches, n_batches + nb):
-                    progress(i)
-            n_batches += nb
-    out = {**local.stats, **{n: s for n, s in merged.items() if n not in skipped}}
-    return CollectResult({n: out[n] for n in names if n in out}, skipped, n_batches)
 
 
 # -- candidate evaluations (the search) ---------------------------------------------------------
@@ -386,44 +289,13 @@ class SplitMetric:
     combine: Callable[[Any, list[Any]], float]
 
 
-# the pipeline a worker built last, by the digest of (model, statistics): a search's rounds
-# evaluate many plans of one calibrated model
-_WORKER_PIPE: tuple[str, Any] | None = None
-
-
-def _model_of(shared: tuple[bytes, dict[str, dict[str, Any]], str | None], plan_json: str,
-              config: dict[str, Any], key: str | None = None) -> onnx.ModelProto:
-    """The quantized model of (plan, config) rebuilt on a worker from the shipped prepared
-    model and statistics: the same bytes as the driver's. `key`: the digest of `shared`, under
-    which the parsed pipeline is kept for the next task."""
-    global _WORKER_PIPE
-    from .calibration.stats import TensorStats
-    from .config import QuantConfig
-    from .passes.prepare import PrepareReport
-    from .pipeline import Pipeline
-    from .plan.plan import PrecisionPlan
-
-    if key is not None and _WORKER_PIPE is not None and _WORKER_PIPE[0] == key:
-        pipe = _WORKER_PIPE[1]
-    else:
-        model_bytes, stats, base_dir = shared
-        _WORKER_PIPE = None
-        pipe = Pipeline(onnx.load_from_string(model_bytes), PrepareReport(),
-                        base_dir=None if base_dir is None else Path(base_dir),
-                        stats={n: TensorStats.from_dict(d) for n, d in stats.items()})
-        if key is not None and _IN_WORKER:
-            _WORKER_PIPE = (key, pipe)
-    plan, cfg = PrecisionPlan.from_json(plan_json), QuantConfig.from_dict(config)
-    return pipe.rewrite(plan, pipe.qparams(plan, cfg), cfg)[0]
-
-
 def _evaluate_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | None], str,
                                  SplitMetric, Any],
                    item: tuple[str, dict[str, Any], int, int]) -> list[Any]:
     """Task: the metric rows of feeds ``[lo, hi)`` for one candidate (plan JSON, config dict)."""
     model_part, key, metric, state = shared
     plan_json, config, lo, hi = item
-    return list(metric.per_feed(state, _model_of(model_part, plan_json, config, key), lo, hi))
+    return list(metric.per_feed(state, model_from_shared(model_part, plan_json, config, key), lo, hi))
 
 
 def evaluate_plans(pipe: Any, candidates: Sequence[tuple[Any, Any]], metric: SplitMetric,
@@ -455,7 +327,7 @@ def evaluate_plans(pipe: Any, candidates: Sequence[tuple[Any, Any]], metric: Spl
                   None if pipe.base_dir is None else str(pipe.base_dir))
     items = [(plan.to_json(), cfg.to_dict(), lo, hi) for plan, cfg in candidates
              for lo, hi in bounds]
-    key = _digest(model_part)[0]
+    key = digest(model_part)[0]
     rows = executor.map(_evaluate_task, items, (model_part, key, metric, state))
     out = []
     for c in range(len(candidates)):
@@ -494,69 +366,3 @@ def _l2_combine(state: Any, rows: list[tuple[float, float]]) -> float:
 #: Relative L2 error of the first output against the float model's, over the evaluation feeds
 #: (``state = (feeds, float first outputs)``).
 RELATIVE_L2 = SplitMetric(_l2_rows, _l2_combine)
-
-
-# -- the search's parallel pieces: per-layer sensitivities, candidate models' outputs -----------
-def _sensitivity_task(shared: tuple[dict[str, dict[str, Any]], dict[str, Any],
-                                    list[tuple[str, str]]],
-                      item: list[tuple[bytes, list[dict[str, np.ndarray]], bool]]
-                      ) -> list[dict[str, float]]:
-    """Task: the sensitivity rows of a group of layers (see `search.sensitivity.layer_row`)."""
-    from .calibration.stats import TensorStats
-    from .config import QuantConfig
-    from .search.sensitivity import Candidate, layer_row
-
-    stats, base_dict, cand_pairs = shared
-    base, cands = QuantConfig.from_dict(base_dict), [Candidate(a, w) for a, w in cand_pairs]
-    rows = []
-    for tiny_bytes, chunks, weightless in item:
-        tiny = onnx.load_from_string(tiny_bytes)
-        names = {*(i for n in tiny.graph.node for i in n.input), *(o.name for o in tiny.graph.output)}
-        rows.append(layer_row(tiny, {n: TensorStats.from_dict(stats[n]) for n in names if n in stats},
-                              base, cands, chunks, weightless, threads=1 if _IN_WORKER else None))
-    return rows
-
-
-def sensitivity_rows(executor: Executor, layers: Sequence[tuple[onnx.ModelProto,
-                                                                 list[dict[str, np.ndarray]], bool]],
-                     stats: dict[str, Any], base: Any, candidates: Sequence[Any]) -> list[dict[str, float]]:
-    """The sensitivity rows of `layers` ((one-node model, its captured values, weightless)), one
-    task per layer on `executor`: the same floats as `layer_row` in this process."""
-    names = {x for tiny, _, _ in layers for n in tiny.graph.node for x in (*n.input, *n.output)}
-    shared = ({n: s.to_dict() for n, s in stats.items() if n in names}, base.to_dict(),
-              [(c.activation, c.weight) for c in candidates])
-    items = [(tiny.SerializeToString(), chunks, weightless) for tiny, chunks, weightless in layers]
-    # a few tasks per worker, not one per layer: a layer is milliseconds of work, a task's
-    # round trip is not much less
-    groups = [items[lo:hi] for lo, hi in shard_bounds(len(items), 2 * executor.workers)]
-    return [row for part in executor.map(_sensitivity_task, groups, shared) for row in part]
-
-
-def _outputs_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | None], str,
-                                list[dict[str, np.ndarray]], int],
-                  item: tuple[str, dict[str, Any]]) -> list[np.ndarray]:
-    """Task: output `index` of one candidate (plan JSON, config dict) on every evaluation feed,
-    computed as `Workbench.outputs` computes it."""
-    from .evaluate import make_session
-
-    model_part, key, feeds, index = shared
-    plan_json, config = item
-    # one thread per worker: the workers share the cores (onnxruntime computes each output
-    # element the same way whatever its thread count)
-    sess = make_session(_model_of(model_part, plan_json, config, key), optimize="basic",
-                        threads=1 if _IN_WORKER else None)
-    name = sess.get_outputs()[index].name
-    return [sess.run([name], f)[0] for f in feeds]
-
-
-def plan_outputs(executor: Executor, pipe: Any, candidates: Sequence[tuple[Any, Any]],
-                 feeds: list[dict[str, np.ndarray]], output_index: int) -> list[list[np.ndarray]]:
-    """Output `output_index` on every feed of each ``(PrecisionPlan, QuantConfig)``, one task
-    per candidate: the same arrays as ``Workbench.outputs`` of the materialized model (the model
-    is rebuilt on the worker from the same prepared model and statistics, byte for byte).
-    The prepared model, statistics and feeds are shared (sent once, reused while unchanged)."""
-    model_part = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},
-                  None if pipe.base_dir is None else str(pipe.base_dir))
-    key = _digest(model_part)[0]
-    items = [(plan.to_json(), cfg.to_dict()) for plan, cfg in candidates]
-    return executor.map(_outputs_task, items, (model_part, key, feeds, output_index))

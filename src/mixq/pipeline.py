@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 
 from ._io import has_external_data, load_deferred, load_model, load_model_deferred
+from ._shards import in_worker
 from .calibration.stats import TensorStats
 from .config import QuantConfig
 from .errors import ConfigError, ModelError, did_you_mean
@@ -34,9 +35,9 @@ from .plan.qparams import activation_qparams, constant_qparams
 from .plan.rules import build_plan
 
 if TYPE_CHECKING:
-    from .distributed import Executor
+    from ._shards import Executor
 
-__all__ = ["Pipeline", "ensure_node_names", "config_of_plan"]
+__all__ = ["Pipeline", "ensure_node_names", "config_of_plan", "model_from_shared"]
 
 
 def ensure_node_names(model: onnx.ModelProto) -> int:
@@ -189,7 +190,7 @@ class Pipeline:
                               "activations; pass calibration_data (a data reader, feeds, a "
                               ".npz/.npy file or a folder).")
         if executor is not None:
-            from .distributed import calibrate_sharded
+            from .calibration.sharded import calibrate_sharded
 
             res = calibrate_sharded(self.model, missing, data, executor, progress=progress,
                                     base_dir=self.base_dir)
@@ -251,3 +252,28 @@ class Pipeline:
         plan = plan or self.plan(config)
         model, _ = self.rewrite(plan, self.qparams(plan, config), config)
         return model, plan
+
+
+# the pipeline a worker built last, by the digest of (model, statistics): a search's rounds
+# evaluate many plans of one calibrated model
+_WORKER_PIPE: tuple[str, Any] | None = None
+
+
+def model_from_shared(shared: tuple[bytes, dict[str, dict[str, Any]], str | None], plan_json: str,
+                      config: dict[str, Any], key: str | None = None) -> onnx.ModelProto:
+    """The quantized model of (plan, config) rebuilt on a worker from the shipped prepared
+    model and statistics: the same bytes as the driver's. `key`: the digest of `shared`, under
+    which the parsed pipeline is kept for the next task."""
+    global _WORKER_PIPE
+    if key is not None and _WORKER_PIPE is not None and _WORKER_PIPE[0] == key:
+        pipe = _WORKER_PIPE[1]
+    else:
+        model_bytes, stats, base_dir = shared
+        _WORKER_PIPE = None
+        pipe = Pipeline(onnx.load_from_string(model_bytes), PrepareReport(),
+                        base_dir=None if base_dir is None else Path(base_dir),
+                        stats={n: TensorStats.from_dict(d) for n, d in stats.items()})
+        if key is not None and in_worker():
+            _WORKER_PIPE = (key, pipe)
+    plan, cfg = PrecisionPlan.from_json(plan_json), QuantConfig.from_dict(config)
+    return pipe.rewrite(plan, pipe.qparams(plan, cfg), cfg)[0]

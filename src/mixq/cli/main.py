@@ -657,25 +657,11 @@ def _add_quiet(parser: argparse.ArgumentParser, top: bool = False) -> None:
                 _add_quiet(sub)
 
 
-def _stdout_closed() -> int:
-    """The reader of stdout went away (`mixq ... | head -1`): stop quietly, as other command
-    line tools do. Later writes (and the flush at exit) go to /dev/null instead of raising."""
-    import os
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):  # stdout is not a real file: nothing left to flush there
-        pass
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (2 for mixq errors, with the message; 0 when
     the reader of stdout closed the pipe, e.g. `mixq inspect m.onnx | head -1`)."""
     from .. import _progress
-    from .._progress import set_quiet
+    from .._progress import set_quiet, stdout_closed
 
     parser = build_parser()
     _add_quiet(parser, top=True)
@@ -687,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a closed pipe can still be handled
         return code
     except BrokenPipeError:
-        return _stdout_closed()
+        return stdout_closed()
     except MixqError as exc:
         print(f"mixq: error: {exc}", file=sys.stderr)
         return 2

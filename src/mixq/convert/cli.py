@@ -151,9 +151,9 @@ def convert_main(argv: Sequence[str] | None = None, *, target: str = "bf16", sou
         sys.stdout.flush()  # here, where a closed pipe can still be handled
         return code
     except BrokenPipeError:  # `... | head -1`: end quietly, as `mixq` does
-        from ..cli.main import _stdout_closed
+        from .._progress import stdout_closed
 
-        return _stdout_closed()
+        return stdout_closed()
     except MixqError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

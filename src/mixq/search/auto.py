@@ -39,7 +39,7 @@ from .sensitivity import (ALL_OPS, FLOAT, Candidate, SensitivityTable, candidate
                           measure_sensitivity)
 from .strategies import (STRATEGIES, Evaluation, Evaluator, MetricModel, OutOfTime, bisection, front,
                          greedy, guided, noise_coordinates, pareto, predicted_break)
-from .workbench import Feeds, Workbench, feeds_digest
+from .workbench import Feeds, Workbench, feeds_digest, plan_outputs
 
 #: the documented AutoMixprecision TargetOpType default (mixq.compat passes it)
 DEFAULT_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -511,8 +511,6 @@ class _Search:
 
     def _run_points(self, p: _Path, ks: list[int]) -> list[tuple[float, bool, float]]:
         """`_run_point` of several points, their models evaluated at once on the workers."""
-        from ..distributed import plan_outputs
-
         todo = [k for k in ks if _key(self.plan(p, k).to_json()) not in self.ev_cache]
         if todo and self.executor is not None:
             outs = plan_outputs(self.executor, self.wb.pipeline,
@@ -712,7 +710,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
             from ..calibration.collect import collect_stats
 
             if executor is not None and executor.workers > 1:
-                from ..distributed import calibrate_sharded
+                from ..calibration.sharded import calibrate_sharded
 
                 stats = dict(calibrate_sharded(prepared, sorted(needed), calib, executor).stats)
             else:

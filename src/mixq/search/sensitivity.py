@@ -7,12 +7,15 @@ fraction of one full-model evaluation per pair, and needs no full-model run at a
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from .._shards import Executor, in_worker, shard_bounds
 from ..config import QuantConfig
 from ..pipeline import Pipeline
 from ..plan.ops import semantics
@@ -212,8 +215,6 @@ def measure_sensitivity(wb: Workbench, base: QuantConfig, layers: list[str],
         weightless = w is None or w >= len(node.input) or node.input[w] not in inits
         todo.append((node, weightless))
     if executor is not None and executor.workers > 1 and len(todo) > 1:
-        from ..distributed import sensitivity_rows
-
         rows = sensitivity_rows(executor, [(_single_node_model(wb, node),
                                             _layer_chunks(node, chunks), weightless)
                                            for node, weightless in todo],
@@ -235,3 +236,37 @@ def _layer_chunks(node: onnx.NodeProto, chunks: list[dict[str, np.ndarray]]) -> 
     """The captured values one layer reads and writes (what its task needs)."""
     names = {*node.input, node.output[0]}
     return [{k: v for k, v in c.items() if k in names} for c in chunks]
+
+
+# -- on an executor's workers (see measure_sensitivity) ------------------------------------------
+def _sensitivity_task(shared: tuple[dict[str, dict[str, Any]], dict[str, Any],
+                                    list[tuple[str, str]]],
+                      item: list[tuple[bytes, list[dict[str, np.ndarray]], bool]]
+                      ) -> list[dict[str, float]]:
+    """Task: the sensitivity rows of a group of layers (see `search.sensitivity.layer_row`)."""
+    from ..calibration.stats import TensorStats
+
+    stats, base_dict, cand_pairs = shared
+    base, cands = QuantConfig.from_dict(base_dict), [Candidate(a, w) for a, w in cand_pairs]
+    rows = []
+    for tiny_bytes, chunks, weightless in item:
+        tiny = onnx.load_from_string(tiny_bytes)
+        names = {*(i for n in tiny.graph.node for i in n.input), *(o.name for o in tiny.graph.output)}
+        rows.append(layer_row(tiny, {n: TensorStats.from_dict(stats[n]) for n in names if n in stats},
+                              base, cands, chunks, weightless, threads=1 if in_worker() else None))
+    return rows
+
+
+def sensitivity_rows(executor: Executor, layers: Sequence[tuple[onnx.ModelProto,
+                                                                 list[dict[str, np.ndarray]], bool]],
+                     stats: dict[str, Any], base: Any, candidates: Sequence[Any]) -> list[dict[str, float]]:
+    """The sensitivity rows of `layers` ((one-node model, its captured values, weightless)), one
+    task per layer on `executor`: the same floats as `layer_row` in this process."""
+    names = {x for tiny, _, _ in layers for n in tiny.graph.node for x in (*n.input, *n.output)}
+    shared = ({n: s.to_dict() for n, s in stats.items() if n in names}, base.to_dict(),
+              [(c.activation, c.weight) for c in candidates])
+    items = [(tiny.SerializeToString(), chunks, weightless) for tiny, chunks, weightless in layers]
+    # a few tasks per worker, not one per layer: a layer is milliseconds of work, a task's
+    # round trip is not much less
+    groups = [items[lo:hi] for lo, hi in shard_bounds(len(items), 2 * executor.workers)]
+    return [row for part in executor.map(_sensitivity_task, groups, shared) for row in part]

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .._shards import Executor, digest, in_worker
 from ..config import QuantConfig
-from ..pipeline import Pipeline
+from ..pipeline import Pipeline, model_from_shared
 from ..plan.plan import PrecisionPlan
 
 Feeds = list[dict[str, np.ndarray]]
@@ -107,3 +110,34 @@ class Workbench:
     def weight_array(self, name: str) -> np.ndarray:
         t = next(t for t in self.model.graph.initializer if t.name == name)
         return numpy_helper.to_array(t)
+
+
+# -- on an executor's workers (see auto's speculative bisection) ---------------------------------
+def _outputs_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | None], str,
+                                list[dict[str, np.ndarray]], int],
+                  item: tuple[str, dict[str, Any]]) -> list[np.ndarray]:
+    """Task: output `index` of one candidate (plan JSON, config dict) on every evaluation feed,
+    computed as `Workbench.outputs` computes it."""
+    from ..evaluate import make_session
+
+    model_part, key, feeds, index = shared
+    plan_json, config = item
+    # one thread per worker: the workers share the cores (onnxruntime computes each output
+    # element the same way whatever its thread count)
+    sess = make_session(model_from_shared(model_part, plan_json, config, key), optimize="basic",
+                        threads=1 if in_worker() else None)
+    name = sess.get_outputs()[index].name
+    return [sess.run([name], f)[0] for f in feeds]
+
+
+def plan_outputs(executor: Executor, pipe: Any, candidates: Sequence[tuple[Any, Any]],
+                 feeds: list[dict[str, np.ndarray]], output_index: int) -> list[list[np.ndarray]]:
+    """Output `output_index` on every feed of each ``(PrecisionPlan, QuantConfig)``, one task
+    per candidate: the same arrays as ``Workbench.outputs`` of the materialized model (the model
+    is rebuilt on the worker from the same prepared model and statistics, byte for byte).
+    The prepared model, statistics and feeds are shared (sent once, reused while unchanged)."""
+    model_part = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},
+                  None if pipe.base_dir is None else str(pipe.base_dir))
+    key = digest(model_part)[0]
+    items = [(plan.to_json(), cfg.to_dict()) for plan, cfg in candidates]
+    return executor.map(_outputs_task, items, (model_part, key, feeds, output_index))

@@ -1,0 +1,75 @@
+"""Sharded calibration: the statistics of contiguous shards of the calibration feeds, collected
+on an executor's workers and merged in shard order. The statistics are exact and their merge is
+plain integer addition plus min/max, so the merged statistics, and the quantized model, are the
+same bytes for any shard count (see docs/SCALING.md)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .._shards import Executor, shard_bounds
+
+__all__ = ["calibrate_sharded"]
+
+
+def _calib_shard(shared: tuple[bytes, list[str], list[dict[str, np.ndarray]], str | None],
+                 bounds: tuple[int, int]) -> tuple[dict[str, dict[str, Any]], dict[str, str], int]:
+    """Task: statistics of one shard of the feeds, as plain data
+    (``{name: TensorStats.to_dict()}``, ``{name: why skipped}``, feeds run)."""
+    from .collect import collect_stats
+
+    model_bytes, names, feeds, base_dir = shared
+    lo, hi = bounds
+    res = collect_stats(onnx.load_from_string(model_bytes), names, feeds[lo:hi],
+                        base_dir=base_dir)
+    return {n: s.to_dict() for n, s in res.items()}, dict(res.skipped), res.num_batches
+
+
+def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data: Any,
+                      executor: Executor, *, shards: int | None = None,
+                      base_dir: str | os.PathLike | None = None,
+                      progress: Callable[[int], Any] | None = None) -> Any:
+    """:func:`mixq.calibration.collect.collect_stats` of `data` split into `shards` (default
+    ``executor.workers``) contiguous shards run on `executor`, merged in shard order: the same
+    statistics as one pass. Initializers are read once here, not per shard. The data is read
+    here once (every feed validated) and sent to the workers once. `progress` is called with
+    every batch index once its shard's results are back. Returns a CollectResult."""
+    from .collect import CollectResult, collect_stats
+    from .data import FeedSource
+    from .stats import TensorStats
+
+    names = list(dict.fromkeys(tensor_names))
+    inits = {t.name for t in model.graph.initializer}
+    # initializers (and unknown names) need no data: once, here
+    local = collect_stats(model, [n for n in names if n in inits], None, base_dir=base_dir)
+    run_names = [n for n in names if n not in inits]
+    feeds = [{k: np.asarray(v) for k, v in f.items()}
+             for f in FeedSource(data, model)] if run_names else []
+    merged: dict[str, TensorStats] = {}
+    skipped: dict[str, str] = dict(local.skipped)
+    n_batches = 0
+    if run_names:
+        bounds = shard_bounds(len(feeds), shards if shards is not None else executor.workers)
+        shared = (model.SerializeToString(), run_names, feeds,
+                  None if base_dir is None else str(base_dir))
+        set_total = getattr(progress, "set_total", None)  # a mixq._progress.Progress
+        if callable(set_total):
+            set_total(len(feeds))
+        for part_stats, part_skipped, nb in executor.map(_calib_shard, bounds, shared):
+            for n, d in part_stats.items():  # in shard order (merging is exact in any order)
+                s = TensorStats.from_dict(d)
+                if n in merged:
+                    merged[n].merge(s)
+                else:
+                    merged[n] = s
+            skipped.update(part_skipped)
+            if progress is not None:
+                for i in range(n_batches, n_batches + nb):
+                    progress(i)
+            n_batches += nb
+    out = {**local.stats, **{n: s for n, s in merged.items() if n not in skipped}}
+    return CollectResult({n: out[n] for n in names if n in out}, skipped, n_batches)
