@@ -260,8 +260,9 @@ def _sensitivity_task(shared: tuple[dict[str, dict[str, Any]], dict[str, Any],
 def sensitivity_rows(executor: Executor, layers: Sequence[tuple[onnx.ModelProto,
                                                                  list[dict[str, np.ndarray]], bool]],
                      stats: dict[str, Any], base: Any, candidates: Sequence[Any]) -> list[dict[str, float]]:
-    """The sensitivity rows of `layers` ((one-node model, its captured values, weightless)), one
-    task per layer on `executor`: the same floats as `layer_row` in this process."""
+    """The sensitivity rows of `layers` ((one-node model, its captured values, weightless)), in
+    `2 x workers` groups of layers on `executor`: the same floats as `layer_row` in this
+    process."""
     names = {x for tiny, _, _ in layers for n in tiny.graph.node for x in (*n.input, *n.output)}
     shared = ({n: s.to_dict() for n, s in stats.items() if n in names}, base.to_dict(),
               [(c.activation, c.weight) for c in candidates])

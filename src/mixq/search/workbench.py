@@ -8,8 +8,8 @@ weights of the prepared model, never from already quantized values.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,17 @@ def feeds_digest(feeds: Feeds) -> str:
             h.update(str(a.shape).encode())
             h.update(a.tobytes())
     return h.hexdigest()
+
+
+def run_output(model: onnx.ModelProto, feeds: Feeds, index: int, threads: int | None = None
+               ) -> list[np.ndarray]:
+    """Output `index` of `model` on every feed, with the QDQ semantics the search decides on
+    (basic optimizations: constants folded, no integer fusions, as the sensitivities)."""
+    from ..evaluate import make_session
+
+    sess = make_session(model, optimize="basic", threads=threads)
+    name = sess.get_outputs()[index].name
+    return [sess.run([name], f)[0] for f in feeds]
 
 
 def relative_l2(pairs) -> float:
@@ -90,11 +101,7 @@ class Workbench:
 
     # -- metrics -------------------------------------------------------------------------------
     def outputs(self, model: onnx.ModelProto) -> list[np.ndarray]:
-        from ..evaluate import make_session
-
-        sess = make_session(model, optimize="basic")  # QDQ semantics, as the sensitivities
-        name = sess.get_outputs()[self.output_index].name
-        return [sess.run([name], f)[0] for f in self.eval_feeds]
+        return run_output(model, self.eval_feeds, self.output_index)
 
     def relative_l2(self, outputs: list[np.ndarray]) -> float:
         """Relative L2 of `outputs` to the float outputs over the held-out data."""
@@ -118,16 +125,12 @@ def _outputs_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | No
                   item: tuple[str, dict[str, Any]]) -> list[np.ndarray]:
     """Task: output `index` of one candidate (plan JSON, config dict) on every evaluation feed,
     computed as `Workbench.outputs` computes it."""
-    from ..evaluate import make_session
-
     model_part, key, feeds, index = shared
     plan_json, config = item
     # one thread per worker: the workers share the cores (onnxruntime computes each output
     # element the same way whatever its thread count)
-    sess = make_session(model_from_shared(model_part, plan_json, config, key), optimize="basic",
-                        threads=1 if in_worker() else None)
-    name = sess.get_outputs()[index].name
-    return [sess.run([name], f)[0] for f in feeds]
+    return run_output(model_from_shared(model_part, plan_json, config, key), feeds, index,
+                      threads=1 if in_worker() else None)
 
 
 def plan_outputs(executor: Executor, pipe: Any, candidates: Sequence[tuple[Any, Any]],
