@@ -35,7 +35,7 @@ import onnx
 from ._shards import Executor, check_workers, digest, mark_worker, shard_bounds
 from .calibration.sharded import calibrate_sharded
 from .errors import ConfigError, MixqError
-from .pipeline import model_from_shared
+from .pipeline import model_from_shared, shared_form
 from .search.sensitivity import sensitivity_rows
 from .search.workbench import plan_outputs
 
@@ -323,11 +323,9 @@ def evaluate_plans(pipe: Any, candidates: Sequence[tuple[Any, Any]], metric: Spl
         return []
     k = shards if shards is not None else -(-executor.workers // len(candidates))
     bounds = shard_bounds(n_feeds, k)
-    model_part = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},
-                  None if pipe.base_dir is None else str(pipe.base_dir))
+    model_part, key = shared_form(pipe)
     items = [(plan.to_json(), cfg.to_dict(), lo, hi) for plan, cfg in candidates
              for lo, hi in bounds]
-    key = digest(model_part)[0]
     rows = executor.map(_evaluate_task, items, (model_part, key, metric, state))
     out = []
     for c in range(len(candidates)):

@@ -37,7 +37,7 @@ from .plan.rules import build_plan
 if TYPE_CHECKING:
     from ._shards import Executor
 
-__all__ = ["Pipeline", "ensure_node_names", "config_of_plan", "model_from_shared"]
+__all__ = ["Pipeline", "ensure_node_names", "config_of_plan", "model_from_shared", "shared_form"]
 
 
 def ensure_node_names(model: onnx.ModelProto) -> int:
@@ -252,6 +252,17 @@ class Pipeline:
         plan = plan or self.plan(config)
         model, _ = self.rewrite(plan, self.qparams(plan, config), config)
         return model, plan
+
+
+def shared_form(pipe: Pipeline) -> tuple[tuple[bytes, dict[str, dict[str, Any]], str | None], str]:
+    """What a worker needs to rebuild `pipe` (`model_from_shared`): (prepared model bytes,
+    statistics as plain data, external-data directory), and its content digest, the key under
+    which a worker keeps the pipeline it parsed."""
+    from ._shards import digest
+
+    part = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},
+            None if pipe.base_dir is None else str(pipe.base_dir))
+    return part, digest(part)[0]
 
 
 # the pipeline a worker built last, by the digest of (model, statistics): a search's rounds

@@ -503,21 +503,27 @@ class _Search:
     def guess(self, p: _Path) -> Callable[[int, int], int | None]:
         """The bisection's speculation on `p`: the last point of a bracket the cheap
         sensitivities predict to meet the target (see `strategies.predicted_break`)."""
-        outs = self.wb.float_outputs
-        classes = int(np.prod(outs[0].shape[1:])) if outs and outs[0].ndim >= 2 else None
-        model = metric_model(self.objective, self.rows, classes)
+        model = self.metric_model()
         x = noise_coordinates(path_noise(self.layers, self.cands[0], p.moves, self.table, p.start))
         return lambda lo, hi: predicted_break(x, model, p.ev, lo, hi)
 
+    def metric_model(self) -> MetricModel | None:
+        """How the objective degrades with output noise. Labels score the rows of the held-out
+        outputs: one flipped row moves top-1 by 1/rows; a row's width is the number of classes."""
+        outs = self.wb.float_outputs
+        classes = int(np.prod(outs[0].shape[1:])) if outs and outs[0].ndim >= 2 else None
+        return metric_model(self.objective, self.rows, classes)
+
     def _run_points(self, p: _Path, ks: list[int]) -> list[tuple[float, bool, float]]:
         """`_run_point` of several points, their models evaluated at once on the workers."""
-        todo = [k for k in ks if _key(self.plan(p, k).to_json()) not in self.ev_cache]
+        keys = {k: _key(self.plan(p, k).to_json()) for k in ks}
+        todo = [k for k in ks if keys[k] not in self.ev_cache]
         if todo and self.executor is not None:
             outs = plan_outputs(self.executor, self.wb.pipeline,
                                 [(self.plan(p, k), p.configs[k]) for k in todo],
                                 self.wb.eval_feeds, self.wb.output_index)
             for k, o in zip(todo, outs):
-                self.ev_cache[_key(self.plan(p, k).to_json())] = self.objective.score(self.wb, o)
+                self.ev_cache[keys[k]] = self.objective.score(self.wb, o)
         out = []
         for k in ks:
             metric = self.metric(p, k)
@@ -577,13 +583,9 @@ class _Search:
             # plan that missed: not worth an evaluation
             return bisection(n, ev, self.guess(p) if ev.width > 1 else None)
         if auto.strategy == "guided":
-            # labels score the rows of the held-out outputs: one flipped row moves top-1 by
-            # 1/rows; a row's width is the number of classes
-            outs = self.wb.float_outputs
-            classes = int(np.prod(outs[0].shape[1:])) if outs and outs[0].ndim >= 2 else None
             noise = path_noise(self.layers, self.cands[0], p.moves, self.table, p.start)
             return guided(n, ev, noise, [self.size(p, k) for k in range(n + 1)],
-                          metric_model(self.objective, self.rows, classes), size_tol=auto.size_tol)
+                          self.metric_model(), size_tol=auto.size_tol)
         return pareto(n, ev, size_ok=(lambda k: self.size_ok(p, k)) if has_budget else None,
                       accuracy_target=True)
 

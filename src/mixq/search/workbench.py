@@ -16,9 +16,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .._shards import Executor, digest, in_worker
+from .._shards import Executor, in_worker
 from ..config import QuantConfig
-from ..pipeline import Pipeline, model_from_shared
+from ..pipeline import Pipeline, model_from_shared, shared_form
 from ..plan.plan import PrecisionPlan
 
 Feeds = list[dict[str, np.ndarray]]
@@ -139,8 +139,6 @@ def plan_outputs(executor: Executor, pipe: Any, candidates: Sequence[tuple[Any, 
     per candidate: the same arrays as ``Workbench.outputs`` of the materialized model (the model
     is rebuilt on the worker from the same prepared model and statistics, byte for byte).
     The prepared model, statistics and feeds are shared (sent once, reused while unchanged)."""
-    model_part = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},
-                  None if pipe.base_dir is None else str(pipe.base_dir))
-    key = digest(model_part)[0]
+    model_part, key = shared_form(pipe)
     items = [(plan.to_json(), cfg.to_dict()) for plan, cfg in candidates]
     return executor.map(_outputs_task, items, (model_part, key, feeds, output_index))
