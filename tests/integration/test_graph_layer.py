@@ -338,3 +338,33 @@ def test_batchnorm_fold_declines_a_weight_an_if_branch_reads():
     feed = {"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32), "cond": np.array(True)}
     ref, got = run(m, feed), run(pipe.model, feed)
     assert np.allclose(ref[1], got[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("wide", ["fp16", "bf16"])
+def test_an_integer_pass_through_op_between_float16_layers_loads_and_is_quantized(wide):
+    """fp16/bf16 layers around an int8 MaxPool and Flatten (the layer-wise plans `auto` builds):
+    the pass-through outputs read their input in int8 at a boundary, so they are int8 with
+    parameters of their own (the input's group is fp16), their fp16 consumers read a conversion,
+    and onnxruntime loads the model with its default optimizations (without the Q after MaxPool
+    its optimizer propagated the DQ and formed a QuantizeLinear it rejected)."""
+    from mixq.config import LayerRule
+    from mixq.evaluate import make_session
+    from tests.conftest import feeds as cnn_feeds
+    from tests.conftest import small_cnn
+
+    m, calib = small_cnn(), cnn_feeds(32, 8)
+    rules = (LayerRule(nodes=("conv1", "relu1", "conv2", "relu2", "add", "gap", "fc"),
+                       activation=wide, weight=wide),)
+    cfg = mixq.QuantConfig(activation="int8", weight="int8", activation_symmetric=True,
+                           layer_rules=rules)
+    res = mixq.quantize(m, cfg, calib, check_kernels=False)
+    for t in ("p", "fl"):
+        tp = res.plan.tensors[t]
+        assert tp.format == "int8" and tp.calibrate and tp.consumer_formats, tp
+    assert not [n for n in res.rewrite.notes if "no statistics" in n], res.rewrite.notes
+    consumers = {n.name: list(n.input) for n in res.model.graph.node}
+    assert consumers["gap"][0].endswith(f"__mq_{wide}") and consumers["fc"][0].endswith(f"__mq_{wide}")
+    x = calib[0]["x"]
+    out = make_session(res.model.SerializeToString()).run(None, {"x": x})[0]
+    ref = make_session(m.SerializeToString()).run(None, {"x": x})[0]
+    assert np.isfinite(out).all() and np.corrcoef(out.ravel(), ref.ravel())[0, 1] > 0.99

@@ -330,12 +330,24 @@ def _resolve(ix: GraphIndex, config: QuantConfig, req: _Requests) -> dict[str, T
         cal = True
         if name in req.passthrough_of:
             src = tensors.get(req.passthrough_of[name])
-            kind = get_format(src.format).kind if src is not None and src.format else None
-            if kind == "int" and src is not None and name not in overrides:
-                # integer formats re-quantize idempotently with the input's parameters
-                fmt, why, axis, cal = (src.format, "output of a pass-through op: input's parameters",
-                                       src.block_axis, False)
-                req.groups.union(req.groups.find(req.passthrough_of[name]), name)
+            # the format the pass-through op reads its input in: the producer's, or the one a
+            # boundary gives this consumer (an int8 MaxPool after an fp16 Add)
+            prod = ix.producer(name)
+            src_fmt = None if src is None else (
+                src.consumer_formats.get(prod.name, src.format) if prod is not None else src.format)
+            kind = get_format(src_fmt).kind if src_fmt else None
+            if kind == "int" and src is not None and src_fmt and name not in overrides:
+                # integer formats re-quantize idempotently with the input's parameters (and
+                # onnxruntime's optimizer needs the Q after an integer MaxPool: without it, it
+                # propagates the DQ through the op and forms a QuantizeLinear it then rejects)
+                if src_fmt == src.format:
+                    fmt, why, axis, cal = (src_fmt, "output of a pass-through op: input's "
+                                           "parameters", src.block_axis, False)
+                    req.groups.union(req.groups.find(req.passthrough_of[name]), name)
+                else:  # the input's own group is in another format: parameters of its own
+                    fmt, why, axis, cal = (src_fmt, "output of a pass-through op reading its "
+                                           f"input in {src_fmt} at a precision boundary",
+                                           src.block_axis, True)
             else:
                 if kind == "float" and src is not None and name not in overrides:
                     # bf16/fp16 values moved by data movement stay on their grid; a consumer
