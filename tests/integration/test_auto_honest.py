@@ -73,8 +73,11 @@ def test_target_the_all_wide_plan_misses_is_met_by_widening(tmp_path):
                                           l2_target=target), calib, ev,
                         output_path=tmp_path / "w.onnx")
     assert res.target_met and res.metric <= target and res.widened_layers
-    assert "float" in res.assignment.values() and "missed" in res.message
-    assert res.full_evaluations <= 2 + int(np.ceil(np.log2(len(res.path_labels) + 1)))
+    # the widened layers start in a 16-bit float (half float32's bytes) once float32 met it
+    kept = set(res.assignment.values()) - {"int8", "int8/int4"}
+    assert kept and kept <= {"fp16", "bf16", "float"} and "missed" in res.message, res.assignment
+    assert "stay wide" in res.message
+    assert res.full_evaluations <= 3 + int(np.ceil(np.log2(len(res.path_labels) + 1)))
     # measured again from the written file on the held-out data
     assert _rel_l2(tmp_path / "w.onnx", model, ev) <= target
 
@@ -251,7 +254,32 @@ def test_every_quantized_op_is_a_candidate_with_op_types_all():
     every = auto_quantize(model, AutoConfig(op_types=frozenset({"all"}), **kw), calib, ev)
     assert {"scores", "mask_add", "softmax"} <= set(every.sensitivity.layers)
     assert every.target_met and every.metric >= 1 - 0.001
-    assert every.assignment.get("softmax") == "float"  # the Softmax input stays float
+    # the Softmax input stays in a float format (a 16-bit one: the -1e4 mask fits float16)
+    assert every.assignment.get("softmax") in ("float", "fp16", "bf16"), every.assignment
+
+
+@pytest.mark.parametrize("mask_value,expect", [(-1e4, "fp16"), (-3.4e38, "bf16")])
+def test_widening_takes_float16_only_where_the_calibrated_ranges_fit(mask_value, expect):
+    """A layer widened after the all-wide miss takes float16 when every tensor it touches was
+    measured below 2^14, else bfloat16: a -3.4e38 mask would be -inf in float16."""
+    from mixq import Pipeline
+    from mixq.search.auto import half_floats
+    from mixq.search.workbench import Workbench
+
+    model = _masked_softmax()
+    for t in model.graph.initializer:
+        if t.name == "mask":
+            m = numpy_helper.to_array(t).copy()
+            m[m != 0] = mask_value
+            t.CopyFrom(numpy_helper.from_array(m, "mask"))
+    rng = np.random.default_rng(0)
+    calib = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
+    pipe = Pipeline.load(model)
+    cfg = base_from_candidate(Candidate("int16", "int8"))
+    pipe.calibrate(pipe.plan(cfg.with_options(fuse_activations=False)), calib)
+    got = half_floats(Workbench(pipe, calib), ["scores", "mask_add", "softmax"])
+    assert got["scores"].label == "fp16"  # its tensors are small whatever the mask
+    assert got["mask_add"].label == expect and got["softmax"].label == expect
 
 
 def test_a_candidate_wider_than_the_base_is_an_error_not_ignored(tmp_path, capsys):
@@ -330,3 +358,25 @@ def test_metric_values_on_known_models():
     assert vals["agreement"][0] == 1.0 and vals["agreement"][1] < 0.5
     assert make_objective("cosine", 0.01).meets(0.995) and not make_objective("cosine", 0.01).meets(0.98)
     assert make_objective("sqnr", 30).meets(31) and not make_objective("sqnr", 30).meets(29)
+
+
+def test_bisection_returns_the_widest_plan_of_its_size():
+    """Moves that narrow only activations leave the weight bytes unchanged: the bisection runs
+    over the first point of each size, so the plan it returns is never preceded on the path by
+    a point of the same size (narrower activations would buy nothing the size counts)."""
+    model, calib, ev = small_cnn(), feeds(32, 8), feeds(32, 16, seed=9)
+    cands = (Candidate("int8", "int8"), Candidate("int8", "int4"))
+    res = auto_quantize(model, AutoConfig(base=base_from_candidate(Candidate("int16", "int8")),
+                                          candidates=cands, l2_target=0.03), calib, ev)
+    weight = {layer: "int8" for layer, _ in res.path_labels}
+    starts = [0]
+    for k, (layer, label) in enumerate(res.path_labels, 1):
+        w = label.split("/")[-1]
+        if w != weight[layer]:
+            starts.append(k)
+        weight[layer] = w
+    n = len(res.path_labels)
+    assert any(a.split("/")[0] == "int8" and a.split("/")[-1] == "int8"
+               for _, a in res.path_labels), "the path has activation-only moves"
+    assert res.target_met and (res.chosen_k in starts or res.chosen_k == n), (res.chosen_k, starts)
+    assert all(e.k in starts or e.k == n for e in res.evaluations if e.k >= 0)

@@ -308,7 +308,7 @@ def _auto(calib, executor=None, strategy="bisection"):
 
     cands = parse_candidates("int16/int8,int8,int8/int4,int4")
     auto = AutoConfig(base=base_from_candidate(cands[0]), candidates=tuple(cands[1:]),
-                      l2_target=0.05, cache_dir=None, strategy=strategy)
+                      l2_target=0.08, cache_dir=None, strategy=strategy)
     feeds = [{"image": calib[i:i + 4]} for i in range(0, len(calib), 4)]
     return auto_quantize(default_model_path(), auto, feeds[:6], feeds[6:], executor=executor)
 

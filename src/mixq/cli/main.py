@@ -601,7 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the wide base first, then narrower precisions: FORMAT or ACT/WEIGHT "
                    "(default int16/int8,int8,int8/int4: int4 weights let the size go below "
                    "A8W8)")
-    a.add_argument("--preset", help="preset whose options (calibration, symmetry...) the base uses")
+    a.add_argument("--preset", help="preset whose options (calibration, symmetry...) the base uses "
+                   "(default: the preset of the base's formats, A16W8 for int16/int8 and A8W8 for "
+                   "int8; otherwise symmetric activations, MinMax ranges)")
     a.add_argument("--metric", help="what the target is on: l2 (relative L2 of the output to "
                    "float), sqnr (dB), cosine (mean cosine similarity of output rows with float), "
                    "agreement (top-1 agreement with float), top1 (accuracy; needs --labels), or "

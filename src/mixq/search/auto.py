@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from .._io import save_model
 from ..calibration.stats import TensorStats
@@ -38,7 +39,8 @@ from .objectives import (AgreementObjective, DropObjective, L2Objective, Objecti
 from .sensitivity import (ALL_OPS, FLOAT, Candidate, SensitivityTable, candidate_layers,
                           measure_sensitivity)
 from .strategies import (STRATEGIES, Evaluation, Evaluator, MetricModel, OutOfTime, bisection, front,
-                         greedy, guided, noise_coordinates, pareto, predicted_break)
+                         greedy, guided, noise_coordinates, pareto, predicted_break,
+                         PointView, speculate)
 from .workbench import Feeds, Workbench, feeds_digest, plan_outputs
 
 #: the documented AutoMixprecision TargetOpType default (mixq.compat passes it)
@@ -324,6 +326,32 @@ def _assignment_config(base: QuantConfig, assignment: dict[str, Candidate]) -> Q
     return base.with_options(**opts)
 
 
+#: a layer's tensors must stay below this magnitude to be widened to float16 (its largest
+#: finite value is 65504; the margin leaves room for values calibration did not see)
+FP16_SAFE_ABSMAX = 2.0 ** 14
+
+
+def half_floats(wb: Workbench, layers: list[str]) -> dict[str, Candidate]:
+    """The 16-bit float each widened layer takes: float16 (10 mantissa bits) when every tensor
+    the node reads or writes has a calibrated (or constant) magnitude below `FP16_SAFE_ABSMAX`,
+    else bfloat16 (float32's range: additive masks of -3.4e38, large sentinels)."""
+    ix = wb.pipeline.index
+    nodes = {n.name: n for n in wb.model.graph.node if n.name in set(layers)}
+    fp16, bf16 = Candidate("fp16", "fp16"), Candidate("bf16", "bf16")
+
+    def fits(name: str) -> bool:
+        if name in ix.initializers:
+            m = float(np.max(np.abs(numpy_helper.to_array(ix.initializers[name])), initial=0.0))
+        elif name in wb.pipeline.stats:
+            m = wb.pipeline.stats[name].absmax
+        else:
+            return False  # a range nobody measured: bfloat16's range is the safe one
+        return m < FP16_SAFE_ABSMAX
+
+    return {layer: fp16 if all(fits(v) for v in [*nodes[layer].input, *nodes[layer].output] if v)
+            else bf16 for layer in layers}
+
+
 def _narrowness(c: Candidate) -> float:
     if c.is_float:
         return 64.0
@@ -332,7 +360,11 @@ def _narrowness(c: Candidate) -> float:
 
 def _err(table: SensitivityTable, layer: str, c: Candidate) -> float:
     """A layer's measured error at precision `c` (a layer left float adds none)."""
-    return 0.0 if c.is_float else table.err[layer][c.label]
+    if c.is_float:
+        return 0.0
+    # a layer widened to a 16-bit float (a path's start) was not measured: about float's error
+    return table.err[layer].get(c.label, 0.0) if get_format(c.activation).kind == "float" \
+        else table.err[layer][c.label]
 
 
 def build_path(layers: list[str], base: Candidate, candidates: list[Candidate],
@@ -442,6 +474,7 @@ class _Path:
     configs: list[QuantConfig]
     ev: Evaluator
     plans: dict[int, PrecisionPlan] = field(default_factory=dict)
+    keys: dict[int, str] = field(default_factory=dict)  # the evaluation cache's key of P[k]
 
     @property
     def n(self) -> int:
@@ -516,7 +549,7 @@ class _Search:
 
     def _run_points(self, p: _Path, ks: list[int]) -> list[tuple[float, bool, float]]:
         """`_run_point` of several points, their models evaluated at once on the workers."""
-        keys = {k: _key(self.plan(p, k).to_json()) for k in ks}
+        keys = {k: self.key(p, k) for k in ks}
         todo = [k for k in ks if keys[k] not in self.ev_cache]
         if todo and self.executor is not None:
             outs = plan_outputs(self.executor, self.wb.pipeline,
@@ -540,6 +573,12 @@ class _Search:
             self.wb.pipeline.calibrate(p.plans[k], self.calib)
         return p.plans[k]
 
+    def key(self, p: _Path, k: int) -> str:
+        """The evaluation cache's key of P[k] (its plan's content), computed once."""
+        if k not in p.keys:
+            p.keys[k] = _key(self.plan(p, k).to_json())
+        return p.keys[k]
+
     def size(self, p: _Path, k: int) -> float:
         return self.wb.size_bytes(self.plan(p, k))
 
@@ -553,7 +592,7 @@ class _Search:
 
     def metric(self, p: _Path, k: int) -> float:
         """The objective's value of P[k] (the evaluation cache first)."""
-        pk = _key(self.plan(p, k).to_json())
+        pk = self.key(p, k)
         if pk not in self.ev_cache:
             m, _ = self.wb.materialize(p.configs[k], self.plan(p, k))
             self.ev_cache[pk] = self.objective.evaluate(self.wb, m)
@@ -568,6 +607,34 @@ class _Search:
             self.progress("evaluate", self.count + 1, self.count + 1 + max(p.n - p.ev.count, 0))
         return metric, self.meets(metric) and self.size_ok(p, k), self.size(p, k)
 
+    def levels(self, p: _Path) -> list[int]:
+        """The points of `p` where the model size changes (P[0], then each point whose move
+        changes a weighted layer's weight format), and the all-narrow end."""
+        current = {layer: p.start.get(layer, self.cands[0]) for layer in self.layers}
+        pts = [0]
+        for k, (layer, c) in enumerate(p.moves, 1):
+            if layer not in self.weightless and c.weight != current[layer].weight:
+                pts.append(k)
+            current[layer] = c
+        if pts[-1] != p.n:
+            pts.append(p.n)
+        return pts
+
+    def first(self, p: _Path) -> Evaluation:
+        """P[0] of `p`. On parallel workers the bisection evaluates, beside it, the all-narrow
+        end it probes first (needed by the report too) or, when that is known, its first
+        midpoint: one round instead of two, the same values."""
+        ev = p.ev
+        if ev.width > 1 and p.n and self.accuracy_target and self.auto.strategy == "bisection":
+            view = PointView(ev, self.levels(p))
+            pts = [0] + ([] if p.n in ev.done else [p.n])
+            if len(pts) < ev.width:
+                last = len(view.points) - 1
+                guess = view.index_at_most(self.guess(p)(0, p.n))
+                pts += [view.points[i] for i in speculate(0, last, ev.width - len(pts), view, guess)]
+            ev.prefetch(pts)
+        return ev(0)
+
     def run_strategy(self, p: _Path) -> int:
         """The strategy's chosen point on `p` (P[0] is known to meet an accuracy target)."""
         auto, n, ev = self.auto, p.n, p.ev
@@ -579,9 +646,14 @@ class _Search:
         if auto.strategy == "greedy":
             return greedy(n, ev)
         if auto.strategy == "bisection":
-            # on the widened path the all-narrow end is narrower everywhere than the all-wide
-            # plan that missed: not worth an evaluation
-            return bisection(n, ev, self.guess(p) if ev.width > 1 else None)
+            # over the first point of each model size (and the all-narrow end): at equal weight
+            # bytes the widest plan, whose narrower activations would buy nothing the size
+            # counts and cost accuracy on data the search never saw
+            view = PointView(ev, self.levels(p))
+            guess = self.guess(p) if ev.width > 1 else None
+            vguess = None if guess is None else (
+                lambda lo, hi: view.index_at_most(guess(view.points[lo], view.points[hi])))
+            return view.points[bisection(len(view.points) - 1, view, vguess)]
         if auto.strategy == "guided":
             noise = path_noise(self.layers, self.cands[0], p.moves, self.table, p.start)
             return guided(n, ev, noise, [self.size(p, k) for k in range(n + 1)],
@@ -702,6 +774,10 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
             continue
         cfg = base.with_options(activation=c.activation, weight=c.weight)
         needed |= set(pipe.plan(cfg).calibrated_tensors(lambda f: get_format(f).needs_qparams))
+        # and the outputs a fused Relu/Clip hides: a mixed plan that leaves the activation in
+        # another format calibrates them (in this pass, not in one pass per plan)
+        unfused = cfg.with_options(fuse_activations=False)
+        needed |= set(pipe.plan(unfused).calibrated_tensors(lambda f: get_format(f).needs_qparams))
     stats_key = _key("stats", model_digest, sorted(needed), feeds_digest(calib))
     cached = cache.get(stats_key)
     if cached is not None:
@@ -768,7 +844,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     timed_out = False
     try:
         # the accuracy alone decides whether to widen (a size budget is met by narrowing)
-        if not accuracy_target or search.meets(wide.ev(0).metric):
+        if not accuracy_target or search.meets(search.first(wide).metric):
             chosen = search.run_strategy(wide)
         else:
             if auto.widen:
@@ -779,9 +855,15 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                 wider = search.make_path({layer: FLOAT for layer in widened})
                 if all(not c.is_float for c in wider.assignments[-1].values()):
                     wider.ev.seed(wider.n, wide.ev(0))  # the same formats as the all-wide plan
-                if search.meets(wider.ev(0).metric):
-                    chosen_path = wider
-                    chosen = search.run_strategy(wider)
+                if search.meets(wider.ev(0).metric):  # not searched on: no speculation
+                    # the next wider format first: the same layers in a 16-bit float (half the
+                    # bytes of float32), searched from when it meets the target too
+                    halves = half_floats(wb, widened)
+                    half = search.make_path(halves)
+                    if all(c not in halves.values() for c in half.assignments[-1].values()):
+                        half.ev.seed(half.n, wide.ev(0))
+                    chosen_path = half if search.meets(search.first(half).metric) else wider
+                    chosen = search.run_strategy(chosen_path)
             if chosen_path is wide:  # even the widest plan misses: stop here
                 unreachable = True
                 tried = [(p, 0) for p in search.paths if 0 in p.ev.done]
@@ -802,6 +884,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
 
     # the final model on the held-out data
     final_model, final_plan = wb.materialize(chosen_path.configs[chosen], search.plan(chosen_path, chosen))
+    _check_loads(final_model)
     final = chosen_path.ev.done.get(chosen)
     final_metric = final.metric if final is not None else search.metric(chosen_path, chosen)
     # the uniform baselines for the record (not search evaluations: counted apart; cached), none
@@ -814,7 +897,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         elif timed_out or unreachable:
             baselines[k] = None
         else:
-            pk = _key(search.plan(wide, k).to_json())
+            pk = search.key(wide, k)
             baseline_evals += pk not in ev_cache
             baselines[k] = search.metric(wide, k)
     if cacheable:
@@ -885,6 +968,22 @@ def _narrowest_label(cands: list[Candidate]) -> str:
     return min(cands, key=_narrowness).label
 
 
+def _check_loads(model: onnx.ModelProto) -> None:
+    """The chosen model must load with onnxruntime's default optimizations (the search scores
+    plans with the basic ones, which form no integer kernels): never hand back one that does not."""
+    from ..evaluate import make_session
+
+    try:
+        make_session(model.SerializeToString())
+    except Exception as exc:  # onnxruntime's own error type: say what failed and what to do
+        from ..errors import ModelError
+
+        raise ModelError("the chosen mixed-precision model does not load in onnxruntime with "
+                         f"its default optimizations: {exc}. This is a mixq bug; please report "
+                         "it with the model. Meanwhile --strategy or --candidates give "
+                         "another plan.") from exc
+
+
 def _message(r: AutoResult, auto: AutoConfig, unreachable: bool,
              wide_metric: float | None, wider_metric: float | None) -> str:
     """One plain sentence or two on whether the target was met, and if not, why and what next.
@@ -925,9 +1024,12 @@ def _message(r: AutoResult, auto: AutoConfig, unreachable: bool,
     elif r.check_met:
         msg += f" On the check data (never searched on): {r.check_metric:.6g}, also met."
     if r.widened_layers:
-        still = sum(1 for c in r.assignment.values() if c == "float")
+        wide_again = {r.wide_label} | {c.label for c in auto.candidates}
+        kept = sorted(c for c in r.assignment.values() if c not in wide_again)
+        counts = ", ".join(f"{kept.count(c)} {c}" for c in dict.fromkeys(kept))
         msg += (f" The all-wide plan missed it ({wide_metric:.6g}), so the search started from "
-                f"every candidate layer float: the {still} most sensitive stay float.")
+                f"every candidate layer widened (float, then a 16-bit float when that met it "
+                f"too): the most sensitive stay wide ({counts or 'none'}).")
     return msg
 
 
@@ -939,7 +1041,16 @@ def parse_candidates(text: str) -> list[Candidate]:
     return [Candidate.parse(s) for s in items]
 
 
+#: the preset whose options a base of these (activation, weight) formats takes by default, so
+#: that the all-wide plan is that uniform preset (and the search never returns a plan larger
+#: than a uniform preset that meets the target only because it calibrated differently)
+BASE_PRESETS = {("int16", "int8"): "A16W8", ("int8", "int8"): "A8W8"}
+
+
 def base_from_candidate(c: Candidate, preset: str | None = None) -> QuantConfig:
-    """The wide base config: a preset's options with the candidate's formats."""
+    """The wide base config: a preset's options with the candidate's formats. Without `preset`,
+    the preset of exactly these formats (`BASE_PRESETS`), else symmetric activations with
+    MinMax ranges."""
+    preset = preset or BASE_PRESETS.get((c.activation, c.weight))
     cfg = get_default_config(preset) if preset else QuantConfig(activation_symmetric=True)
     return cfg.with_options(activation=c.activation, weight=c.weight, name=f"auto-base {c.label}")

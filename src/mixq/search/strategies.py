@@ -111,7 +111,8 @@ def greedy(n: int, ev: Evaluator) -> int:
     return k
 
 
-def bisection(n: int, ev: Evaluator, guess: Callable[[int, int], int | None] | None = None) -> int:
+def bisection(n: int, ev: Evaluator | PointView,
+              guess: Callable[[int, int], int | None] | None = None) -> int:
     """The last point meeting the target, by bisection. With parallel workers (`ev.width` > 1)
     each round evaluates, at once, the next midpoints the bisection would probe if the points
     went as `guess(lo, hi)` predicts (the last point of the bracket predicted to meet the
@@ -120,14 +121,16 @@ def bisection(n: int, ev: Evaluator, guess: Callable[[int, int], int | None] | N
     if n == 0:
         return n
     if ev.width > 1:
-        ev.prefetch([n, *_speculate(0, n, ev.width - 1, ev, None if guess is None else guess(0, n))])
+        first = [] if n in ev.done else [n]
+        ev.prefetch([*first, *speculate(0, n, ev.width - len(first), ev,
+                                         None if guess is None else guess(0, n))])
     if ev(n).ok:
         return n
     lo, hi = 0, n  # P[lo] assumed good (all wide), P[hi] bad
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if ev.width > 1 and mid not in ev.done:
-            ev.prefetch(_speculate(lo, hi, ev.width, ev, None if guess is None else guess(lo, hi)))
+            ev.prefetch(speculate(lo, hi, ev.width, ev, None if guess is None else guess(lo, hi)))
         if ev(mid).ok:
             lo = mid
         else:
@@ -135,7 +138,34 @@ def bisection(n: int, ev: Evaluator, guess: Callable[[int, int], int | None] | N
     return lo
 
 
-def _speculate(lo: int, hi: int, width: int, ev: Evaluator, last_ok: int | None) -> list[int]:
+class PointView:
+    """An Evaluator seen through a subsequence of its points (index i is point ``points[i]``),
+    for a strategy that may only return some points (`bisection` over the first point of each
+    model size, see `mixq.search.auto`)."""
+
+    def __init__(self, ev: Evaluator, points: Sequence[int]) -> None:
+        self.ev, self.points = ev, list(points)
+        self.width = ev.width
+
+    @property
+    def done(self) -> dict[int, Evaluation]:
+        return {i: self.ev.done[p] for i, p in enumerate(self.points) if p in self.ev.done}
+
+    def prefetch(self, idx: Sequence[int]) -> None:
+        self.ev.prefetch([self.points[i] for i in idx])
+
+    def __call__(self, i: int) -> Evaluation:
+        return self.ev(self.points[i])
+
+    def index_at_most(self, k: int | None) -> int | None:
+        """The index of the last point <= path point `k` (None stays None)."""
+        if k is None:
+            return None
+        return max(0, int(np.searchsorted(self.points, k, side="right")) - 1)
+
+
+def speculate(lo: int, hi: int, width: int, ev: Evaluator | PointView, last_ok: int | None
+              ) -> list[int]:
     """Up to `width` midpoints the bisection of bracket (lo, hi) would probe next, known
     outcomes followed and unknown ones predicted (ok up to `last_ok`; None: every one ok)."""
     pts: list[int] = []
