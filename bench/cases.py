@@ -14,7 +14,7 @@ audio files.
 """
 from __future__ import annotations
 
-import itertools
+from collections.abc import Sequence
 import json
 import sys
 import time
@@ -66,28 +66,53 @@ class Case:
         """A batch-1 input for the latency measurement."""
         return first_sample(self.eval_feeds(d))
 
+    def units(self, d: Path) -> int:
+        """How many evaluation units (see `score`) the evaluation data has."""
+        return len(self.eval_feeds(d))
+
     def score(self, sess: Any, d: Path, *, budget_s: float | None = None,
-              max_units: int | None = None) -> tuple[float, int, int]:
+              max_units: int | None = None, units: Sequence[int] | None = None
+              ) -> tuple[float, int, int]:
         """The task metric of an onnxruntime session on the evaluation data (higher is better).
 
         Evaluation runs unit by unit (a batch of feeds; an audio file for streaming models) in a
-        fixed order. With `budget_s` it stops after the unit that exceeds the budget (slow
-        simulated formats), with `max_units` after that many units. Returns (metric, units
-        evaluated, units in total); the metric is computed on the evaluated prefix.
+        fixed order: every unit, or the units listed in `units` (a search and a check split:
+        `bench/auto_models_bench.py`). With `budget_s` it stops after the unit that exceeds the
+        budget (slow simulated formats), with `max_units` after that many units. Returns
+        (metric, units evaluated, units in total); the metric is computed on the evaluated units.
         """
         feeds = self.eval_feeds(d)
-        limit = len(feeds) if max_units is None else min(max_units, len(feeds))
+        order = list(range(len(feeds))) if units is None else list(units)
+        if max_units is not None:
+            order = order[:max_units]
         outputs: list[np.ndarray] = []
         t = time.perf_counter()
-        for f in feeds[:limit]:
-            outputs.append(sess.run(None, f)[0])
+        for i in order:
+            outputs.append(sess.run(None, feeds[i])[0])
             if budget_s is not None and time.perf_counter() - t > budget_s:
                 break
-        return self.metric(outputs, feeds[:len(outputs)], d), len(outputs), len(feeds)
+        used = order[:len(outputs)]
+        ends = np.cumsum([0] + [_rows(f) for f in feeds])
+        rows = np.concatenate([np.arange(ends[i], ends[i + 1]) for i in used]) if used else np.zeros(0, int)
+        return self.metric(outputs, [feeds[i] for i in used], d, rows), len(outputs), len(feeds)
 
-    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path) -> float:
-        """The metric of `outputs` (first output per feed) for the first len(feeds) feeds."""
+    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path,
+               rows: np.ndarray | None = None) -> float:
+        """The metric of `outputs` (first output per feed) for `feeds`, which hold `rows` of the
+        evaluation data (None: its first rows); references are indexed by them."""
         raise NotImplementedError
+
+
+def _pick(ref: Any, rows: np.ndarray | None, n: int) -> Any:
+    """The references of `rows` (None: the first `n`)."""
+    if rows is None:
+        return ref[:n]
+    return ref[rows] if isinstance(ref, np.ndarray) else [ref[int(i)] for i in rows]
+
+
+def _rows(feed: Feed) -> int:
+    """Samples in a feed: the first input's leading dimension."""
+    return int(next(iter(feed.values())).shape[0])
 
 
 def _write_meta(d: Path, **meta: Any) -> None:
@@ -134,9 +159,10 @@ class FashionCNN(Case):
         return {"calibration": f"{len(s.calib_images)} Fashion-MNIST training images",
                 "evaluation": f"{len(s.test_images)} labelled Fashion-MNIST test images"}
 
-    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path) -> float:
+    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path,
+               rows: np.ndarray | None = None) -> float:
         pred = np.concatenate([o.argmax(1) for o in outputs])
-        return 100.0 * float(np.mean(pred == np.load(d / "labels.npy")[:len(pred)]))
+        return 100.0 * float(np.mean(pred == _pick(np.load(d / "labels.npy"), rows, len(pred))))
 
 
 # ------------------------------------------------------------------------------ PP-OCR
@@ -187,9 +213,10 @@ class PPOCRCls(Case):
         return {"calibration": f"64 {_OCR_NOTE}",
                 "evaluation": f"{self.n_eval} lines, every other one rotated 180 deg"}
 
-    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path) -> float:
+    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path,
+               rows: np.ndarray | None = None) -> float:
         pred = np.concatenate([o.argmax(1) for o in outputs])
-        return 100.0 * float(np.mean(pred == np.load(d / "labels.npy")[:len(pred)]))
+        return 100.0 * float(np.mean(pred == _pick(np.load(d / "labels.npy"), rows, len(pred))))
 
 
 class PPOCRRec(Case):
@@ -221,12 +248,13 @@ class PPOCRRec(Case):
                 "evaluation": f"{self.n_eval} rendered lines with ground truth; greedy CTC, "
                               f"dictionary of {len(charset)} classes from the model metadata"}
 
-    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path) -> float:
+    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path,
+               rows: np.ndarray | None = None) -> float:
         rm = _ocr()
 
         meta = _read_meta(d)
         pred = [t for o in outputs for t in rm.ctc_greedy_decode(o, meta["charset"])]
-        return 100.0 * rm.char_accuracy(pred, meta["texts"][:len(pred)])
+        return 100.0 * rm.char_accuracy(pred, _pick(meta["texts"], rows, len(pred)))
 
 
 class PPOCRDet(Case):
@@ -279,9 +307,10 @@ class PPOCRDet(Case):
         return {"calibration": f"8 pages {self.H}x{self.W} of rendered calibration lines",
                 "evaluation": "12 pages of rendered evaluation lines; IoU of the >0.3 mask"}
 
-    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path) -> float:
+    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path,
+               rows: np.ndarray | None = None) -> float:
         got = np.concatenate(outputs) > 0.3
-        ref = np.load(d / "ref.npy")[:len(got)]
+        ref = _pick(np.load(d / "ref.npy"), rows, len(got))
         union = np.logical_or(ref, got).sum()
         return 100.0 * float(np.logical_and(ref, got).sum() / union) if union else 100.0
 
@@ -352,9 +381,10 @@ class EfficientNetLite0(Case):
         return {"calibration": f"64 crops of {', '.join(self.CALIB_IMAGES)}",
                 "evaluation": f"216 crops of {', '.join(self.EVAL_IMAGES)} (scikit-image)"}
 
-    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path) -> float:
+    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path,
+               rows: np.ndarray | None = None) -> float:
         pred = np.concatenate([o.argmax(1) for o in outputs])
-        return 100.0 * float(np.mean(pred == np.load(d / "ref.npy")[:len(pred)]))
+        return 100.0 * float(np.mean(pred == _pick(np.load(d / "ref.npy"), rows, len(pred))))
 
 
 # ------------------------------------------------------------------------------ all-MiniLM-L6-v2
@@ -474,9 +504,10 @@ class MiniLM(Case):
             embs.append(e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12))
         return np.concatenate(embs)
 
-    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path) -> float:
+    def metric(self, outputs: list[np.ndarray], feeds: list[Feed], d: Path,
+               rows: np.ndarray | None = None) -> float:
         got = self._embed(outputs, feeds)
-        ref = np.load(d / "ref.npy")[:len(got)]
+        ref = _pick(np.load(d / "ref.npy"), rows, len(got))
         return float(np.mean(np.sum(ref * got, axis=1)))
 
 
@@ -558,14 +589,22 @@ class SileroVAD(Case):
         return {"input": np.zeros((1, self.CHUNK + self.CONTEXT), np.float32),
                 "state": np.zeros((2, 1, 128), np.float32)}
 
+    def units(self, d: Path) -> int:
+        return len(self._audio("eval"))
+
     def score(self, sess: Any, d: Path, *, budget_s: float | None = None,
-              max_units: int | None = None) -> tuple[float, int, int]:
+              max_units: int | None = None, units: Sequence[int] | None = None
+              ) -> tuple[float, int, int]:
         audio = self._audio("eval")
-        n = len(audio) if max_units is None else min(max_units, len(audio))
-        got = self._stream(sess, audio[:n], budget_s=budget_s) > 0.5
-        ref = np.load(d / "ref.npy")[:len(got)]
-        done = sum(1 for _ in itertools.accumulate(len(a) // self.CHUNK for a in audio[:n])
-                   if _ <= len(got))
+        order = list(range(len(audio))) if units is None else list(units)
+        if max_units is not None:
+            order = order[:max_units]
+        ends = np.cumsum([0] + [len(a) // self.CHUNK for a in audio])  # chunks per file
+        got = self._stream(sess, [audio[i] for i in order], budget_s=budget_s) > 0.5
+        done = int(np.searchsorted(np.cumsum([ends[i + 1] - ends[i] for i in order]), len(got),
+                                   side="right"))
+        idx = np.concatenate([np.arange(ends[i], ends[i + 1]) for i in order])[:len(got)]
+        ref = np.load(d / "ref.npy")[idx]
         return 100.0 * float(np.mean(got == ref)), done, len(audio)
 
 

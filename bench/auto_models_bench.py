@@ -1,0 +1,189 @@
+"""`mixq auto` on the seven bench models: the task metric as the objective, a 1-point target.
+
+For each model of `bench/cases.py` the evaluation data is cut in two halves of whole units
+(batches; audio files for the streaming VAD), interleaved (even units for the search, odd ones
+for the check: the case's data is ordered by source, e.g. two recording sets, and both halves
+should see every source): the search sees only its half, through an
+``EvaluateFunction(model_path) -> task metric``; the chosen model is then scored on the other
+half, which the search never saw. The uniform presets A8W8, A16W8 and BF16 (and the float
+model) are quantized from the same calibration data and scored on the same check half, so that
+the table says whether the search met the target, and whether its model is larger than the
+smallest uniform model that meets it.
+
+Settings are `mixq auto`'s defaults (candidates int16/int8,int8,int8/int4, every op type, the
+bisection strategy, the all-wide plan first and widening to float when it misses), with
+``metric='function'`` and a target of 1 point (0.01 cosine for MiniLM).
+
+    python -m bench.auto_models_bench [--models fashion_cnn,ppocr_cls] [--doc docs/MIXED_PRECISION.md]
+
+Results go to ``bench/results/auto_models.json`` (one entry per model, kept across runs of
+subsets); ``--doc`` rewrites the table between the markers in that file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import env
+from .cases import CASES, Case, get_case
+from .feeds import load_feeds
+
+WORK_DIR = env.ROOT / ".cache" / "bench" / "auto"
+RESULTS = env.ROOT / "bench" / "results" / "auto_models.json"
+UNIFORM = ("A8W8", "A16W8", "BF16")
+#: the largest allowed drop in the task metric's units (points; cosine for MiniLM)
+TARGETS = {"minilm_l6": 0.01}
+DEFAULT_TARGET = 1.0
+MAX_EVALUATIONS = 12  # the issue's acceptance
+BEGIN, END = "<!-- auto_models_bench: begin -->", "<!-- auto_models_bench: end -->"
+
+
+def _built(case: Case) -> Path:
+    """The case's model and data, built once into the bench's cache."""
+    d = WORK_DIR / case.name
+    marker = d / "built.json"
+    if not marker.exists():
+        d.mkdir(parents=True, exist_ok=True)
+        case.for_suite("full")
+        info = case.build(d)
+        marker.write_text(json.dumps(info, indent=1))
+    else:
+        case.for_suite("full")
+    return d
+
+
+def _score(case: Case, d: Path, model: Any, units: list[int]) -> float:
+    from mixq.evaluate import make_session
+
+    src = model if isinstance(model, str) else model.SerializeToString()
+    value, _, _ = case.score(make_session(src), d, units=units)
+    return float(value)
+
+
+def run_case(name: str) -> dict[str, Any]:
+    """Search one model and score the result and the uniform presets on the check half."""
+    from mixq import Pipeline, quantize
+    from mixq.search import AutoConfig, auto_quantize, base_from_candidate, parse_candidates
+
+    case = get_case(name)
+    missing = case.missing()
+    if missing:
+        return {"skipped": f"missing {'; '.join(missing)}"}
+    d = _built(case)
+    path = str(d / "float.onnx")
+    n = case.units(d)
+    search_units, check_units = list(range(0, n, 2)), list(range(1, n, 2))
+    target = TARGETS.get(name, DEFAULT_TARGET)
+    calib = load_feeds(d / "calib.npz")
+
+    def search_metric(model_path: str) -> float:
+        return _score(case, d, model_path, search_units)
+
+    search_metric.__name__ = f"{name}_task_metric"
+    cands = parse_candidates("int16/int8,int8,int8/int4")  # `mixq auto`'s default
+    auto = AutoConfig(base=base_from_candidate(cands[0]), candidates=tuple(cands[1:]),
+                      metric="function", target=target)
+    t = time.perf_counter()
+    r = auto_quantize(path, auto, calib, evaluate_function=search_metric)
+    wall = time.perf_counter() - t
+    float_check = _score(case, d, path, check_units)
+    check = _score(case, d, r.model, check_units)
+    pipe = Pipeline.load(path)
+    uniform: dict[str, dict[str, float]] = {
+        "float": {"kb": r.float_size_bytes / 1e3, "check": float_check}}
+    for preset in UNIFORM:
+        q = quantize(path, preset, calib)
+        uniform[preset] = {"kb": pipe.size_bytes(q.plan) / 1e3,
+                           "check": _score(case, d, q.model, check_units)}
+    meets = {k: float_check - v["check"] <= target for k, v in uniform.items()}
+    smallest = min((k for k in uniform if meets[k]), key=lambda k: uniform[k]["kb"])
+    kb = r.size_bytes / 1e3
+    return {
+        "metric": case.metric_name, "target_drop": target, "units": n, "search_units": len(search_units),
+        "float_search": r.float_metric, "float_check": float_check,
+        "search_metric": r.metric, "check_metric": check,
+        "met_search": bool(r.target_met), "met_check": float_check - check <= target,
+        "evaluations": r.full_evaluations, "wall_s": round(wall, 1), "kb": kb,
+        "widened_layers": len(r.widened_layers), "narrowed": len(r.assignment),
+        "layers": len(r.sensitivity.layers), "message": r.message,
+        "uniform": uniform, "uniform_meets": meets, "smallest_uniform": smallest,
+        "not_larger": kb <= uniform[smallest]["kb"] + 1e-9,
+        "smaller_than_a8w8": _smaller(kb, uniform["A8W8"]["kb"]),
+    }
+
+
+def _smaller(kb: float, a8w8_kb: float) -> bool:
+    """At least 1 % smaller than A8W8: a few bytes of one small weight do not count."""
+    return kb <= 0.99 * a8w8_kb
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """The markdown table of `results` and the acceptance lines under it."""
+    rows = ["| model (task metric) | target drop | float | A8W8 | A16W8 | BF16 | auto (check half) "
+            "| met | evaluations | auto kB | smallest uniform meeting it | ≤ it | vs A8W8 | wall s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    ok = {"met": True, "evals": True, "not_larger": True, "below_a8w8": False}
+    for name in CASES:
+        r = results.get(name)
+        if r is None:
+            continue
+        if "skipped" in r:
+            rows.append(f"| {name} | skipped: {r['skipped']} |" + " |" * 12)
+            ok["met"] = False
+            continue
+        u = r["uniform"]
+
+        def cell(k: str) -> str:
+            return f"{u[k]['check']:.4g} ({u[k]['kb']:.0f} kB)"
+
+        rows.append(
+            f"| {name} ({r['metric']}) | {r['target_drop']:g} | {r['float_check']:.4g} | "
+            f"{cell('A8W8')} | {cell('A16W8')} | {cell('BF16')} | {r['check_metric']:.4g} | "
+            f"{'yes' if r['met_check'] else '**no**'} | {r['evaluations']} | {r['kb']:.0f} | "
+            f"{r['smallest_uniform']} ({u[r['smallest_uniform']]['kb']:.0f} kB) | "
+            f"{'yes' if r['not_larger'] else '**no**'} | {r['kb'] / u['A8W8']['kb']:.2f}x | "
+            f"{r['wall_s']:.0f} |")
+        ok["met"] &= bool(r["met_check"])
+        ok["evals"] &= r["evaluations"] <= MAX_EVALUATIONS
+        ok["not_larger"] &= bool(r["not_larger"])
+        ok["below_a8w8"] |= _smaller(r["kb"], u["A8W8"]["kb"])
+    done = sum(1 for k in CASES if k in results)
+    rows += ["", f"Goals ({done} of {len(CASES)} models measured): target met on the check half on "
+             f"every model: {ok['met']}; at most {MAX_EVALUATIONS} full-model evaluations each: "
+             f"{ok['evals']}; never larger than the smallest uniform preset that meets the target: "
+             f"{ok['not_larger']}; at least one model at least 1 % smaller than A8W8: {ok['below_a8w8']}."]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=",".join(CASES), help="comma-separated case names")
+    ap.add_argument("--doc", help="a markdown file whose table between the markers is rewritten")
+    ap.add_argument("--table-only", action="store_true",
+                    help="print (and write) the table of the stored results, measuring nothing")
+    args = ap.parse_args(argv)
+    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    for name in [] if args.table_only else args.models.split(","):
+        t = time.perf_counter()
+        results[name] = run_case(name)
+        print(f"{name}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+        RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True))
+    text = table(results)
+    print(text)
+    if args.doc:
+        doc = Path(args.doc)
+        body = doc.read_text()
+        if BEGIN not in body:
+            raise SystemExit(f"{doc} has no {BEGIN} ... {END} markers to write the table between")
+        head, rest = body.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        doc.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
