@@ -336,7 +336,8 @@ def half_floats(wb: Workbench, layers: list[str]) -> dict[str, Candidate]:
     the node reads or writes has a calibrated (or constant) magnitude below `FP16_SAFE_ABSMAX`,
     else bfloat16 (float32's range: additive masks of -3.4e38, large sentinels)."""
     ix = wb.pipeline.index
-    nodes = {n.name: n for n in wb.model.graph.node if n.name in set(layers)}
+    wanted = set(layers)
+    nodes = {n.name: n for n in wb.model.graph.node if n.name in wanted}
     fp16, bf16 = Candidate("fp16", "fp16"), Candidate("bf16", "bf16")
 
     def fits(name: str) -> bool:
@@ -620,18 +621,29 @@ class _Search:
             pts.append(p.n)
         return pts
 
+    def bisection_view(self, p: _Path) -> tuple[PointView, Callable[[int, int], int | None] | None]:
+        """What the bisection runs on: `p` seen through its `levels` (the first point of each
+        model size: at equal weight bytes the widest plan, whose narrower activations would buy
+        nothing the size counts and cost accuracy on data the search never saw), and the
+        speculation's guess in that view (None without parallel workers)."""
+        view = PointView(p.ev, self.levels(p))
+        if p.ev.width <= 1:
+            return view, None
+        guess = self.guess(p)
+        return view, lambda lo, hi: view.index_at_most(guess(view.points[lo], view.points[hi]))
+
     def first(self, p: _Path) -> Evaluation:
         """P[0] of `p`. On parallel workers the bisection evaluates, beside it, the all-narrow
         end it probes first (needed by the report too) or, when that is known, its first
         midpoint: one round instead of two, the same values."""
         ev = p.ev
         if ev.width > 1 and p.n and self.accuracy_target and self.auto.strategy == "bisection":
-            view = PointView(ev, self.levels(p))
+            view, guess = self.bisection_view(p)
             pts = [0] + ([] if p.n in ev.done else [p.n])
-            if len(pts) < ev.width:
+            if len(pts) < ev.width and guess is not None:
                 last = len(view.points) - 1
-                guess = view.index_at_most(self.guess(p)(0, p.n))
-                pts += [view.points[i] for i in speculate(0, last, ev.width - len(pts), view, guess)]
+                pts += [view.points[i] for i in speculate(0, last, ev.width - len(pts), view,
+                                                          guess(0, last))]
             ev.prefetch(pts)
         return ev(0)
 
@@ -646,14 +658,8 @@ class _Search:
         if auto.strategy == "greedy":
             return greedy(n, ev)
         if auto.strategy == "bisection":
-            # over the first point of each model size (and the all-narrow end): at equal weight
-            # bytes the widest plan, whose narrower activations would buy nothing the size
-            # counts and cost accuracy on data the search never saw
-            view = PointView(ev, self.levels(p))
-            guess = self.guess(p) if ev.width > 1 else None
-            vguess = None if guess is None else (
-                lambda lo, hi: view.index_at_most(guess(view.points[lo], view.points[hi])))
-            return view.points[bisection(len(view.points) - 1, view, vguess)]
+            view, guess = self.bisection_view(p)
+            return view.points[bisection(len(view.points) - 1, view, guess)]
         if auto.strategy == "guided":
             noise = path_noise(self.layers, self.cands[0], p.moves, self.table, p.start)
             return guided(n, ev, noise, [self.size(p, k) for k in range(n + 1)],
