@@ -534,6 +534,15 @@ class _Search:
         self.paths.append(path)
         return path
 
+    def widened_path(self, start: dict[str, Candidate], wide: _Path) -> _Path:
+        """The path from `start` (layers wider than the base). When no layer is left at its
+        start format at the end, the end is known: the same formats as the all-wide plan."""
+        p = self.make_path(start)
+        starts = set(start.values())
+        if all(c not in starts for c in p.assignments[-1].values()):
+            p.ev.seed(p.n, wide.ev(0))
+        return p
+
     def guess(self, p: _Path) -> Callable[[int, int], int | None]:
         """The bisection's speculation on `p`: the last point of a bracket the cheap
         sensitivities predict to meet the target (see `strategies.predicted_break`)."""
@@ -858,16 +867,11 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                 # first narrows the least sensitive layers back to the base, so the point the
                 # strategy picks leaves float exactly the most sensitive ones it must
                 widened = [layer for layer in layers if layer in table.err]
-                wider = search.make_path({layer: FLOAT for layer in widened})
-                if all(not c.is_float for c in wider.assignments[-1].values()):
-                    wider.ev.seed(wider.n, wide.ev(0))  # the same formats as the all-wide plan
+                wider = search.widened_path({layer: FLOAT for layer in widened}, wide)
                 if search.meets(wider.ev(0).metric):  # not searched on: no speculation
                     # the next wider format first: the same layers in a 16-bit float (half the
                     # bytes of float32), searched from when it meets the target too
-                    halves = half_floats(wb, widened)
-                    half = search.make_path(halves)
-                    if all(c not in halves.values() for c in half.assignments[-1].values()):
-                        half.ev.seed(half.n, wide.ev(0))
+                    half = search.widened_path(half_floats(wb, widened), wide)
                     chosen_path = half if search.meets(search.first(half).metric) else wider
                     chosen = search.run_strategy(chosen_path)
             if chosen_path is wide:  # even the widest plan misses: stop here
