@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: PP-OCR text-direction classifier; {len(c)} calibration lines, {args.eval} "
           f"held-out lines; target relative L2 <= {args.target}; candidates {args.candidates}\n")
     print("| executor | workers | cold s | warm s | speed-up (warm) | full-model evaluations | "
-          "same bytes |")
-    print("|---|---|---|---|---|---|---|")
+          "same bytes | calibrate / sensitivities / search s (warm) |")
+    print("|---|---|---|---|---|---|---|---|")
     ref_digest, base_s = "", 0.0
     rows: list[tuple[str, Any, float]] = [("one process (no executor)", None, 0.0)]
     rows += [("local processes", ProcessExecutor(1), 0.0), ("local processes", ProcessExecutor(2), 0.0)]
@@ -82,12 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         if ex is not None and not isinstance(ex, SerialExecutor):
             ex.map(_warm, list(range(ex.workers)))  # start the workers outside the "warm" runs
         cold, r = run(ex)
-        warm = min(run(ex)[0] for _ in range(args.repeats))
+        warm, wr = min((run(ex) for _ in range(args.repeats)), key=lambda tr: tr[0])
+        phases = " / ".join(f"{wr.timings.get(k, 0.0):.2f}" for k in ("calibrate", "sensitivity", "search"))
         digest = hashlib.sha256(r.model.SerializeToString()).hexdigest()
         if ex is None:
             ref_digest, base_s = digest, warm
         print(f"| {label} | {1 if ex is None else ex.workers} | {cold:.2f} | {warm:.2f} | "
-              f"{base_s / warm:.2f}x | {r.full_evaluations} | {'yes' if digest == ref_digest else 'NO'} |")
+              f"{base_s / warm:.2f}x | {r.full_evaluations} | {'yes' if digest == ref_digest else 'NO'} | "
+              f"{phases} |")
         if ex is not None:
             ex.close()
     if ray_s:
