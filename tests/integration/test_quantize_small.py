@@ -201,3 +201,83 @@ def test_fused_activation_inputs_take_the_activation_parameters(preset, tmp_path
         # quantizer's output too; uint8 fuses all six)
         want = 6 if preset == "U8S8" else 5
         assert ops.count("QLinearConv") >= want and "FusedConv" not in ops, sorted(set(ops))
+
+
+def _matmul_model(w: np.ndarray) -> onnx.ModelProto:
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", w.shape[0]])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", w.shape[1]])],
+                          [numpy_helper.from_array(w, "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _weight_scale(model: onnx.ModelProto) -> np.ndarray:
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear"
+              and inits.get(n.input[0]) is not None and inits[n.input[0]].ndim == 2)
+    return inits[dq.input[1]]
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "A16W8", "U8S8"])
+def test_integer_presets_take_minmax_weight_ranges_and_weight_calibration_changes_them(preset):
+    """The integer presets' weights: MinMax per output channel (absmax / 127); a heavy-tailed
+    weight gets a clipped (smaller) scale under weight_calibration='minmse'."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_t(2, (256, 8)).astype(np.float32)
+    m = _matmul_model(w)
+    data = [{"x": rng.standard_normal((4, 256)).astype(np.float32)} for _ in range(4)]
+    cfg = get_default_config(preset)
+    assert cfg.weight_method == "minmax"
+    got = _weight_scale(mixq.quantize(m, cfg, data, check_kernels=False).model)
+    np.testing.assert_allclose(got, np.abs(w).max(axis=0) / 127, rtol=1e-6)
+    mse = _weight_scale(mixq.quantize(m, cfg.with_options(weight_calibration="minmse"), data,
+                                      check_kernels=False).model)
+    assert np.all(mse <= got) and np.any(mse < got)
+
+
+def test_minmse_min_gain_changes_the_activation_ranges():
+    """minmse_min_gain keeps MinMax where MinMSE's clip buys less than that factor of expected
+    error: a Laplace-distributed input is clipped by plain MinMSE (gain about 1.27) and keeps
+    its full range with a gain of 1.5."""
+    rng = np.random.default_rng(1)
+    m = _matmul_model(rng.standard_normal((64, 8)).astype(np.float32))
+    data = [{"x": rng.laplace(size=(64, 64)).astype(np.float32)} for _ in range(8)]
+    absmax = max(float(np.abs(f["x"]).max()) for f in data)
+
+    def x_scale(gain: float) -> float:
+        cfg = get_default_config("A8W8").with_options(minmse_min_gain=gain)
+        q = mixq.quantize(m, cfg, data, check_kernels=False).model
+        inits = {t.name: onnx.numpy_helper.to_array(t) for t in q.graph.initializer}
+        ql = next(n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
+        return float(inits[ql.input[1]])
+
+    assert x_scale(1.5) == pytest.approx(absmax / 127, rel=1e-6)
+    assert x_scale(1.0) < 0.95 * absmax / 127
+    with pytest.raises(ConfigError, match="minmse_min_gain"):
+        get_default_config("A8W8").with_options(minmse_min_gain=0.5)
+    with pytest.raises(ConfigError, match="weight_calibration"):
+        get_default_config("A8W8").with_options(weight_calibration="entropy")
+
+
+def test_cli_range_method_flags_reach_the_config(tmp_path):
+    """--weight-calib-method and --minmse-min-gain set the config the plan carries;
+    --calib-method minmse alone means plain MinMSE (gain 1), and a gain below 1 is refused."""
+    import json
+
+    from mixq.cli.main import main
+    from mixq.data import default_model_path
+
+    def carried(*flags: str) -> dict:
+        out = tmp_path / "plan.json"
+        assert main(["plan", str(default_model_path()), "--preset", "A8W8", *flags, "-o", str(out)]) == 0
+        return json.loads(out.read_text())["config"]
+
+    plain = carried()
+    assert (plain["minmse_min_gain"], plain["weight_calibration"]) == (1.5, "minmax")
+    c = carried("--weight-calib-method", "minmse", "--minmse-min-gain", "2")
+    assert (c["minmse_min_gain"], c["weight_calibration"]) == (2.0, "minmse")
+    assert carried("--calib-method", "minmse")["minmse_min_gain"] == 1.0
+    assert main(["plan", str(default_model_path()), "--minmse-min-gain", "0.5",
+                 "-o", str(tmp_path / "p.json")]) == 2

@@ -140,6 +140,31 @@ def test_minmse_clips_outliers_and_beats_minmax():
     assert hi4 < 5.0
 
 
+def test_minmse_min_gain_clips_only_where_clipping_pays_that_many_times():
+    """min_gain: the clipped range is kept only when its expected error is at least min_gain
+    times below MinMax's, else the full range; plain MinMSE (1) clips whenever it helps."""
+    from mixq.calibration.observers import _Prefix, _centers, _int_mse
+
+    rng = np.random.default_rng(3)
+    for x in (rng.laplace(size=100_000), rng.standard_t(2, 100_000), _gauss_with_outliers(n_out=2, out=30.0)):
+        s = TensorStats.from_array(x.astype(np.float32))
+        clipped = compute_range(s, "minmse", symmetric=True)
+        amax = s.absmax
+        assert clipped[1] < amax  # plain MinMSE clips each of these
+        err = _int_mse(_Prefix(*_centers(s)), np.array([clipped[0], -amax]),
+                       np.array([clipped[1], amax]), 256)
+        g = float(err[1] / err[0])
+        assert g > 1.0
+        assert compute_range(s, "minmse", symmetric=True, min_gain=1.0) == clipped
+        assert compute_range(s, "minmse", symmetric=True, min_gain=g * 0.99) == clipped
+        assert compute_range(s, "minmse", symmetric=True, min_gain=g * 1.01) == (-amax, amax)
+        # asymmetric ranges fall back to (min, max) the same way
+        assert compute_range(s, "minmse", "uint8", min_gain=1e3) == (float(s.min), float(s.max))
+        # scaled float grids (fp8) keep their own MinMSE: the gain applies to integer grids
+        assert compute_range(s, "minmse", "fp8_e4m3fn", symmetric=True, min_gain=1e3) == \
+            compute_range(s, "minmse", "fp8_e4m3fn", symmetric=True)
+
+
 def test_minmse_uniform_keeps_full_range():
     u = TensorStats.from_array(np.random.default_rng(2).uniform(-1, 1, 100_000).astype(np.float32))
     lo, hi = compute_range(u, CalibMethod.MINMSE, symmetric=True)

@@ -301,7 +301,7 @@ def test_qconfig_preset(name):
     (lambda: QConfig(global_config=QLayerConfig(Int8Spec(per_channel=True), Int8Spec())), "weights only"),
     (lambda: QConfig(global_config=QLayerConfig(Int8Spec(quant_granularity=QuantGranularity.Channel), Int8Spec())),
      "weights only"),
-    (lambda: QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec(calibration_method=CalibMethod.MinMSE))),
+    (lambda: QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec(calibration_method=CalibMethod.Entropy))),
      "unsupported for weights"),
     (lambda: QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec()),
                      specific_layer_config={QLayerConfig(Int16Spec(symmetric=False), Int8Spec()): ["conv1"]}),
@@ -381,3 +381,13 @@ def test_every_table_name_is_in_compat_md():
             assert f"`{e.name}`" in text
     for name in PRESET_DATA:
         assert f"`{name}`" in text
+
+
+def test_qconfig_weight_calibration_method_maps_as_the_vendor_reads_it():
+    """A weight spec's MinMSE gives MinMSE weight ranges; any other method MinMax, whatever the
+    activations use (before: MinMSE activations dragged the weights along, MinMSE weights raised)."""
+    act = Int8Spec(calibration_method=CalibMethod.MinMSE)
+    plain = QConfig(global_config=QLayerConfig(act, Int8Spec())).to_mixq()
+    mse = QConfig(global_config=QLayerConfig(act, Int8Spec(calibration_method=CalibMethod.MinMSE))).to_mixq()
+    assert (plain.calibration, plain.weight_method) == ("minmse", "minmax")
+    assert (mse.calibration, mse.weight_method) == ("minmse", "minmse")

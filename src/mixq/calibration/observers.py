@@ -37,6 +37,12 @@ MINMSE      the range minimizing the expected quantization MSE = clipping error 
             ``absmax * 2**(-j/32)``; asymmetric: a 128 x 128 grid of ``(lo, hi)`` shrink factors
             ``2**(-j/16)``. For scaled float formats (fp8/fp6/fp4) the rounding error uses the
             float grid (relative step ``2**-mantissa_bits``, subnormals, saturation at max).
+            With ``min_gain`` > 1 on an integer grid, the clipped range is taken only where its
+            expected error is at most ``1 / min_gain`` of the MinMax range's; otherwise MinMax:
+            clipping error is one-signed and correlated across elements, so a Conv or MatMul
+            that sums many clipped values adds it up coherently, while rounding noise is
+            independent and partly averages out. The per-tensor MSE undercounts what a small
+            clip costs at the model's output.
 """
 from __future__ import annotations
 
@@ -323,7 +329,7 @@ def _minmse_range(stats: TensorStats, g: GridModel, symmetric: bool) -> tuple[fl
 def compute_range(stats: TensorStats, method: CalibMethod | str = CalibMethod.MINMAX,
                   fmt: Any = 256, *, symmetric: bool = False, percentile: float = 99.999,
                   num_quant_bins: int | None = None, num_bins: int = 2048,
-                  qmax_levels: int | None = None) -> tuple[float, float]:
+                  qmax_levels: int | None = None, min_gain: float = 1.0) -> tuple[float, float]:
     """Calibration range ``(lo, hi)`` of one tensor (see the module docstring for the methods).
 
     Parameters
@@ -339,6 +345,8 @@ def compute_range(stats: TensorStats, method: CalibMethod | str = CalibMethod.MI
         ``levels // 2``, or `levels` for an asymmetric range of a one-sided tensor).
     num_bins: for ENTROPY, linear bins of the re-binned ``|x|`` histogram (at least 16 per
         quantization bin).
+    min_gain: for MINMSE on an integer grid, the factor by which clipping must lower the
+        expected error below MinMax's to be taken (1: whenever it lowers it at all).
 
     Returns plain floats with ``lo <= 0 <= hi``; ``(0.0, 0.0)`` when there is no non-zero
     finite value (the caller maps a zero-width range to scale 1).
@@ -376,6 +384,13 @@ def compute_range(stats: TensorStats, method: CalibMethod | str = CalibMethod.MI
             return -t, t
         return _with_zero(max(stats.min, -t), min(stats.max, t))
     lo, hi = _minmse_range(stats, g, symmetric)
+    if min_gain > 1.0 and g.kind == "int":
+        full = (-amax, amax) if symmetric else _with_zero(stats.min, stats.max)
+        if (lo, hi) != full:
+            p = _Prefix(*_centers(stats))
+            err = _int_mse(p, np.array([lo, full[0]]), np.array([hi, full[1]]), g.levels)
+            if err[1] < min_gain * err[0]:
+                return full
     return _with_zero(lo, hi)
 
 

@@ -27,7 +27,14 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    "'layer_rules', 'tensor_formats'); flags override it")
     p.add_argument("--activation", help="activation format, overrides the preset (e.g. int16, bf16, mxfp8_e4m3)")
     p.add_argument("--weight", help="weight format, overrides the preset")
-    p.add_argument("--calib-method", choices=["minmax", "percentile", "entropy", "minmse"])
+    p.add_argument("--calib-method", choices=["minmax", "percentile", "entropy", "minmse"],
+                   help="activation range method (minmse here is plain MinMSE: gain 1 unless "
+                        "--minmse-min-gain is given)")
+    p.add_argument("--minmse-min-gain", type=float, default=None, metavar="G",
+                   help="MinMSE clips an activation range only where that lowers its expected "
+                        "error G times (the integer presets: 1.5)")
+    p.add_argument("--weight-calib-method", choices=["minmax", "minmse"],
+                   help="integer weight range method (the integer presets: minmax)")
     p.add_argument("--per-channel", dest="per_channel", action="store_true", default=None)
     p.add_argument("--per-tensor", dest="per_channel", action="store_false")
     p.add_argument("--reduce-range", action="store_true", default=None,
@@ -52,6 +59,7 @@ def _add_parallel_args(p: argparse.ArgumentParser, what: str = "calibration shar
 def _config_given(args: argparse.Namespace) -> bool:
     """Whether any config flag was given (a replayed plan carries its own config)."""
     return bool(args.config or args.preset or args.activation or args.weight or args.calib_method
+                or args.minmse_min_gain is not None or args.weight_calib_method
                 or args.per_channel is not None or args.reduce_range or args.exclude_op_types
                 or getattr(args, "numerics_policies", None) is False)
 
@@ -140,6 +148,11 @@ def _config_from_args(args: argparse.Namespace):
         changes["weight"] = args.weight
     if args.calib_method:
         changes["calibration"] = args.calib_method
+        changes["minmse_min_gain"] = 1.0
+    if args.minmse_min_gain is not None:
+        changes["minmse_min_gain"] = args.minmse_min_gain
+    if args.weight_calib_method:
+        changes["weight_calibration"] = args.weight_calib_method
     if args.per_channel is not None:
         changes["per_channel"] = args.per_channel
     if args.reduce_range:

@@ -30,6 +30,8 @@ def _spec_changes(g: QLayerConfig) -> dict[str, Any]:
     if w_scaled:
         ch["weight_symmetric"] = w.symmetric
         ch["per_channel"] = w.per_channel
+        # the vendor's weights: MinMSE -> its float-scale MinMSE, every other method -> MinMax
+        ch["weight_calibration"] = "minmse" if w.calibration == "minmse" else "minmax"
     else:
         ch["per_channel"] = False
     pof2 = {x.pof2 for x, scaled in ((act, a_scaled), (w, w_scaled)) if scaled}

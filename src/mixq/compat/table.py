@@ -717,8 +717,9 @@ QCONFIG_API: list[Entry] = [
          "both specs must agree; both PowerOf2 also shares Concat scales, the vendor's EnableNPUCnn); "
          "ScaleType.Int16 raises"),
     _doc("spec", "calibration_method", "activations: `calibration` (MinMSE keeps float scales unless "
-         "scale_type is PowerOf2); weights: MinMax / Percentile (the vendor reads both as MinMax), "
-         "MinMSE and the others raise; LayerwisePercentile / Distribution raise"),
+         "scale_type is PowerOf2); weights: `weight_calibration` (MinMSE -> minmse, MinMax / "
+         "Percentile -> minmax, as the vendor reads them; the others raise); LayerwisePercentile / "
+         "Distribution raise"),
     _doc("spec", "quant_granularity", "Channel on a weight spec: `per_channel`; on an activation spec "
          "it raises; Group raises"),
     _doc("spec", "per_channel", "mixq's spelling of QuantGranularity.Channel; on an activation spec it "

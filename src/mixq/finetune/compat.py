@@ -236,10 +236,10 @@ class QLayerConfig:
             raise ConfigError(f"input_tensors={self.input_tensors!r}: per-channel scales apply to "
                               "weights only (activations are per tensor); remove it.")
         wc = self.weight.option("calibration_method")
-        if wc is not None and wc not in ("minmax", "percentile"):
+        if wc is not None and wc not in ("minmax", "percentile", "minmse"):
             raise ConfigError(f"weight={self.weight!r}: calibration_method={wc}: unsupported for weights: "
-                              "mixq's weight scales come from the weights' min/max (per channel with "
-                              "QuantGranularity.Channel); use CalibMethod.MinMax.")
+                              "mixq's weight ranges are MinMax or MinMSE (per channel with "
+                              "QuantGranularity.Channel); use CalibMethod.MinMax or CalibMethod.MinMSE.")
 
 
 @dataclass(frozen=True, init=False)

@@ -12,9 +12,13 @@ Each detector is a pure function returning {tensor: reason}:
   (E[x^2] - E[x]^2): the inputs' rounding error is the whole result.
 - `concat_range_outputs` (d): a Concat joining ranges more than a factor apart (boxes 0..640
   with probabilities 0..1): one grid for the output leaves the small input a code or two.
+- `outlier_tensors` (f): the range is set by rare outliers far above the bulk (a transformer's
+  outlier features in its residual stream and FFN outputs): on the planned integer grid the
+  99th percentile of the magnitudes gets fewer than a few codes. Clipping the outliers is no
+  remedy: the model computes with them.
 - `op_scope_notes` (e): quantized nodes that no integer kernel executes (informational).
 
-`apply_numerics` applies (a)-(d) to a plan.
+`apply_numerics` applies (a)-(d) and (f) to a plan.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import onnx
 
 from ..calibration.stats import TensorStats
 from ..formats import get_format
+from ..formats.integer import IntFormat
 from .plan import PrecisionPlan, TensorPrecision
 
 #: (a) an empty gap of this many binades below the largest values marks a sentinel cluster
@@ -45,7 +50,12 @@ CANCEL_RATIO = 8.0
 #: (d) input absmax ratio above which a Concat output is kept float
 CONCAT_RATIO = 16.0
 
-POLICIES = ("sentinel", "small_values", "cancellation", "concat")
+#: (f) fewer codes than this for the 99th percentile of |x| on the planned grid (a rounding
+#: error above 10% of the value for all but the largest 1%): outliers set the range
+OUTLIER_MIN_CODES = 5.0
+OUTLIER_QUANTILE = 0.99
+
+POLICIES = ("sentinel", "small_values", "cancellation", "concat", "outliers")
 
 
 @dataclass(frozen=True)
@@ -230,6 +240,43 @@ def concat_range_outputs(model: onnx.ModelProto, stats: dict[str, TensorStats], 
     return out
 
 
+def _quantile_abs(st: TensorStats, q: float) -> float:
+    """The q-quantile of the non-zero magnitudes (upper edge of its histogram bin)."""
+    lo, hi, cnt = st.abs_bins()
+    nz = lo > 0
+    hi, cnt = hi[nz], cnt[nz]
+    if not cnt.size:
+        return 0.0
+    c = np.cumsum(cnt)
+    return float(hi[min(int(np.searchsorted(c, q * c[-1])), cnt.size - 1)])
+
+
+def outlier_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats], *,
+                    min_codes: float = OUTLIER_MIN_CODES, q: float = OUTLIER_QUANTILE) -> dict[str, str]:
+    """(f) Activations planned on an integer grid where the `q`-quantile of the non-zero
+    magnitudes gets fewer than `min_codes` codes of the grid MinMax would give (absmax at the
+    largest code): nearly every value rounds to 0 or one code, and clipping the few outliers
+    instead changes what the model computes (a transformer's outlier features). Tensors within
+    [0, 1] (probabilities) are skipped; a 16-bit grid gives the same tensors 256 times the codes."""
+    out: dict[str, str] = {}
+    for name, st in stats.items():
+        tp = plan.tensors.get(name)
+        if tp is None or st.empty or st.absmax == 0.0 or (st.min >= 0.0 and st.max <= 1.0):
+            continue
+        names = {f for f in [tp.format, *tp.consumer_formats.values()] if f is not None}
+        fmts = [get_format(f) for f in sorted(names)]
+        ints = [f for f in fmts if isinstance(f, IntFormat)]
+        if not ints:
+            continue
+        codes_max = min(f.symmetric_limit for f in ints)
+        codes = _quantile_abs(st, q) / st.absmax * codes_max
+        if codes < min_codes:
+            out[name] = (f"outliers: {100 * q:g}% of the non-zero values get at most {codes:.1f} of the "
+                         f"{codes_max:.0f} codes that absmax {st.absmax:.3g} leaves them on the "
+                         f"{ints[0].name} grid; clipping the outliers would change the model")
+    return out
+
+
 #: Op types whose QDQ form onnxruntime (and the usual NPU compilers) execute as integer kernels.
 INTEGER_KERNEL_OPS = frozenset({
     "Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Mul", "AveragePool", "GlobalAveragePool",
@@ -264,7 +311,7 @@ def _gridded(tp: TensorPrecision, int_only: bool) -> bool:
 
 def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats],
                   policies: tuple[str, ...] = POLICIES) -> list[Finding]:
-    """The activation tensors of `plan` that policies (a)-(d) keep float, first reason wins
+    """The activation tensors of `plan` that policies (a)-(d) and (f) keep float, first reason wins
     (tensors the user set with tensor_formats are left as set)."""
     unknown = set(policies) - set(POLICIES)
     if unknown:
@@ -279,13 +326,14 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
         "small_values": lambda: small_value_inputs(model, cal),
         "cancellation": lambda: cancellation_inputs(model, cal),
         "concat": lambda: concat_range_outputs(model, cal),
+        "outliers": lambda: outlier_tensors(plan, cal),
     }
     for pol in POLICIES:
         if pol not in policies:
             continue
         for t, why in detectors[pol]().items():
             tp = acts.get(t)
-            if tp is None or t in found or not _gridded(tp, int_only=pol == "small_values") \
+            if tp is None or t in found or not _gridded(tp, int_only=pol in ("small_values", "outliers")) \
                     or tp.reason == "tensor override":  # the user's word wins
                 continue
             found[t] = Finding(t, pol, why)

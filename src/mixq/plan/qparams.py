@@ -68,7 +68,7 @@ def _choose(fmt, st: TensorStats, config: QuantConfig) -> QParams | None:
         k = pof2_exponent(st, config.power_of_two, bits=fmt.bits, signed=sym)
         return _pof2_qparams(fmt, k, fmt.symmetric_zero_point if sym else 0)
     lo, hi = compute_range(st, config.calibration, fmt, symmetric=config.activation_symmetric,
-                           percentile=config.percentile)
+                           percentile=config.percentile, min_gain=config.minmse_min_gain)
     return fmt.qparams_from_range(lo, hi, symmetric=config.activation_symmetric)
 
 
@@ -85,7 +85,7 @@ def constant_qparams(model: onnx.ModelProto, plan: PrecisionPlan, config: QuantC
             continue
         w = numpy_helper.to_array(inits[name])
         axis = tp.channel_axis if tp.role == "weight" and w.ndim > 0 else None
-        method = "minmse" if config.calibration == "minmse" and fmt.kind == "int" else "minmax"
+        method = config.weight_method if fmt.kind == "int" else "minmax"
         # a constant input of an activation slot is in the activation format: its symmetry too
         symmetric = config.weight_symmetric if tp.role == "weight" else config.activation_symmetric
         if tp.block_size and tp.block_axis is not None and fmt.kind == "int" and w.ndim > 0:
