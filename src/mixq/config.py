@@ -151,8 +151,10 @@ class QuantConfig:
         object.__setattr__(self, "weight", get_format(self.weight).name)
         object.__setattr__(self, "calibration", _choice("calibration", self.calibration, CALIB_METHODS))
         if self.weight_calibration is not None:
-            object.__setattr__(self, "weight_calibration", _choice(
-                "weight_calibration", self.weight_calibration, WEIGHT_CALIB_METHODS))
+            w = _choice("weight_calibration", self.weight_calibration, WEIGHT_CALIB_METHODS)
+            # the method `calibration` implies is spelled None: equal configs compare equal
+            implied = "minmse" if self.calibration == "minmse" else "minmax"
+            object.__setattr__(self, "weight_calibration", None if w == implied else w)
         if self.power_of_two is not None:
             object.__setattr__(self, "power_of_two",
                                _choice("power_of_two", self.power_of_two, POF2_METHODS))

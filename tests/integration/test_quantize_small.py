@@ -259,6 +259,10 @@ def test_minmse_min_gain_changes_the_activation_ranges():
         get_default_config("A8W8").with_options(minmse_min_gain=0.5)
     with pytest.raises(ConfigError, match="weight_calibration"):
         get_default_config("A8W8").with_options(weight_calibration="entropy")
+    # the weight method `calibration` implies is the same config, however it is spelled
+    assert mixq.QuantConfig(weight_calibration="minmax") == mixq.QuantConfig()
+    assert mixq.QuantConfig(calibration="minmse", weight_calibration="minmse") == \
+        mixq.QuantConfig(calibration="minmse")
 
 
 def test_cli_range_method_flags_reach_the_config(tmp_path):
@@ -274,10 +278,10 @@ def test_cli_range_method_flags_reach_the_config(tmp_path):
         assert main(["plan", str(default_model_path()), "--preset", "A8W8", *flags, "-o", str(out)]) == 0
         return json.loads(out.read_text())["config"]
 
-    plain = carried()
-    assert (plain["minmse_min_gain"], plain["weight_calibration"]) == (1.5, "minmax")
-    c = carried("--weight-calib-method", "minmse", "--minmse-min-gain", "2")
-    assert (c["minmse_min_gain"], c["weight_calibration"]) == (2.0, "minmse")
+    plain = mixq.QuantConfig.from_dict(carried())
+    assert (plain.minmse_min_gain, plain.weight_method) == (1.5, "minmax")
+    c = mixq.QuantConfig.from_dict(carried("--weight-calib-method", "minmse", "--minmse-min-gain", "2"))
+    assert (c.minmse_min_gain, c.weight_method) == (2.0, "minmse")
     assert carried("--calib-method", "minmse")["minmse_min_gain"] == 1.0
     assert main(["plan", str(default_model_path()), "--minmse-min-gain", "0.5",
                  "-o", str(tmp_path / "p.json")]) == 2
