@@ -44,6 +44,7 @@ class QuantizeResult:
     finetune: Any = None  # mixq.finetune.FinetuneReport when a finetune config was given
     numerics: list = field(default_factory=list)  # mixq.plan.numerics.Finding: tensors kept float
     fidelity: Any = None  # mixq.fidelity.FidelityReport: quantized vs float on held-back samples
+    bias_correction: Any = None  # mixq.passes.bias_correction.BiasCorrectionReport when asked for
 
     def summary(self) -> str:
         """A short Markdown report."""
@@ -75,6 +76,7 @@ class QuantizeResult:
         lines += [f"- written-out {k} fused into the native op: {n}"
                   for k, n in self.prepare.recognized.counts().items()]
         lines += [f"- kept float ({f.policy}): {f.tensor}: {f.reason}" for f in self.numerics]
+        lines += [f"- {ln}" for ln in (self.bias_correction.lines() if self.bias_correction is not None else [])]
         lines += [f"- {ln}" for ln in (self.fidelity.lines() if self.fidelity is not None else [])]
         for w in [*self.prepare.notes, *self.rewrite.notes, *self.warnings,
                   *(f"not calibrated: {k}: {v}" for k, v in self.skipped.items())]:
@@ -125,6 +127,9 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     else:
         cfg = given if given is not None else get_default_config("A8W8")
     ft_config = finetune if finetune is not None else getattr(config, "finetune_config", None)
+    if cfg.bias_correction and ft_config is not None:
+        raise ConfigError("bias_correction=True with finetuning: AdaRound / AdaQuant fit each layer "
+                          "to the float one themselves; choose one of the two.")
     out_path = Path(output_path) if output_path is not None else None
     protect = None if isinstance(model, (onnx.ModelProto, bytes)) else model
     raw_data = calibration_data.data if isinstance(calibration_data, CalibData) else calibration_data
@@ -155,6 +160,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     t = time.perf_counter()
     qparams = pipe.qparams(the_plan, cfg)
     float_ref = float_reference(model, pipe.model, pipe.base_dir)  # before the rewrite changes it
+    bias_rep = _correct_biases(pipe, the_plan, qparams, calibration_data) if cfg.bias_correction else None
     ft_report = None
     target = pipe.model
     if ft_config is not None:  # AdaRound / AdaQuant: adjusted weights, same qparams (mixq.finetune)
@@ -205,6 +211,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     warnings += [f"prepare: {n}" for n in pipe.prepare_report.notes if "shape inference failed" in n]
 
     result = QuantizeResult(numerics=numerics, fidelity=fid, warnings=warnings, finetune=ft_report,
+                            bias_correction=bias_rep,
                             model=qmodel, plan=the_plan, config=cfg, prepare=pipe.prepare_report,
                             rewrite=rew, calibrated=len(pipe.stats), skipped=dict(pipe.calib_skipped),
                             timings=timings, float_bytes=float_bytes, quant_bytes=quant_bytes)
@@ -212,6 +219,23 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         result.output_path = saved
         timings["save"] = save_s
     return result
+
+
+def _correct_biases(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, data: Any) -> Any:
+    """Bias correction from the input means over the calibration data (a second, streaming
+    float pass); an error where the data cannot be read again, since the option would
+    otherwise change nothing."""
+    from .calibration.data import as_feeds
+    from .passes.bias_correction import correct_biases
+
+    if pipe.base_dir is not None:
+        raise ConfigError("bias_correction=True: the model's weights stay in their external data "
+                          "file (a model over 2 GiB), which the correction does not read; drop the option.")
+    raw = data.data if isinstance(data, CalibData) else data
+    if not isinstance(raw, (list, tuple, str, os.PathLike)):
+        raise ConfigError("bias_correction=True needs calibration data it can read a second time (a "
+                          "list of feeds, a file or a folder), not a one-shot data reader.")
+    return correct_biases(pipe.model, plan, qparams, as_feeds(data, pipe.model, batch_size=8))
 
 
 def cpu_has_vnni() -> bool | None:

@@ -97,6 +97,10 @@ class QuantConfig:
         subtractions, Concats of very different ranges, ranges set by outlier features),
         each with its reason in the plan
         (docs/ACCURACY.md); False quantizes them as asked.
+    bias_correction: each Conv/Gemm with integer weights takes into its bias the mean error its
+        quantized weight adds to the output, (Wq - W) E[x], with E[x] measured on the last
+        calibration samples (mixq.passes.bias_correction; not with finetuning, which fits the
+        layers itself).
     dual_quant_nodes: at a precision boundary, the consumers in another format read both
         quantization nodes in series (producer's then consumer's format), so that backend
         compilers see both; otherwise they read one conversion node from the float tensor.
@@ -124,6 +128,7 @@ class QuantConfig:
     tensor_formats: tuple[tuple[str, str], ...] = ()
     dual_quant_nodes: bool = False
     numerics_policies: bool = True
+    bias_correction: bool = False
     name: str = "custom"
     per_channel: InitVar[bool | None] = None
 
@@ -135,7 +140,7 @@ class QuantConfig:
         object.__setattr__(self, "granularity", granularity_from(self.granularity))
         for opt in ("reduce_range", "share_concat_scales", "quantize_outputs", "fuse_activations",
                     "dual_quant_nodes", "activation_symmetric", "weight_symmetric",
-                    "numerics_policies"):
+                    "numerics_policies", "bias_correction"):
             if not isinstance(getattr(self, opt), bool):
                 raise ConfigError(f"{opt}={getattr(self, opt)!r} must be True or False.")
         if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)):

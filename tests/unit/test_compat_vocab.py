@@ -288,7 +288,6 @@ def test_qconfig_preset(name):
     (lambda: QuantizationConfig(activation_type=QuantType.QInt8, quant_format=VitisQuantFormat.BFPFixNeuron,
                                 weight_type=QuantType.QInt16), "contradicts"),
     (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=[SmoothQuantConfig(alpha=0.7)]), "SmoothQuant"),
-    (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=[BiasCorrectionConfig()]), "bias correction"),
     (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=[GPTQConfig()]), "GPTQ"),
     (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=[QuarotConfig()]), "QuaRot"),
     (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=AdaQuantConfig()), "must be a list"),
@@ -391,3 +390,15 @@ def test_qconfig_weight_calibration_method_maps_as_the_vendor_reads_it():
     mse = QConfig(global_config=QLayerConfig(act, Int8Spec(calibration_method=CalibMethod.MinMSE))).to_mixq()
     assert (plain.calibration, plain.weight_method) == ("minmse", "minmax")
     assert (mse.calibration, mse.weight_method) == ("minmse", "minmse")
+
+
+def test_bias_correction_is_asked_for_in_all_three_documented_ways():
+    """BiasCorrectionConfig in a Config's or a QConfig's algo_config, and the BiasCorrection
+    extra option, all set mixq's bias_correction (they were refused as not implemented)."""
+    base = dict(include_cle=False)
+    a = Config(global_quant_config=QuantizationConfig(**base), algo_config=[BiasCorrectionConfig()]).to_mixq()
+    b = QuantizationConfig(**base, extra_options={"BiasCorrection": True}).to_mixq()
+    c = QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec()), algo_config=[BiasCorrectionConfig()]).to_mixq()
+    assert a.bias_correction and b.bias_correction and c.bias_correction
+    assert a == b
+    assert not QuantizationConfig(**base).to_mixq().bias_correction

@@ -40,6 +40,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduce-range", action="store_true", default=None,
                    help="7-bit int8 weights: avoids int8 saturation in onnxruntime on CPUs without VNNI")
     p.add_argument("--exclude-op-types", default="", help="comma-separated op types to keep float")
+    p.add_argument("--bias-correction", action="store_true", default=None,
+                   help="Conv/Gemm biases absorb the mean error of their quantized weights (a second "
+                        "float pass over the calibration data)")
 
 
 #: A --config file is a few hundred bytes; anything far larger is not one.
@@ -59,7 +62,7 @@ def _add_parallel_args(p: argparse.ArgumentParser, what: str = "calibration shar
 def _config_given(args: argparse.Namespace) -> bool:
     """Whether any config flag was given (a replayed plan carries its own config)."""
     return bool(args.config or args.preset or args.activation or args.weight or args.calib_method
-                or args.minmse_min_gain is not None or args.weight_calib_method
+                or args.minmse_min_gain is not None or args.weight_calib_method or args.bias_correction
                 or args.per_channel is not None or args.reduce_range or args.exclude_op_types
                 or getattr(args, "numerics_policies", None) is False)
 
@@ -157,6 +160,8 @@ def _config_from_args(args: argparse.Namespace):
         changes["per_channel"] = args.per_channel
     if args.reduce_range:
         changes["reduce_range"] = True
+    if args.bias_correction:
+        changes["bias_correction"] = True
     if getattr(args, "numerics_policies", None) is False:
         changes["numerics_policies"] = False
     if args.exclude_op_types:

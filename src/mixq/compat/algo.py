@@ -1,7 +1,8 @@
 """The vendor's algorithm configs for `algo_config=[...]`, with its argument names and defaults.
 
 AdaRoundConfig / AdaQuantConfig become mixq finetune configs; AutoMixprecisionConfig becomes the
-AutoMixprecision options; CLEConfig, SmoothQuantConfig, BiasCorrectionConfig, GPTQConfig and
+AutoMixprecision options; BiasCorrectionConfig (mixq's bias_correction); CLEConfig,
+SmoothQuantConfig, GPTQConfig and
 QuarotConfig are accepted as objects (the vendor's signatures) and raise "unsupported" with the
 reason when a config that holds them is translated.
 """
@@ -99,9 +100,10 @@ class SmoothQuantConfig(_Unsupported):
            "precision).")
 
 
-class BiasCorrectionConfig(_Unsupported):
+class BiasCorrectionConfig(AlgoConfig):
+    """Bias correction (mixq.passes.bias_correction): `bias_correction=True` in mixq's config."""
+
     _ARGS: dict[str, Any] = {}
-    why = "bias correction is not implemented (AdaQuantConfig updates biases while finetuning)."
 
 
 class GPTQConfig(_Unsupported):
@@ -167,6 +169,11 @@ def cle_steps(algos: Any) -> int:
     return next((a.steps for a in (algos or ()) if isinstance(a, CLEConfig)), 0)
 
 
+def wants_bias_correction(algos: Any) -> bool:
+    """Whether a (checked) algo_config list holds a BiasCorrectionConfig."""
+    return any(isinstance(a, BiasCorrectionConfig) for a in (algos or ()))
+
+
 def split_algo_config(algos: Any, scope: str = "algo_config") -> tuple[Any, dict[str, Any] | None]:
     """(the mixq finetune config or None, the AutoMixprecision dict or None) of an algo_config
     list (CLEConfig: see `cle_steps`); unsupported algorithms raise."""
@@ -190,7 +197,7 @@ def split_algo_config(algos: Any, scope: str = "algo_config") -> tuple[Any, dict
         elif isinstance(a, _Unsupported):
             a.reject()
             continue
-        elif isinstance(a, CLEConfig):
+        elif isinstance(a, (CLEConfig, BiasCorrectionConfig)):  # see cle_steps, wants_bias_correction
             continue
         else:
             raise ConfigError(f"{scope}: {type(a).__name__} is not an algorithm config; use "

@@ -281,10 +281,12 @@ class Config:
     def translate(self) -> Translation:
         from .algo import split_algo_config
 
-        from .algo import cle_steps
+        from .algo import cle_steps, wants_bias_correction
 
         ft, amp = split_algo_config(self.algo_config)
         tr = translate_legacy(self.global_quant_config, ft, amp)
+        if wants_bias_correction(self.algo_config):
+            tr.config = tr.config.with_options(bias_correction=True)
         steps = cle_steps(self.algo_config)
         if steps:
             tr.flags["cle"], tr.flags["cle_steps"] = True, steps

@@ -7,7 +7,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..finetune.compat import QConfig, QLayerConfig, layer_rule_of
 from ..formats import get_format
-from .algo import cle_steps, split_algo_config
+from .algo import cle_steps, split_algo_config, wants_bias_correction
 from .amp import build_request, layer_wise_changes
 from .legacy import (Translation, _amp_type_names, _block_attrs_used, _finish, _npu_cnn_constraints,
                      _op_type_changes, _tensor_precision)
@@ -100,4 +100,6 @@ def translate_qconfig(q: QConfig) -> Translation:
     steps = cle_steps(q.algo_config)
     if steps:
         ctx.flags["cle"], ctx.flags["cle_steps"] = True, steps
+    if wants_bias_correction(q.algo_config):
+        ch["bias_correction"] = True
     return _finish(ctx, ft, amp)

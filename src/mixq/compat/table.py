@@ -393,6 +393,9 @@ EXTRA_OPTIONS: list[Entry] = [
           effect={"flags.all_op_types": True}),
     Entry(EO, "EnableNPUCnn", "maps", "same as enable_npu_cnn", C.boolean, _npu_flag, example=True,
           effect={"config.power_of_two": "minmse"}),
+    Entry(EO, "BiasCorrection", "maps", "`bias_correction` (Conv/Gemm biases absorb the mean error of "
+          "their quantized weights)", C.boolean, field="bias_correction", example=True,
+          effect={"config.bias_correction": True}),
     Entry(EO, "CalibDataSize", "maps", "ModelQuantizer calibrates on the first N samples of the reader",
           C.number(1, integer=True), _calib_size, example=4, effect={"calib_samples": 4}),
     Entry(EO, "OpTypesToQuantize", "maps", "same as op_types_to_quantize", C.names, _op_types,
@@ -501,8 +504,6 @@ EXTRA_OPTIONS: list[Entry] = [
     _u("CLEBalanceMethod", "mixq balances by the max of |w| ('max' is what mixq does)", accept=("max",), example="avg"),
     *[_u(k, "mixq equalizes every Conv pair it finds, without thresholds (remove it)", example=0.1) for k in (
         "CLEWeightThreshold", "CLEScaleAppendBias", "CLEScaleUseThreshold", "CLETotalLayerDiffThreshold")],
-    _u("BiasCorrection", "bias correction is not implemented (use fast finetuning: AdaQuant updates "
-       "biases)"),
     *[_u(k, _INFRA, example="x") for k in (
         "ExecutionProviders", "TmpDir", "UserCustomOpLibPath", "EncryptionAlgorithm", "CryptoMode",
         "DebugMode", "EvalMetrics", "EvalDataReader",
@@ -698,7 +699,7 @@ QCONFIG_API: list[Entry] = [
          "type; None excludes the op types (`exclude_op_types`); same restriction as above"),
     _doc("QConfig", "exclude", "node names: `exclude_nodes`; (start, end) subgraph tuples raise"),
     _doc("QConfig", "algo_config", "a list: AdaRoundConfig / AdaQuantConfig (one), "
-         "AutoMixprecisionConfig, CLEConfig; SmoothQuantConfig, BiasCorrectionConfig, GPTQConfig, "
+         "AutoMixprecisionConfig, CLEConfig, BiasCorrectionConfig; SmoothQuantConfig, GPTQConfig, "
          "QuarotConfig raise"),
     _doc("QConfig", "use_external_data_format", "unsupported: mixq writes external data itself above "
          "2 GB (remove it)"),
@@ -731,7 +732,7 @@ QCONFIG_API: list[Entry] = [
         ("CLEConfig", "cross-layer equalization in ModelQuantizer (cle_steps passes; the other arguments "
                       "at their defaults only)"),
         ("SmoothQuantConfig", "unsupported: SmoothQuant is not implemented (use 16-bit activations)"),
-        ("BiasCorrectionConfig", "unsupported: bias correction is not implemented (AdaQuant updates biases)"),
+        ("BiasCorrectionConfig", "`bias_correction=True` (not together with AdaRound / AdaQuant)"),
         ("GPTQConfig", "unsupported: GPTQ is not implemented (use AdaRoundConfig / AdaQuantConfig)"),
         ("QuarotConfig", "unsupported: QuaRot is not implemented (use 16-bit activations)"))],
 ]

@@ -132,6 +132,9 @@ class AutoConfig:
             raise ConfigError(f"size_tol={self.size_tol} must be in [0, 1), e.g. 0.02.")
         object.__setattr__(self, "op_types", frozenset(self.op_types))
         object.__setattr__(self, "candidates", tuple(self.candidates))
+        if self.base.bias_correction:
+            raise ConfigError("the base config has bias_correction=True: the search does not correct "
+                              "biases (each plan would need its own float pass); drop the option.")
         if self.base.activation is not None and self.base.weight is not None:
             base = Candidate(get_format(self.base.activation).name, get_format(self.base.weight).name)
             for c in self.candidates:
