@@ -66,11 +66,10 @@ class QuantConfig:
     calibration: range method for activations: minmax | percentile | entropy | minmse.
     minmse_min_gain: with calibration='minmse' on integer activations, a range is clipped only
         where that lowers the tensor's expected quantization error at least this many times
-        below the MinMax range's (1: whenever it lowers it at all). Clipping error is
-        correlated and adds up in the Conv/MatMul that reads the tensor, so a small modelled
-        gain is often a loss at the output (docs/ACCURACY.md).
-    weight_calibration: range method for integer weights: minmax | minmse; None follows
-        `calibration` (minmse when it is minmse, else minmax).
+        below the MinMax range's (1: whenever it lowers it at all). A small modelled gain at
+        the tensor was often a loss at the output on the bench models (docs/ACCURACY.md).
+    weight_calibration: range method for integer weights and constants: minmax | minmse; None
+        follows `calibration` (minmse when it is minmse, else minmax).
     power_of_two: None, or 'nonoverflow' | 'minmse' to use power-of-two scales (NPU presets).
     granularity: how finely integer weight scales vary: PerTensor(), PerChannel() (the
         default: one scale per output channel) or PerBlock(size) (one per block of `size`
