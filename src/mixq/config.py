@@ -97,9 +97,9 @@ class QuantConfig:
         each with its reason in the plan
         (docs/ACCURACY.md); False quantizes them as asked.
     bias_correction: each Conv/Gemm with integer weights takes into its bias the mean error its
-        quantized weight adds to the output, (Wq - W) E[x], with E[x] measured on the last
-        calibration samples (mixq.passes.bias_correction; not with finetuning, which fits the
-        layers itself).
+        quantized weight adds to the output, (Wq - W) E[x], with E[x] measured in a second float
+        pass over the calibration data (mixq.passes.bias_correction; not with finetuning, which
+        fits the layers itself).
     dual_quant_nodes: at a precision boundary, the consumers in another format read both
         quantization nodes in series (producer's then consumer's format), so that backend
         compilers see both; otherwise they read one conversion node from the float tensor.
@@ -157,8 +157,7 @@ class QuantConfig:
         if self.weight_calibration is not None:
             w = _choice("weight_calibration", self.weight_calibration, WEIGHT_CALIB_METHODS)
             # the method `calibration` implies is spelled None: equal configs compare equal
-            implied = "minmse" if self.calibration == "minmse" else "minmax"
-            object.__setattr__(self, "weight_calibration", None if w == implied else w)
+            object.__setattr__(self, "weight_calibration", None if w == self._implied_weight_method() else w)
         if self.power_of_two is not None:
             object.__setattr__(self, "power_of_two",
                                _choice("power_of_two", self.power_of_two, POF2_METHODS))
@@ -199,8 +198,9 @@ class QuantConfig:
     @property
     def weight_method(self) -> str:
         """The range method of integer weights (`weight_calibration`, else from `calibration`)."""
-        if self.weight_calibration is not None:
-            return self.weight_calibration
+        return self.weight_calibration or self._implied_weight_method()
+
+    def _implied_weight_method(self) -> str:
         return "minmse" if self.calibration == "minmse" else "minmax"
 
     @property

@@ -279,9 +279,7 @@ class Config:
         self.translate()
 
     def translate(self) -> Translation:
-        from .algo import split_algo_config
-
-        from .algo import cle_steps, wants_bias_correction
+        from .algo import cle_steps, split_algo_config, wants_bias_correction
 
         ft, amp = split_algo_config(self.algo_config)
         tr = translate_legacy(self.global_quant_config, ft, amp)

@@ -268,12 +268,12 @@ def outlier_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats], *,
         ints = [f for f in fmts if isinstance(f, IntFormat)]
         if not ints:
             continue
-        codes_max = min(f.symmetric_limit for f in ints)
-        codes = _quantile_abs(st, q) / st.absmax * codes_max
+        grid = min(ints, key=lambda f: f.symmetric_limit)  # the coarsest grid it is read on
+        codes = _quantile_abs(st, q) / st.absmax * grid.symmetric_limit
         if codes < min_codes:
             out[name] = (f"outliers: {100 * q:g}% of the non-zero values get at most {codes:.1f} of the "
-                         f"{codes_max:.0f} codes that absmax {st.absmax:.3g} leaves them on the "
-                         f"{ints[0].name} grid; clipping the outliers would change the model")
+                         f"{grid.symmetric_limit:.0f} codes that absmax {st.absmax:.3g} leaves them on the "
+                         f"{grid.name} grid; clipping the outliers would change the model")
     return out
 
 
