@@ -3,7 +3,10 @@ A16W8 under plain MinMSE activations and under each `minmse_min_gain`, with MinM
 weights (the table in docs/ACCURACY.md, section 4).
 
     python -m bench.range_methods_bench [--models efficientnet_lite0,ppocr_rec,...]
-        [--presets A8W8,U8S8] [--gains 1,1.25,1.5,2] [--weights minmax,minmse]
+        [--presets A8W8,U8S8] [--gains 1,1.25,1.5,2] [--weights minmax,minmse] [--bias-correction]
+
+(`--presets A8W8,A16W8,U8S8 --gains 1.5`, with and without `--bias-correction`, gives the bias
+correction table of docs/ACCURACY.md section 5.)
 
 Each cell quantizes the float model with the preset changed only in those two options
 (calibration feeds of the bench case), then scores the output with the case's metric on its
@@ -34,15 +37,16 @@ def _case_dir(name: str) -> Path:
     return d
 
 
-def cell(name: str, preset: str, gain: float, weights: str) -> float:
-    """The task metric of `preset` with `minmse_min_gain=gain` and `weight_calibration=weights`."""
+def cell(name: str, preset: str, gain: float, weights: str, bias_correction: bool = False) -> float:
+    """The task metric of `preset` with `minmse_min_gain=gain`, `weight_calibration=weights` and
+    `bias_correction`."""
     import mixq
     from mixq.evaluate import make_session
 
     case = get_case(name)
     d = _case_dir(name)
-    cfg = mixq.get_default_config(preset).with_options(minmse_min_gain=gain,
-                                                       weight_calibration=weights)
+    cfg = mixq.get_default_config(preset).with_options(minmse_min_gain=gain, weight_calibration=weights,
+                                                       bias_correction=bias_correction)
     res = mixq.quantize(str(d / "float.onnx"), cfg, load_feeds(d / "calib.npz"), check_kernels=False)
     return float(case.score(make_session(res.model.SerializeToString()), d)[0])
 
@@ -53,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--presets", default="A8W8,U8S8")
     ap.add_argument("--gains", default="1,1.25,1.5,2")
     ap.add_argument("--weights", default="minmax")
+    ap.add_argument("--bias-correction", action="store_true", help="every cell with bias_correction=True")
     ap.add_argument("--json", type=Path, default=None, help="also write the cells here")
     args = ap.parse_args(argv)
     gains = [float(g) for g in args.gains.split(",")]
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     out = []
     for name in args.models.split(","):
         for preset in args.presets.split(","):
-            row = [cell(name, preset, g, w) for g, w in cols]
+            row = [cell(name, preset, g, w, args.bias_correction) for g, w in cols]
             out.append({"model": name, "preset": preset,
                         "cells": [{"gain": g, "weights": w, "metric": v} for (g, w), v in zip(cols, row)]})
             print(f"| {name} | {preset} | " + " | ".join(f"{v:.4g}" for v in row) + " |", flush=True)
