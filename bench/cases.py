@@ -102,6 +102,20 @@ class Case:
         evaluation data (None: its first rows); references are indexed by them."""
         raise NotImplementedError
 
+    def sample_scores(self, sess: Any, d: Path, units: Sequence[int]) -> np.ndarray:
+        """The metric of each sample of `units` on its own (what an EvaluateFunction that
+        returns per-sample scores gives `mixq auto`): one row of a batch here; their mean is
+        the metric where it is a mean over rows (top-1, cosine), close to it otherwise."""
+        feeds = self.eval_feeds(d)
+        ends = np.cumsum([0] + [_rows(f) for f in feeds])
+        scores = []
+        for u in units:
+            out = sess.run(None, feeds[u])[0]
+            for i in range(_rows(feeds[u])):
+                one = {k: v[i:i + 1] for k, v in feeds[u].items()}
+                scores.append(self.metric([out[i:i + 1]], [one], d, np.array([ends[u] + i])))
+        return np.asarray(scores, dtype=np.float64)
+
 
 def _pick(ref: Any, rows: np.ndarray | None, n: int) -> Any:
     """The references of `rows` (None: the first `n`)."""
@@ -606,6 +620,11 @@ class SileroVAD(Case):
         idx = np.concatenate([np.arange(ends[i], ends[i + 1]) for i in order])[:len(got)]
         ref = np.load(d / "ref.npy")[idx]
         return 100.0 * float(np.mean(got == ref)), done, len(audio)
+
+    def sample_scores(self, sess: Any, d: Path, units: Sequence[int]) -> np.ndarray:
+        """One score per audio file: the chunks of a stream share the model's state, so a
+        file, not a chunk, is the independent sample."""
+        return np.asarray([self.score(sess, d, units=[u])[0] for u in units], dtype=np.float64)
 
 
 CASES: dict[str, Case] = {c.name: c for c in (

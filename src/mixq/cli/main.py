@@ -522,7 +522,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
                       max_avg_bits=args.max_avg_bits, output_index=args.output_index,
                       strategy=args.strategy, time_budget_s=args.time_budget,
                       cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
-                      metric=metric, target=args.target)
+                      metric=metric, target=args.target, confidence=args.confidence)
     from .._io import check_output_path
     from .._progress import StageProgress
 
@@ -631,6 +631,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "relative L2 (l2), the smallest dB (sqnr), else the largest allowed drop from "
                    "the float model (e.g. 0.01). A target that cannot be met ends with a message "
                    f"and exit code {AUTO_TARGET_MISSED}; the best model found is still written")
+    a.add_argument("--confidence", type=float, default=0.9,
+                   help="a plan meets an accuracy target only when the one-sided upper bound of "
+                   "its drop at this confidence does (Student's t over the per-sample drops), so "
+                   "that it holds on other data from the same source too (default 0.9; 0.5: the "
+                   "measured drop alone). Applies to cosine, agreement, top1 and functions that "
+                   "return per-sample scores")
     a.add_argument("--l2-target", type=float, help="max relative L2 of the output to float "
                    "(= --metric l2 --target X)")
     a.add_argument("--top1-drop", type=float, help="max top-1 drop (needs --labels; "

@@ -53,7 +53,9 @@ def to_markdown(r: "AutoResult", images: list[str] | None = None) -> str:
         "",
         f"- target: {r.objective}" + (" (met)" if r.target_met else " (NOT met: best plan found returned)"),
         f"- {r.metric_name} on held-out data: {r.metric:.6g}"
-        + (f" (float {r.float_metric:.6g})" if r.float_metric is not None else ""),
+        + (f" (float {r.float_metric:.6g})" if r.float_metric is not None else "")
+        + (f"; the drop's {r.confidence:.0%} upper bound is {r.metric_margin:.3g} above the "
+           "measured drop (sampling noise)" if r.metric_margin > 0 else ""),
         f"- weight size: {r.size_bytes / mb:.3f} MB (all wide {r.wide_size_bytes / mb:.3f} MB, "
         f"all narrow {r.narrow_size_bytes / mb:.3f} MB)",
         f"- layers narrowed below the base: {_narrowed(r)} of {len(r.sensitivity.layers)} "
@@ -179,6 +181,7 @@ def write_report(r: "AutoResult", out: Path, *, models: Iterable[Any] = (),
         "float_size_bytes": getattr(r, "float_size_bytes", None),
         "baseline_evaluations": getattr(r, "baseline_evaluations", 0),
         "check_metric": getattr(r, "check_metric", None), "check_met": getattr(r, "check_met", None),
+        "confidence": r.confidence, "metric_margin": r.metric_margin,
     }
     write_output(js, json.dumps(data, indent=1).encode(), models=models, inputs=inputs, kind="report")
     return [md, js, *(out / i for i in images)]

@@ -34,8 +34,8 @@ from ..errors import ConfigError, DataError
 from ..formats import get_format
 from ..pipeline import Pipeline
 from ..plan.plan import PrecisionPlan
-from .objectives import (AgreementObjective, DropObjective, L2Objective, Objective, SQNRObjective,
-                         Top1Objective, make_objective)
+from .objectives import (AgreementObjective, DropObjective, L2Objective, Measured, Objective,
+                         SQNRObjective, Top1Objective, make_objective)
 from .sensitivity import (ALL_OPS, FLOAT, Candidate, SensitivityTable, candidate_layers,
                           measure_sensitivity)
 from .strategies import (STRATEGIES, Evaluation, Evaluator, MetricModel, OutOfTime, bisection, front,
@@ -76,6 +76,12 @@ class AutoConfig:
       the others); instead of l2_target / top1_drop.
     widen: when the all-wide plan misses the accuracy target, leave the most sensitive layers
       float and try that once before giving up (False: give up at once).
+    confidence: a plan meets an accuracy target only when the one-sided `confidence` upper
+      bound of its drop does (Student's t over the per-sample drops; see
+      `mixq.search.objectives`), so that the chosen plan meets the target on other data from
+      the same source too, not only on the samples the search measured (0.5: the measured
+      drop alone). Metrics without per-sample values (l2, sqnr, a function returning one
+      number) take no margin.
     """
 
     base: QuantConfig
@@ -94,6 +100,7 @@ class AutoConfig:
     metric: str | None = None
     target: float | None = None
     widen: bool = True
+    confidence: float = 0.9
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -128,6 +135,9 @@ class AutoConfig:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ConfigError(f"{name}={v} must be positive.")
+        if not 0.5 <= self.confidence < 1.0:
+            raise ConfigError(f"confidence={self.confidence} must be in [0.5, 1), e.g. 0.9 (0.5: "
+                              "the measured drop alone, no margin for sampling noise).")
         if not 0.0 <= self.size_tol < 1.0:
             raise ConfigError(f"size_tol={self.size_tol} must be in [0, 1), e.g. 0.02.")
         object.__setattr__(self, "op_types", frozenset(self.op_types))
@@ -184,6 +194,9 @@ class AutoResult:
     narrow_label: str = ""
     check_metric: float | None = None  # the chosen model on check_data (never searched on)
     check_met: bool | None = None
+    #: how far the chosen plan's drop bound lies above its measured drop (AutoConfig.confidence)
+    metric_margin: float = 0.0
+    confidence: float = 0.5
 
 
 def _materialize_feeds(data: Any, model: onnx.ModelProto) -> Feeds:
@@ -491,7 +504,7 @@ class _Search:
 
     def __init__(self, wb: Workbench, auto: AutoConfig, objective: Objective, accuracy_target: bool,
                  layers: list[str], cands: list[Candidate], table: SensitivityTable,
-                 ev_cache: dict[str, float], deadline: float | None,
+                 ev_cache: dict[str, list[float]], deadline: float | None,
                  progress: Callable[[str, int, int], None] | None, rows: int | None,
                  calib: Feeds, executor: Any = None) -> None:
         self.wb, self.auto, self.objective, self.calib = wb, auto, objective, calib
@@ -569,11 +582,11 @@ class _Search:
                                 [(self.plan(p, k), p.configs[k]) for k in todo],
                                 self.wb.eval_feeds, self.wb.output_index)
             for k, o in zip(todo, outs):
-                self.ev_cache[keys[k]] = self.objective.score(self.wb, o)
+                m = self.objective.measure_outputs(self.wb, o)
+                self.ev_cache[keys[k]] = [m.value, m.margin]
         out = []
         for k in ks:
-            metric = self.metric(p, k)
-            out.append((metric, self.meets(metric) and self.size_ok(p, k), self.size(p, k)))
+            out.append((self.metric(p, k), self.accurate(p, k) and self.size_ok(p, k), self.size(p, k)))
         if self.progress:
             self.progress("evaluate", self.count + len(ks), self.count + len(ks))
         return out
@@ -603,22 +616,33 @@ class _Search:
             return False
         return True
 
-    def metric(self, p: _Path, k: int) -> float:
-        """The objective's value of P[k] (the evaluation cache first)."""
+    def measured(self, p: _Path, k: int) -> Measured:
+        """The objective's value of P[k] and its drop's margin (the evaluation cache first)."""
         pk = self.key(p, k)
         if pk not in self.ev_cache:
             m, _ = self.wb.materialize(p.configs[k], self.plan(p, k))
-            self.ev_cache[pk] = self.objective.evaluate(self.wb, m)
-        return float(self.ev_cache[pk])
+            got = self.objective.measure(self.wb, m)
+            self.ev_cache[pk] = [got.value, got.margin]
+        value, margin = self.ev_cache[pk]
+        return Measured(float(value), float(margin))
 
-    def meets(self, metric: float) -> bool:
-        return self.objective.meets(metric) if self.accuracy_target else True
+    def metric(self, p: _Path, k: int) -> float:
+        """The objective's value of P[k]."""
+        return self.measured(p, k).value
+
+    def accurate(self, p: _Path, k: int) -> bool:
+        """Whether P[k] meets the accuracy target at the search's confidence (always, without
+        an accuracy target)."""
+        if not self.accuracy_target:
+            return True
+        m = self.measured(p, k)
+        return self.objective.meets(m.value, m.margin)
 
     def _run_point(self, p: _Path, k: int) -> tuple[float, bool, float]:
         metric = self.metric(p, k)
         if self.progress:
             self.progress("evaluate", self.count + 1, self.count + 1 + max(p.n - p.ev.count, 0))
-        return metric, self.meets(metric) and self.size_ok(p, k), self.size(p, k)
+        return metric, self.accurate(p, k) and self.size_ok(p, k), self.size(p, k)
 
     def levels(self, p: _Path) -> list[int]:
         """The points of `p` where the model size changes (P[0], then each point whose move
@@ -659,6 +683,11 @@ class _Search:
             ev.prefetch(pts)
         return ev(0)
 
+    def first_accurate(self, p: _Path) -> bool:
+        """Evaluate P[0] of `p` (see `first`): whether it meets the accuracy target."""
+        self.first(p)
+        return self.accurate(p, 0)
+
     def run_strategy(self, p: _Path) -> int:
         """The strategy's chosen point on `p` (P[0] is known to meet an accuracy target)."""
         auto, n, ev = self.auto, p.n, p.ev
@@ -690,15 +719,16 @@ def _objective_of(auto: AutoConfig, labels: np.ndarray | None,
                           "the labels.")
     if auto.metric is not None:
         return make_objective(auto.metric, auto.target, labels=labels,
-                              evaluate_function=evaluate_function), auto.target is not None
+                              evaluate_function=evaluate_function,
+                              confidence=auto.confidence), auto.target is not None
     if auto.l2_target is not None:
         if evaluate_function is not None:
             raise ConfigError("an EvaluateFunction was given with an L2 target, which does not "
                               "call it: give a top-1 target (top1_drop) or metric='function'.")
         return L2Objective(auto.l2_target), True
     if auto.top1_drop is not None or labels is not None or evaluate_function is not None:
-        return (Top1Objective(auto.top1_drop, labels=labels, evaluate_function=evaluate_function),
-                auto.top1_drop is not None)
+        return (Top1Objective(auto.top1_drop, labels=labels, evaluate_function=evaluate_function,
+                              confidence=auto.confidence), auto.top1_drop is not None)
     return L2Objective(None), False  # size budget alone: report L2, the budget decides
 
 
@@ -846,7 +876,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     timings["sensitivity"] = time.perf_counter() - t
 
     cacheable = evaluate_function is None
-    ev_key_base = _key("eval", sens_key, objective.describe(), None if labels is None else
+    ev_key_base = _key("eval/margin", sens_key, objective.describe(), None if labels is None else
                        hashlib.sha256(np.ascontiguousarray(labels).tobytes()).hexdigest())
     ev_cache = (cache.get(ev_key_base) or {}) if cacheable else {}
     rows = (sum(o.shape[0] for o in wb.float_outputs if o.ndim)
@@ -862,7 +892,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     timed_out = False
     try:
         # the accuracy alone decides whether to widen (a size budget is met by narrowing)
-        if not accuracy_target or search.meets(search.first(wide).metric):
+        if not accuracy_target or search.first_accurate(wide):
             chosen = search.run_strategy(wide)
         else:
             if auto.widen:
@@ -871,11 +901,12 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                 # strategy picks leaves float exactly the most sensitive ones it must
                 widened = [layer for layer in layers if layer in table.err]
                 wider = search.widened_path({layer: FLOAT for layer in widened}, wide)
-                if search.meets(wider.ev(0).metric):  # not searched on: no speculation
+                wider.ev(0)  # not searched on: no speculation
+                if search.accurate(wider, 0):
                     # the next wider format first: the same layers in a 16-bit float (half the
                     # bytes of float32), searched from when it meets the target too
                     half = search.widened_path(half_floats(wb, widened), wide)
-                    chosen_path = half if search.meets(search.first(half).metric) else wider
+                    chosen_path = half if search.first_accurate(half) else wider
                     chosen = search.run_strategy(chosen_path)
             if chosen_path is wide:  # even the widest plan misses: stop here
                 unreachable = True
@@ -915,7 +946,8 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
             baselines[k] = search.metric(wide, k)
     if cacheable:
         cache.put(ev_key_base, ev_cache)
-    met = search.meets(final_metric) and search.size_ok(chosen_path, chosen)
+    met = search.accurate(chosen_path, chosen) and search.size_ok(chosen_path, chosen)
+    final_margin = search.measured(chosen_path, chosen).margin
     # every point measured once: a seeded point (a plan measured on the other path) is listed there
     evaluations = sorted((e for k, e in chosen_path.ev.done.items() if k not in chosen_path.ev.seeded),
                          key=lambda e: e.k)
@@ -940,13 +972,17 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         held_out_note=note, timings=timings, widened_layers=widened,
         float_size_bytes=float(sum(pipe.weight_elems.values()) * 4.0),
         baseline_evaluations=baseline_evals,
-        wide_label=cands[0].label, narrow_label=_narrowest_label(cands))
+        wide_label=cands[0].label, narrow_label=_narrowest_label(cands),
+        metric_margin=final_margin, confidence=objective.confidence)
     if check_wb is not None:
         result.check_metric = objective.evaluate(check_wb, final_model)
         result.check_met = objective.meets(result.check_metric) if accuracy_target else None
     first = {id(p): p.ev.done[0].metric for p in search.paths if 0 in p.ev.done}
+    # the widest plans meet the measured target, their confidence bound does not
+    noise_only = unreachable and any(objective.meets(v) for v in first.values())
     result.message = _message(result, auto, unreachable, first.get(id(wide)),
-                              next((v for i, v in first.items() if i != id(wide)), None))
+                              next((v for i, v in first.items() if i != id(wide)), None),
+                              noise_only=noise_only)
     in_model = None if isinstance(model, onnx.ModelProto) else model
     in_data = [d for d in (calibration_data, eval_data, check_data) if isinstance(d, (str, os.PathLike))]
     if output_path is not None:
@@ -998,11 +1034,23 @@ def _check_loads(model: onnx.ModelProto) -> None:
 
 
 def _message(r: AutoResult, auto: AutoConfig, unreachable: bool,
-             wide_metric: float | None, wider_metric: float | None) -> str:
+             wide_metric: float | None, wider_metric: float | None, noise_only: bool = False) -> str:
     """One plain sentence or two on whether the target was met, and if not, why and what next.
-    wide_metric / wider_metric: the all-wide plan's and the widened plan's measured values."""
-    got = f"{r.metric_name} {r.metric:.6g} on the held-out data, {r.size_bytes / 1e6:.4g} MB of weights"
+    wide_metric / wider_metric: the all-wide plan's and the widened plan's measured values;
+    noise_only: one of them met the target as measured, and missed it only by the margin for
+    sampling noise."""
+    margin = (f" (its drop's {r.confidence:.0%} upper bound lies {r.metric_margin:.3g} above "
+              "the measured drop)" if r.metric_margin > 0 else "")
+    got = (f"{r.metric_name} {r.metric:.6g} on the held-out data{margin}, "
+           f"{r.size_bytes / 1e6:.4g} MB of weights")
     evals = f"{r.full_evaluations} full-model evaluation{'s' if r.full_evaluations != 1 else ''}"
+    if unreachable and noise_only:
+        return (f"target NOT met at {r.confidence:.0%} confidence: {r.objective}. The widest "
+                f"plans meet it as measured ({wide_metric:.6g} all wide), but the held-out data "
+                "is too small or too noisy to tell that they meet it on other data: the margin "
+                f"for sampling noise exceeds what is left of the target. Stopped after {evals}; "
+                f"returned the best plan found ({got}). Give more held-out data (--eval), or "
+                "accept the measured drop alone (--confidence 0.5).")
     if unreachable:
         text = f"target NOT met, and it cannot be met with these candidates: {r.objective}."
         if wide_metric is not None:

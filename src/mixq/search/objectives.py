@@ -12,10 +12,22 @@ Metrics (`METRICS`; `make_objective` builds one from its name and target):
     from the float model's accuracy;
   function: a user EvaluateFunction(model_path) -> number (higher is better unless the function
     has `higher_is_better = False`); the target is the largest allowed drop from the float
-    model's value, in the function's own units.
+    model's value, in the function's own units. A function may return one score per sample (a
+    1-D sequence) instead: the metric is their mean, and the search can then allow for sampling
+    noise (below).
+
+Sampling noise. A search picks the smallest plan whose drop, measured on the search data,
+meets the target; measured on other data from the same source, that plan's drop is as often
+above the target as below (the plans the search stops at sit on the boundary). With a
+`confidence` c > 0.5, a metric that is a mean over samples (agreement, cosine, top1; a function
+that returns per-sample scores) meets its target only when the one-sided c upper confidence
+bound of the drop does: mean paired drop + t_c(n-1) * sd / sqrt(n), over the n per-sample drops
+(quantized minus float, per sample) and Student's t. l2 and sqnr are ratios of sums over the
+whole data, with no per-sample decomposition: they take no margin.
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -27,6 +39,66 @@ import onnx
 
 from ..errors import ConfigError
 from .workbench import Workbench
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p quantile (p in [0.5, 1)) of Student's t distribution with `df` >= 1 degrees of
+    freedom, from the closed-form CDF of integer df (bisection to 1e-10); the normal quantile
+    beyond 400 degrees of freedom, where the two differ by less than 0.5 %."""
+    if not 0.5 <= p < 1.0 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
+    if p == 0.5:
+        return 0.0
+    if df > 400:
+        from statistics import NormalDist
+
+        return NormalDist().inv_cdf(p)
+
+    def central(t: float) -> float:  # P(|T| <= t)
+        theta = math.atan(t / math.sqrt(df))
+        c2, s = math.cos(theta) ** 2, math.sin(theta)
+        if df % 2 == 0:  # sin(th) * (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ... up to c^(df-2))
+            term = total = 1.0
+            for k in range(1, df // 2):
+                term *= c2 * (2 * k - 1) / (2 * k)
+                total += term
+            return s * total
+        term, total = 1.0, 0.0  # 2/pi (th + s c (1 + 2/3 c^2 + 2*4/(3*5) c^4 + ... up to c^(df-3)))
+        if df > 1:
+            total = 1.0
+            for k in range(1, (df - 1) // 2):
+                term *= c2 * (2 * k) / (2 * k + 1)
+                total += term
+        return 2.0 / math.pi * (theta + s * math.cos(theta) * total * (df > 1))
+
+    target = 2.0 * p - 1.0
+    lo, hi = 0.0, 1.0
+    while central(hi) < target:
+        hi *= 2.0
+    while hi - lo > 1e-10 * max(1.0, hi):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if central(mid) < target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def drop_margin(drops: np.ndarray, confidence: float) -> float:
+    """How far above the mean of the per-sample `drops` their one-sided `confidence` upper
+    bound lies: t_confidence(n-1) * sd / sqrt(n) (0 for a point estimate, confidence 0.5, or
+    fewer than two samples, where no spread can be measured)."""
+    d = np.asarray(drops, dtype=np.float64).ravel()
+    if confidence <= 0.5 or d.size < 2:
+        return 0.0
+    sd = float(np.std(d, ddof=1))
+    return t_quantile(confidence, d.size - 1) * sd / math.sqrt(d.size) if sd > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One model's metric and the margin its drop carries for sampling noise (see the module
+    docstring; 0 without per-sample values or at confidence 0.5)."""
+
+    value: float
+    margin: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -43,14 +115,24 @@ class Objective:
 
     name: str = "objective"
     higher_is_better: bool = False
+    #: the one-sided confidence of `meets` (see the module docstring; 0.5: the point estimate)
+    confidence: float = 0.5
 
     def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
         """The metric of `model` on the workbench's held-out data."""
-        return self.score(wb, wb.outputs(model))
+        return self.measure(wb, model).value
+
+    def measure(self, wb: Workbench, model: onnx.ModelProto) -> Measured:
+        """The metric of `model` on the held-out data and its drop's margin."""
+        return self.measure_outputs(wb, wb.outputs(model))
 
     def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
         """The metric of a model from its outputs on the held-out feeds (what a worker sends
         back: the same floats wherever the outputs were computed)."""
+        return self.measure_outputs(wb, outputs).value
+
+    def measure_outputs(self, wb: Workbench, outputs: list[np.ndarray]) -> Measured:
+        """`score` with the drop's margin."""
         raise NotImplementedError
 
     @property
@@ -59,7 +141,8 @@ class Objective:
         can be computed on workers. A user function measures its own data."""
         return True
 
-    def meets(self, value: float) -> bool:
+    def meets(self, value: float, margin: float = 0.0) -> bool:
+        """Whether `value` meets the target once its drop is raised by `margin`."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -83,11 +166,11 @@ class L2Objective(Objective):
         if self.target is not None and not (np.isfinite(self.target) and self.target > 0):
             raise ConfigError(f"L2Target={self.target} must be a positive number, e.g. 0.1.")
 
-    def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
-        return wb.relative_l2(outputs)
+    def measure_outputs(self, wb: Workbench, outputs: list[np.ndarray]) -> Measured:
+        return Measured(wb.relative_l2(outputs))
 
-    def meets(self, value: float) -> bool:
-        return self.target is None or value <= self.target
+    def meets(self, value: float, margin: float = 0.0) -> bool:
+        return self.target is None or value + margin <= self.target
 
     def describe(self) -> str:
         return f"relative L2 <= {self.target}" if self.target is not None else "relative L2 (no target)"
@@ -105,6 +188,8 @@ class Top1Objective(Objective):
     float_value: float | None = None
     name: str = "top-1"
     higher_is_better: bool = True
+    confidence: float = 0.5
+    float_samples: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.labels is None and self.evaluate_function is None:
@@ -120,46 +205,90 @@ class Top1Objective(Objective):
             self.name = fn_name if fn_name.isidentifier() else "evaluate function"  # not <lambda>
             self.higher_is_better = bool(getattr(self.evaluate_function, "higher_is_better", True))
 
-    def evaluate(self, wb: Workbench, model: onnx.ModelProto) -> float:
-        if self.evaluate_function is not None:
-            with tempfile.TemporaryDirectory() as d:
-                p = os.path.join(d, "candidate.onnx")
-                onnx.save(model, p)
-                v = self.evaluate_function(p)
-            try:
-                return float(v)
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"EvaluateFunction returned {v!r}; it must return a number "
-                                  "(the top-1 accuracy).") from exc
-        return self.score(wb, wb.outputs(model))
+    def measure(self, wb: Workbench, model: onnx.ModelProto) -> Measured:
+        if self.evaluate_function is None:
+            return self.measure_outputs(wb, wb.outputs(model))
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "candidate.onnx")
+            onnx.save(model, p)
+            v = self.evaluate_function(p)
+        samples = self._samples(v)
+        if self.float_samples is None:  # the float model itself (bind_float)
+            return Measured(float(np.mean(samples)))
+        if samples.size != self.float_samples.size:
+            raise ConfigError(f"EvaluateFunction returned {samples.size} per-sample scores for this "
+                              f"model and {self.float_samples.size} for the float model: it must "
+                              "score the same samples, in the same order, every time.")
+        sign = 1.0 if self.higher_is_better else -1.0
+        return Measured(float(np.mean(samples)),
+                        drop_margin(sign * (self.float_samples - samples), self.confidence))
 
-    def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
+    def _samples(self, v: Any) -> np.ndarray:
+        """A user function's result as per-sample scores (one element: a plain number)."""
+        try:
+            a = np.asarray(v, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"EvaluateFunction returned {v!r}; it must return a number (the "
+                              "metric) or a 1-D sequence of per-sample scores.") from exc
+        if a.ndim > 1 or a.size == 0:
+            raise ConfigError(f"EvaluateFunction returned an array of shape {a.shape}; it must "
+                              "return a number or a non-empty 1-D sequence of per-sample scores.")
+        if not np.all(np.isfinite(a)):
+            raise ConfigError("EvaluateFunction returned a NaN or infinite score; it must return "
+                              "finite numbers.")
+        return a.reshape(-1)
+
+    def measure_outputs(self, wb: Workbench, outputs: list[np.ndarray]) -> Measured:
         assert self.labels is not None, "a user function has no outputs to score"
+        correct = self._correct(outputs)
+        if self.float_samples is None:
+            return Measured(float(np.mean(correct)))
+        return Measured(float(np.mean(correct)),
+                        drop_margin(self.float_samples[:correct.size] - correct, self.confidence))
+
+    def _correct(self, outputs: list[np.ndarray]) -> np.ndarray:
+        """1.0 for each row whose top-1 class is its label, else 0.0."""
+        assert self.labels is not None
         pred = np.concatenate([np.argmax(o.reshape(o.shape[0], -1), 1) for o in outputs])
-        return float(np.mean(pred == self.labels[:len(pred)]))
+        return (pred == self.labels[:len(pred)]).astype(np.float64)
 
     @property
     def scores_outputs(self) -> bool:
         return self.evaluate_function is None
 
     def bind_float(self, wb: Workbench) -> None:
-        """Measure the float model once: the reference of the allowed drop."""
-        self.float_value = self.evaluate(wb, wb.model)
+        """Measure the float model once: the reference of the allowed drop (and, per sample, of
+        the paired drops the margin reads)."""
+        if self.evaluate_function is None:
+            self.float_samples = self._correct(wb.float_outputs)
+            self.float_value = float(np.mean(self.float_samples))
+            return
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "float.onnx")
+            onnx.save(wb.model, p)
+            samples = self._samples(self.evaluate_function(p))
+        self.float_value = float(np.mean(samples))
+        self.float_samples = samples
 
     def drop(self, value: float) -> float:
         """How much worse than the float model `value` is (in the metric's units)."""
         assert self.float_value is not None, "bind_float first"
         return self.float_value - value if self.higher_is_better else value - self.float_value
 
-    def meets(self, value: float) -> bool:
+    def meets(self, value: float, margin: float = 0.0) -> bool:
         if self.max_drop is None:
             return True
-        return self.drop(value) <= self.max_drop + 1e-12
+        return self.drop(value) + margin <= self.max_drop + 1e-12
 
     def describe(self) -> str:
         ref = f" (float {self.float_value:.6g})" if self.float_value is not None else ""
-        return (f"{self.name} drop <= {self.max_drop}{ref}" if self.max_drop is not None
-                else f"{self.name} (no target)")
+        return (f"{self.name} drop <= {self.max_drop}{ref}{_at(self.confidence)}"
+                if self.max_drop is not None else f"{self.name} (no target)")
+
+
+def _at(confidence: float) -> str:
+    """How a target's confidence reads in its description ('' for the point estimate)."""
+    return f" at {confidence:.0%} confidence" if confidence > 0.5 else ""
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -182,12 +311,23 @@ class DropObjective(Objective):
             raise ConfigError(f"the {self.name} target {self.max_drop} must be an allowed drop >= 0, "
                               "e.g. 0.01.")
 
-    def meets(self, value: float) -> bool:
-        return self.max_drop is None or self.float_value - value <= self.max_drop + 1e-12
+    confidence: float = 0.5
+
+    def measure_outputs(self, wb: Workbench, outputs: list[np.ndarray]) -> Measured:
+        per_row = self.per_row(wb, outputs)
+        return Measured(float(np.mean(per_row)) if per_row.size else self.float_value,
+                        drop_margin(self.float_value - per_row, self.confidence))
+
+    def per_row(self, wb: Workbench, outputs: list[np.ndarray]) -> np.ndarray:
+        """The metric of each output row (its mean is the metric)."""
+        raise NotImplementedError
+
+    def meets(self, value: float, margin: float = 0.0) -> bool:
+        return self.max_drop is None or self.float_value - value + margin <= self.max_drop + 1e-12
 
     def describe(self) -> str:
         return (f"{self.name} drop <= {self.max_drop} (float {self.float_value:.6g})"
-                if self.max_drop is not None else f"{self.name} (no target)")
+                f"{_at(self.confidence)}" if self.max_drop is not None else f"{self.name} (no target)")
 
 
 @dataclass
@@ -196,8 +336,8 @@ class AgreementObjective(DropObjective):
 
     name: str = "top-1 agreement"
 
-    def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
-        return wb.top1_agreement(outputs)
+    def per_row(self, wb: Workbench, outputs: list[np.ndarray]) -> np.ndarray:
+        return wb.top1_agree_rows(outputs)
 
 
 @dataclass
@@ -207,7 +347,7 @@ class CosineObjective(DropObjective):
 
     name: str = "cosine"
 
-    def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
+    def per_row(self, wb: Workbench, outputs: list[np.ndarray]) -> np.ndarray:
         sims = []
         for q, f in zip(outputs, wb.float_outputs):
             q2, f2 = _rows(q), _rows(f)
@@ -217,7 +357,7 @@ class CosineObjective(DropObjective):
             with np.errstate(invalid="ignore", divide="ignore"):
                 cos = np.where(both_zero, 1.0, dot / np.maximum(nq * nf, np.finfo(np.float64).tiny))
             sims.append(cos)
-        return float(np.mean(np.concatenate(sims))) if sims else 1.0
+        return np.concatenate(sims) if sims else np.ones(0)
 
 
 @dataclass
@@ -233,12 +373,12 @@ class SQNRObjective(Objective):
         if self.min_db is not None and not np.isfinite(self.min_db):
             raise ConfigError(f"the SQNR target {self.min_db} must be a finite number of dB, e.g. 30.")
 
-    def score(self, wb: Workbench, outputs: list[np.ndarray]) -> float:
+    def measure_outputs(self, wb: Workbench, outputs: list[np.ndarray]) -> Measured:
         rel = wb.relative_l2(outputs)
-        return float("inf") if rel == 0 else float(-20.0 * np.log10(rel))
+        return Measured(float("inf") if rel == 0 else float(-20.0 * np.log10(rel)))
 
-    def meets(self, value: float) -> bool:
-        return self.min_db is None or value >= self.min_db
+    def meets(self, value: float, margin: float = 0.0) -> bool:
+        return self.min_db is None or value - margin >= self.min_db
 
     def describe(self) -> str:
         return f"SQNR >= {self.min_db} dB" if self.min_db is not None else "SQNR dB (no target)"
@@ -249,9 +389,18 @@ METRICS = ("l2", "sqnr", "cosine", "agreement", "top1", "function")
 
 
 def make_objective(metric: str, target: float | None, *, labels: np.ndarray | None = None,
-                   evaluate_function: Callable[[str], Any] | None = None) -> Objective:
-    """The objective of `metric` (one of METRICS) with its `target` (None: report it only).
-    A Top1Objective still needs `bind_float` before its first `meets`."""
+                   evaluate_function: Callable[[str], Any] | None = None,
+                   confidence: float = 0.5) -> Objective:
+    """The objective of `metric` (one of METRICS) with its `target` (None: report it only) and
+    the `confidence` its drop is bounded with (see the module docstring). A Top1Objective
+    still needs `bind_float` before its first `meets`."""
+    obj = _make_objective(metric, target, labels=labels, evaluate_function=evaluate_function)
+    obj.confidence = confidence
+    return obj
+
+
+def _make_objective(metric: str, target: float | None, *, labels: np.ndarray | None,
+                    evaluate_function: Callable[[str], Any] | None) -> Objective:
     if metric not in METRICS:
         from ..errors import did_you_mean
 

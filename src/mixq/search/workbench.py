@@ -108,11 +108,14 @@ class Workbench:
         return relative_l2(zip(outputs, self.float_outputs))
 
     def top1_agreement(self, outputs: list[np.ndarray]) -> float:
-        agree = total = 0
-        for q, f in zip(outputs, self.float_outputs):
-            agree += int(np.sum(np.argmax(q.reshape(q.shape[0], -1), 1) == np.argmax(f.reshape(f.shape[0], -1), 1)))
-            total += q.shape[0]
-        return agree / max(total, 1)
+        rows = self.top1_agree_rows(outputs)
+        return float(np.mean(rows)) if rows.size else 0.0
+
+    def top1_agree_rows(self, outputs: list[np.ndarray]) -> np.ndarray:
+        """1.0 for each output row whose top-1 class is the float model's, else 0.0."""
+        agree = [np.argmax(q.reshape(q.shape[0], -1), 1) == np.argmax(f.reshape(f.shape[0], -1), 1)
+                 for q, f in zip(outputs, self.float_outputs)]
+        return np.concatenate(agree).astype(np.float64) if agree else np.zeros(0)
 
     def weight_array(self, name: str) -> np.ndarray:
         t = next(t for t in self.model.graph.initializer if t.name == name)

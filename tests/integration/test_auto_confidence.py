@@ -1,0 +1,119 @@
+"""`mixq auto` bounds each plan's drop for sampling noise (issue 17: the target must hold on data
+the search never saw): Student's t over the per-sample drops, `AutoConfig.confidence`."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from mixq.cli.main import AUTO_TARGET_MISSED, main
+from mixq.errors import ConfigError
+from mixq.search import AutoConfig, Candidate, auto_quantize, base_from_candidate
+from mixq.search.auto import TargetNotMetWarning
+from mixq.search.objectives import drop_margin, t_quantile
+from tests.conftest import feeds, small_cnn
+
+# Student's t quantiles from the printed tables (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2)
+T_TABLE = [(0.90, 1, 3.078), (0.90, 2, 1.886), (0.90, 4, 1.533), (0.95, 5, 2.015),
+           (0.975, 10, 2.228), (0.99, 30, 2.457), (0.95, 100, 1.660), (0.90, 1000, 1.282)]
+
+
+@pytest.mark.parametrize("p, df, expected", T_TABLE)
+def test_t_quantile_matches_the_printed_table(p, df, expected):
+    assert t_quantile(p, df) == pytest.approx(expected, abs=1.5e-3)
+
+
+def test_drop_margin_is_t_times_the_standard_error():
+    d = np.array([0.0, 1.0, 0.0, 2.0, 0.0])
+    assert drop_margin(d, 0.9) == pytest.approx(t_quantile(0.9, 4) * np.std(d, ddof=1) / math.sqrt(5))
+    assert drop_margin(d, 0.5) == 0.0  # the point estimate
+    assert drop_margin(np.zeros(7), 0.9) == 0.0  # no spread measured
+    assert drop_margin(np.array([3.0]), 0.9) == 0.0  # one sample: no spread can be measured
+
+
+def _auto(target: float, confidence: float) -> AutoConfig:
+    return AutoConfig(base=base_from_candidate(Candidate("int8", "int8")),
+                      candidates=(Candidate("int8", "int4"), Candidate("int4", "int4")),
+                      metric="cosine", target=target, confidence=confidence)
+
+
+def test_a_plan_whose_drop_bound_misses_is_not_chosen():
+    model, calib, ev = small_cnn(), feeds(32, 8), feeds(64, 16, seed=9)
+    # the all-narrow plan's drop and margin, under a target loose enough for it
+    loose = auto_quantize(model, _auto(0.05, 0.9), calib, ev)
+    assert loose.size_bytes == loose.narrow_size_bytes and loose.metric_margin > 0
+    drop = 1.0 - loose.metric
+    target = drop + loose.metric_margin / 2  # the measured drop meets it, the 90 % bound does not
+    point = auto_quantize(model, _auto(target, 0.5), calib, ev)
+    bounded = auto_quantize(model, _auto(target, 0.9), calib, ev)
+    assert point.size_bytes == point.narrow_size_bytes  # the measured drop alone: all narrow
+    # a wider plan (int8 activations here: the same weight bytes), one its bound lets through
+    assert bounded.target_met and bounded.metric > point.metric
+    assert bounded.size_bytes >= point.size_bytes and bounded.assignment != point.assignment
+    assert (1.0 - bounded.metric) + bounded.metric_margin <= target
+    assert "90% confidence" in bounded.objective and "upper bound" in bounded.message
+
+
+def _noisy_function():
+    """A user metric whose per-sample scores swing for every quantized model (mean drop 0)."""
+    calls = []
+
+    def per_sample(path: str) -> list[float]:
+        calls.append(path)
+        return [50.0, 50.0, 50.0] if len(calls) == 1 else [0.0, 100.0, 50.0]
+
+    return per_sample
+
+
+def test_a_target_met_only_as_measured_says_the_data_is_too_small():
+    model, calib, ev = small_cnn(), feeds(32, 8), feeds(16, 8, seed=9)
+    auto = AutoConfig(base=base_from_candidate(Candidate("int8", "int8")),
+                      candidates=(Candidate("int8", "int4"),), metric="function", target=1.0)
+    with pytest.warns(TargetNotMetWarning, match="too small or too noisy"):
+        res = auto_quantize(model, auto, calib, ev, evaluate_function=_noisy_function())
+    assert not res.target_met and res.full_evaluations == 2
+    assert "--confidence 0.5" in res.message
+    point = AutoConfig(base=auto.base, candidates=auto.candidates, metric="function", target=1.0,
+                       confidence=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TargetNotMetWarning)  # met as measured: no warning
+        assert auto_quantize(model, point, calib, ev, evaluate_function=_noisy_function()).target_met
+
+
+def test_per_sample_scores_of_changing_length_are_an_error():
+    model, calib, ev = small_cnn(), feeds(32, 8), feeds(16, 8, seed=9)
+    calls = []
+
+    def fn(path: str) -> list[float]:
+        calls.append(path)
+        return [1.0] * (3 if len(calls) == 1 else 2)
+
+    auto = AutoConfig(base=base_from_candidate(Candidate("int8", "int8")),
+                      candidates=(Candidate("int8", "int4"),), metric="function", target=1.0)
+    with pytest.raises(ConfigError, match="same samples"):
+        auto_quantize(model, auto, calib, ev, evaluate_function=fn)
+
+
+@pytest.mark.parametrize("value", [0.3, 1.0])
+def test_confidence_out_of_range_is_an_error(value):
+    with pytest.raises(ConfigError, match="confidence"):
+        _auto(0.01, value)
+
+
+def test_confidence_on_the_command_line(tmp_path, capsys):
+    import onnx
+
+    onnx.save(small_cnn(), tmp_path / "m.onnx")
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "c.npz", x=rng.standard_normal((32, 3, 16, 16)).astype(np.float32))
+    np.savez(tmp_path / "e.npz", x=rng.standard_normal((32, 3, 16, 16)).astype(np.float32))
+    args = ["auto", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx"), "--calib",
+            str(tmp_path / "c.npz"), "--eval", str(tmp_path / "e.npz"), "--no-cache",
+            "--metric", "cosine", "--target", "0.01"]
+    assert main([*args, "--confidence", "0.95"]) == 0
+    assert "95% confidence" in capsys.readouterr().out
+    assert main([*args, "--confidence", "1.5"]) != 0
+    assert "confidence=1.5" in capsys.readouterr().err
+    assert AUTO_TARGET_MISSED != 0
