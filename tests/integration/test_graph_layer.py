@@ -277,7 +277,8 @@ def test_every_float_tensor_is_planned_or_skipped_with_a_reason(preset):
 
 def test_rewrite_postconditions_node_order_and_value_info():
     """After the rewrite every node reads only values produced earlier (or inputs/initializers),
-    and value_info holds only what shape inference cannot recompute (block outputs)."""
+    and value_info declares the values the nodes produce, none that is gone (the declarations
+    agree with onnxruntime: tests/integration/test_declared_shapes.py)."""
     m = _conv_via_slice()
     fs = [{"x": np.random.default_rng(0).standard_normal((1, 8, 8, 6)).astype(np.float32)}]
     for preset in ("A8W8", "BFP16", "BF16"):
@@ -286,8 +287,10 @@ def test_rewrite_postconditions_node_order_and_value_info():
         for n in q.graph.node:
             assert all(i in known for i in n.input), (preset, n.name, [i for i in n.input if i not in known])
             known.update(n.output)
+        produced = {o for n in q.graph.node for o in n.output}
+        assert {v.name for v in q.graph.value_info} <= produced, preset
         block_outs = {n.output[0] for n in q.graph.node if n.domain == "com.mixq"}
-        assert {v.name for v in q.graph.value_info} <= block_outs
+        assert block_outs <= {v.name for v in q.graph.value_info}, preset
 
 
 def test_batchnorm_fold_bias_name_never_collides():

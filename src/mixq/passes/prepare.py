@@ -5,6 +5,7 @@ Each pass returns the number of things it changed so the report can say what hap
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -427,6 +428,89 @@ def infer_shapes(model: onnx.ModelProto, result: PassResult | None = None) -> on
         return model
 
 
+@functools.lru_cache(maxsize=1)
+def onnxruntime_max_ir_version() -> int:
+    """The newest ONNX IR version the installed onnxruntime loads (probed once on a one-node
+    model; onnxruntime does not publish it)."""
+    import onnxruntime as ort
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "ir",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    best = 3
+    for ir in range(3, onnx.IR_VERSION + 1):
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=ir)
+        try:
+            ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        except Exception:  # onnxruntime's own error type: this IR version is too new
+            break
+        best = ir
+    return best
+
+
+def fit_ir_version(model: onnx.ModelProto) -> PassResult:
+    """Lower (in place) an IR version newer than onnxruntime reads to the newest it does (the
+    onnx package writes its own newest by default, whatever the model uses): onnxruntime
+    refuses the whole model otherwise. A model that needs the newer IR's features then fails
+    where they are used, with onnxruntime's message."""
+    res = PassResult("fit IR version")
+    if model.ir_version <= 10:  # every onnxruntime mixq supports reads IR 10
+        return res
+    top = onnxruntime_max_ir_version()
+    if model.ir_version > top:
+        res.notes.append(f"IR version {model.ir_version} is newer than onnxruntime reads; "
+                         f"written as {top}")
+        model.ir_version = top
+        res.changed = 1
+    return res
+
+
+def unknown_negative_dims(model: onnx.ModelProto) -> PassResult:
+    """Declare unknown (in place) the dims of graph inputs, outputs and value_info given as a
+    negative number (some exporters write -1 for "any"; ONNX dims are >= 0 or symbolic):
+    shape inference then propagates an unknown dim instead of -1, and onnxruntime plans
+    memory from the shapes. The model accepts the same inputs as before; only the graph's
+    inputs and outputs are named in the notes."""
+    res = PassResult("unknown negative dims")
+    io = {v.name for v in [*model.graph.input, *model.graph.output]}
+    for v in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        if not v.type.HasField("tensor_type") or not v.type.tensor_type.HasField("shape"):
+            continue
+        for k, d in enumerate(v.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value < 0:
+                was = d.dim_value
+                d.Clear()
+                res.changed += 1
+                if v.name in io:
+                    res.notes.append(f"{v.name}: dim {k} was {was}, not a valid ONNX dim; declared "
+                                     "unknown (any size, as onnxruntime read it)")
+    return res
+
+
+def declare_shapes(model: onnx.ModelProto) -> PassResult:
+    """Declare in `model.graph.value_info` (in place) the type and shape shape inference gives
+    every intermediate tensor not declared yet, inferred on a skeleton (no weight data copied).
+    onnxruntime creates a session two to four times faster when the shapes are declared (it
+    plans memory from them instead of inferring them node by node): the quantized model loads
+    faster for the user, and for every session mixq opens on it. A failed inference leaves the
+    model as it is, with a note."""
+    res = PassResult("declare shapes")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(_skeleton(model), data_prop=True)
+    except Exception as exc:
+        res.notes.append(f"shape inference failed ({_first_line(exc)}); shapes left undeclared")
+        return res
+    g = model.graph
+    have = ({v.name for v in g.value_info} | {v.name for v in g.input} | {v.name for v in g.output}
+            | {t.name for t in g.initializer})
+    new = [v for v in inferred.graph.value_info if v.name not in have]
+    g.value_info.extend(new)
+    res.changed = len(new)
+    return res
+
+
 def _first_line(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     return " ".join(lines[:2])[:300] or type(exc).__name__
@@ -632,6 +716,9 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
         del m.graph.input[:]
         m.graph.input.extend(keep)
         rep.notes.append(f"{len(shadow)} initializers were also listed as graph inputs; treated as constants")
+    for r in (unknown_negative_dims(m), fit_ir_version(m)):
+        rep.passes.append(r)
+        rep.notes += r.notes
     inference = PassResult("infer shapes", in_place=False)
     m = infer_shapes(m, inference)
     rep.passes.append(inference)

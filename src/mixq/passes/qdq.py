@@ -352,6 +352,11 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
     for p in REWRITE_PASSES:
         rw.report.passes.append(p(rw))
     _assemble(rw)
+    from .prepare import declare_shapes
+
+    shapes = declare_shapes(rw.model)
+    rw.report.passes.append(shapes)
+    rw.report.notes += shapes.notes
     return rw.model, rw.report
 
 
