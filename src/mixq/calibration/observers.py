@@ -178,11 +178,12 @@ def _centers(stats: TensorStats) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _int_mse(p: _Prefix, lo: np.ndarray, hi: np.ndarray, levels: int) -> np.ndarray:
-    """Expected squared error of a `levels`-value uniform grid on [lo, hi] (lo <= 0 <= hi)."""
+    """Expected squared error of a `levels`-value uniform grid on [lo, hi] (lo <= 0 <= hi;
+    arrays that broadcast against each other)."""
     lo = np.asarray(lo, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
     step = (hi - lo) / (levels - 1)
-    inf = np.full_like(hi, np.inf)
+    inf = np.full_like(step, np.inf)
     # clipping above hi and below lo
     n, s1, s2 = p.sums(np.nextafter(hi, inf), inf)
     err = s2 - 2 * hi * s1 + hi * hi * n
@@ -319,10 +320,11 @@ def _minmse_range(stats: TensorStats, g: GridModel, symmetric: bool) -> tuple[fl
     # candidates from the full range inwards; argmin keeps the first (widest) of equal errors
     los = lo0 * _ASYM_FRACS if lo0 < 0 else np.zeros(1)
     his = hi0 * _ASYM_FRACS if hi0 > 0 else np.zeros(1)
-    L, H = np.meshgrid(los, his, indexing="ij")
-    err = _int_mse(p, L.ravel(), H.ravel(), g.levels)
+    # every (lo, hi) pair, as a broadcast (lo down, hi across): the bin lookups that depend on
+    # one end alone run once per end, not once per pair (the same values as a meshgrid)
+    err = _int_mse(p, los[:, None], his[None, :], g.levels).ravel()
     b = int(np.argmin(err))
-    return float(L.ravel()[b]), float(H.ravel()[b])
+    return float(los[b // his.size]), float(his[b % his.size])
 
 
 def compute_range(stats: TensorStats, method: CalibMethod | str = CalibMethod.MINMAX,
