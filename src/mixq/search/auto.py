@@ -586,7 +586,8 @@ class _Search:
                 self.ev_cache[keys[k]] = [m.value, m.margin]
         out = []
         for k in ks:
-            out.append((self.metric(p, k), self.accurate(p, k) and self.size_ok(p, k), self.size(p, k)))
+            ok = self.accurate(p, k) and self.size_ok(p, k)
+            out.append((self.metric(p, k), ok, self.size(p, k)))
         if self.progress:
             self.progress("evaluate", self.count + len(ks), self.count + len(ks))
         return out

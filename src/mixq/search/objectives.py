@@ -44,7 +44,7 @@ from .workbench import Workbench
 def t_quantile(p: float, df: int) -> float:
     """The p quantile (p in [0.5, 1)) of Student's t distribution with `df` >= 1 degrees of
     freedom, from the closed-form CDF of integer df (bisection to 1e-10); the normal quantile
-    beyond 400 degrees of freedom, where the two differ by less than 0.5 %."""
+    beyond 400 degrees of freedom, where the two differ by less than 1 %."""
     if not 0.5 <= p < 1.0 or df < 1:
         raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
     if p == 0.5:
@@ -63,13 +63,13 @@ def t_quantile(p: float, df: int) -> float:
                 term *= c2 * (2 * k - 1) / (2 * k)
                 total += term
             return s * total
-        term, total = 1.0, 0.0  # 2/pi (th + s c (1 + 2/3 c^2 + 2*4/(3*5) c^4 + ... up to c^(df-3)))
-        if df > 1:
-            total = 1.0
-            for k in range(1, (df - 1) // 2):
-                term *= c2 * (2 * k) / (2 * k + 1)
-                total += term
-        return 2.0 / math.pi * (theta + s * math.cos(theta) * total * (df > 1))
+        if df == 1:  # Cauchy
+            return 2.0 / math.pi * theta
+        term = total = 1.0  # 2/pi (th + s c (1 + 2/3 c^2 + 2*4/(3*5) c^4 + ... up to c^(df-3)))
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        return 2.0 / math.pi * (theta + s * math.cos(theta) * total)
 
     target = 2.0 * p - 1.0
     lo, hi = 0.0, 1.0

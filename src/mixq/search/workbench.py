@@ -107,10 +107,6 @@ class Workbench:
         """Relative L2 of `outputs` to the float outputs over the held-out data."""
         return relative_l2(zip(outputs, self.float_outputs))
 
-    def top1_agreement(self, outputs: list[np.ndarray]) -> float:
-        rows = self.top1_agree_rows(outputs)
-        return float(np.mean(rows)) if rows.size else 0.0
-
     def top1_agree_rows(self, outputs: list[np.ndarray]) -> np.ndarray:
         """1.0 for each output row whose top-1 class is the float model's, else 0.0."""
         agree = [np.argmax(q.reshape(q.shape[0], -1), 1) == np.argmax(f.reshape(f.shape[0], -1), 1)
