@@ -411,14 +411,7 @@ def infer_shapes(model: onnx.ModelProto, result: PassResult | None = None) -> on
 
     res = result if result is not None else PassResult("infer shapes")
     if model_size(model) > _SKELETON_BYTES or _has_external(model):
-        try:
-            inferred = onnx.shape_inference.infer_shapes(_skeleton(model), data_prop=True)
-        except Exception as exc:
-            res.notes.append(f"shape inference failed ({_first_line(exc)}); tensors without a "
-                             "known type are left float")
-            return model
-        have = {v.name for v in model.graph.value_info}
-        model.graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in have)
+        declare_shapes(model, res, failed="tensors without a known type are left float")
         return model
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -489,25 +482,26 @@ def unknown_negative_dims(model: onnx.ModelProto) -> PassResult:
     return res
 
 
-def declare_shapes(model: onnx.ModelProto) -> PassResult:
+def declare_shapes(model: onnx.ModelProto, result: PassResult | None = None, *,
+                   failed: str = "shapes left undeclared") -> PassResult:
     """Declare in `model.graph.value_info` (in place) the type and shape shape inference gives
     every intermediate tensor not declared yet, inferred on a skeleton (no weight data copied).
     onnxruntime creates a session two to four times faster when the shapes are declared (it
     plans memory from them instead of inferring them node by node): the quantized model loads
     faster for the user, and for every session mixq opens on it. A failed inference leaves the
-    model as it is, with a note."""
-    res = PassResult("declare shapes")
+    model as it is, with a note ending in `failed` (what that means for the caller)."""
+    res = result if result is not None else PassResult("declare shapes")
     try:
         inferred = onnx.shape_inference.infer_shapes(_skeleton(model), data_prop=True)
     except Exception as exc:
-        res.notes.append(f"shape inference failed ({_first_line(exc)}); shapes left undeclared")
+        res.notes.append(f"shape inference failed ({_first_line(exc)}); {failed}")
         return res
     g = model.graph
     have = ({v.name for v in g.value_info} | {v.name for v in g.input} | {v.name for v in g.output}
             | {t.name for t in g.initializer})
     new = [v for v in inferred.graph.value_info if v.name not in have]
     g.value_info.extend(new)
-    res.changed = len(new)
+    res.changed += len(new)
     return res
 
 

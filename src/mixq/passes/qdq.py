@@ -18,6 +18,7 @@ from ..formats import Emission, QParams, get_format
 from ..graph import GraphIndex, NameAllocator, PassResult, outer_scope_reads, static_shape, subgraphs
 from ..plan.plan import PrecisionPlan, TensorPrecision
 from ..plan.qparams import consumer_key
+from .prepare import declare_shapes
 
 _INT32_MAX = 2**31 - 1
 
@@ -352,8 +353,6 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
     for p in REWRITE_PASSES:
         rw.report.passes.append(p(rw))
     _assemble(rw)
-    from .prepare import declare_shapes
-
     shapes = declare_shapes(rw.model)
     rw.report.passes.append(shapes)
     rw.report.notes += shapes.notes
