@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     q = quantize(path, args.preset, load_feeds(d / "calib.npz")).model
     base = case.score(make_session(q.SerializeToString()), d)[0]
     inits = {t.name for t in q.graph.initializer}
-    rows = []
+    rows: list[tuple[float, str, tuple[int, ...], float]] = []
     for n in q.graph.node:
         if args.limit is not None and len(rows) >= args.limit:
             break
