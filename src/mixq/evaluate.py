@@ -5,12 +5,36 @@ classifier-like outputs (rank 2, more than one class). Everything streams batch 
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+from onnx import helper
+
+
+@functools.lru_cache(maxsize=1)
+def onnxruntime_max_ir_version() -> int:
+    """The newest ONNX IR version the installed onnxruntime loads (probed once on a one-node
+    model; onnxruntime does not publish it)."""
+    import onnxruntime as ort
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "ir",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    best = 3
+    for ir in range(3, onnx.IR_VERSION + 1):
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=ir)
+        try:
+            ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        except Exception:  # onnxruntime's own error type: this IR version is too new
+            break
+        best = ir
+    return best
 
 
 def make_session(model: onnx.ModelProto | str | bytes, *, optimize: bool | str = True, threads: int | None = None,

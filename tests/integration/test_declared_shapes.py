@@ -68,7 +68,7 @@ def test_a_negative_dim_is_declared_unknown_and_said():
 def test_a_model_with_an_ir_version_newer_than_onnxruntime_reads_is_quantized():
     """The onnx package writes its newest IR version by default (14 with onnx 1.23), which
     onnxruntime 1.31 refuses whole: prepare writes the newest onnxruntime reads, and says so."""
-    from mixq.passes.prepare import onnxruntime_max_ir_version
+    from mixq.evaluate import onnxruntime_max_ir_version
 
     m = _neg_dim_model()
     m.ir_version = onnxruntime_max_ir_version() + 1

@@ -20,6 +20,7 @@ import onnx
 
 from mixq._io import has_external_data, model_size, tensor_array, tensor_size
 from mixq.errors import DataError, ModelError, did_you_mean
+from mixq.evaluate import onnxruntime_max_ir_version
 
 from .data import FeedSource, input_specs_from_model
 from .stats import TensorStats
@@ -29,9 +30,6 @@ __all__ = ["CollectResult", "collect_stats"]
 #: Models whose serialized size exceeds this are handed to onnxruntime as a file with external
 #: data (protobuf cannot serialize more than 2 GiB). Module-level so tests can lower it.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
-
-#: Newest ONNX IR version onnxruntime 1.31 loads.
-_ORT_MAX_IR = 13
 
 _NUMERIC = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
             onnx.TensorProto.DOUBLE}
@@ -126,9 +124,9 @@ def _augmented_session(m: onnx.ModelProto, fetch: list[str], graph_outputs: set[
         else:
             new.name = name  # onnxruntime infers the type of a bare output
         aug.graph.output.append(new)
-    ir = aug.ir_version
-    if ir > _ORT_MAX_IR:  # onnx's helper writes IR versions newer than onnxruntime reads
-        aug.ir_version = _ORT_MAX_IR
+    ir = aug.ir_version  # restored on a big model, which is changed in place
+    # onnx's helper writes IR versions newer than onnxruntime reads
+    aug.ir_version = min(ir, onnxruntime_max_ir_version())
     if not big:
         return _session(aug.SerializeToString(), providers, intra_op_threads,
                         external_dir=base_dir, prepack=prepack), lambda: None

@@ -35,13 +35,13 @@ from onnx import numpy_helper
 
 from ..calibration.data import FeedSource, input_specs_from_model
 from ..errors import ConfigError, DataError, ModelError, did_you_mean
+from ..evaluate import onnxruntime_max_ir_version
 from ..formats import QParams, get_format
 from ..plan.plan import PrecisionPlan
 from .config import AdaQuantConfig, AdaRoundConfig, EarlyStop
 from .layers import LayerSpec
 from .report import FinetuneReport, LayerReport, ModelMetric
 
-_ORT_MAX_IR = 13
 _INT32_MAX = 2**31 - 1
 #: rectified sigmoid stretch of AdaRound (Nagel et al. 2020)
 _GAMMA, _ZETA = -0.1, 1.1
@@ -88,7 +88,7 @@ def _session(model: onnx.ModelProto, outputs: list[str], threads: int | None) ->
         if name not in have:
             m.graph.output.append(onnx.ValueInfoProto(name=name))
             have.add(name)
-    m.ir_version = min(m.ir_version, _ORT_MAX_IR)
+    m.ir_version = min(m.ir_version, onnxruntime_max_ir_version())
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
@@ -361,8 +361,9 @@ def _metric(float_model: onnx.ModelProto, qmodel: onnx.ModelProto, data: Any, sp
     fm, qm = onnx.ModelProto(), onnx.ModelProto()
     fm.CopyFrom(float_model)
     qm.CopyFrom(qmodel)
-    fm.ir_version = min(fm.ir_version, _ORT_MAX_IR)
-    qm.ir_version = min(qm.ir_version, _ORT_MAX_IR)
+    top = onnxruntime_max_ir_version()
+    fm.ir_version = min(fm.ir_version, top)
+    qm.ir_version = min(qm.ir_version, top)
     m = compare(fm, qm, FeedSource(data, specs), optimize=False, output_index=config.output_index).first()
     return ModelMetric(m.name, m.sqnr_db, m.top1_agreement)
 

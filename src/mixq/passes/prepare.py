@@ -5,7 +5,6 @@ Each pass returns the number of things it changed so the report can say what hap
 """
 from __future__ import annotations
 
-import functools
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from onnx import helper, numpy_helper
 
 from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import ModelError
+from ..evaluate import onnxruntime_max_ir_version
 from ..graph import GraphIndex, NameAllocator, PassResult
 from .recognize import RecognizeReport, recognize
 
@@ -419,28 +419,6 @@ def infer_shapes(model: onnx.ModelProto, result: PassResult | None = None) -> on
         res.notes.append(f"shape inference failed ({_first_line(exc)}); tensors without a "
                          "known type are left float")
         return model
-
-
-@functools.lru_cache(maxsize=1)
-def onnxruntime_max_ir_version() -> int:
-    """The newest ONNX IR version the installed onnxruntime loads (probed once on a one-node
-    model; onnxruntime does not publish it)."""
-    import onnxruntime as ort
-
-    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "ir",
-                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
-    so = ort.SessionOptions()
-    so.log_severity_level = 4
-    best = 3
-    for ir in range(3, onnx.IR_VERSION + 1):
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=ir)
-        try:
-            ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        except Exception:  # onnxruntime's own error type: this IR version is too new
-            break
-        best = ir
-    return best
 
 
 def fit_ir_version(model: onnx.ModelProto) -> PassResult:
