@@ -70,6 +70,7 @@ def run_case(name: str) -> dict[str, Any]:
     from mixq.search import AutoConfig, auto_quantize, base_from_candidate, parse_candidates
 
     case = get_case(name)
+    case.for_suite("full")  # before the requirements: the full suite's data can need more
     missing = case.missing()
     if missing:
         return {"skipped": f"missing {'; '.join(missing)}"}

@@ -73,6 +73,7 @@ SILERO = PipReq("silero-vad==6.2.3", "silero_vad", no_deps=True)
 FONTS = AptReq("fonts-dejavu-core", "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
 FORTUNES = AptReq("fortunes", "/usr/share/games/fortunes/fortunes")
 SPEECH = AptReq("pocketsphinx-testdata", "/usr/share/pocketsphinx/test/data")
+FASHION = AptReq("dataset-fashion-mnist", "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")
 
 
 def pip_install(reqs: list[PipReq], *, quiet: bool = True) -> list[str]:

@@ -223,6 +223,7 @@ class Suite:
             _log(f"report: {self.doc}")
 
     def _run_case(self, case: Case) -> None:
+        case.for_suite(self.suite)  # first: a suite's data can need more packages
         missing = _ensure_requirements(case, self.install, allow_apt=self.suite == "full")
         if missing:
             msg = f"skipped: missing {'; '.join(missing)} (install with: {' && '.join(missing)})"
@@ -230,7 +231,6 @@ class Suite:
             self.results["skipped"][case.name] = msg
             self._save()
             return
-        case.for_suite(self.suite)
         cdir = self.work_dir / case.name
         shutil.rmtree(cdir, ignore_errors=True)
         (cdir / "specs").mkdir(parents=True)

@@ -147,8 +147,9 @@ class QuantConfig:
                               "e.g. 99.999.")
         g = self.minmse_min_gain
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not 1.0 <= float(g) <= 1e6:
-            raise ConfigError(f"minmse_min_gain={g!r} must be a number >= 1, e.g. 1.5 "
-                              "(1: MinMSE clips whenever it lowers the expected error).")
+            raise ConfigError(f"minmse_min_gain={g!r} must be a number in [1, 1e6], e.g. 1.5 (1: MinMSE "
+                              "clips whenever it lowers the expected error; for no clipping at all, "
+                              "calibration='minmax').")
         object.__setattr__(self, "minmse_min_gain", float(g))
         # canonicalize names so that equal configs compare equal
         object.__setattr__(self, "activation", get_format(self.activation).name)

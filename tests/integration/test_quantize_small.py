@@ -257,6 +257,8 @@ def test_minmse_min_gain_changes_the_activation_ranges():
     assert x_scale(1.0) < 0.95 * absmax / 127
     with pytest.raises(ConfigError, match="minmse_min_gain"):
         get_default_config("A8W8").with_options(minmse_min_gain=0.5)
+    with pytest.raises(ConfigError, match=r"in \[1, 1e6\].*calibration='minmax'"):  # the bound it checks
+        get_default_config("A8W8").with_options(minmse_min_gain=1e9)
     with pytest.raises(ConfigError, match="weight_calibration"):
         get_default_config("A8W8").with_options(weight_calibration="entropy")
     # the weight method `calibration` implies is the same config, however it is spelled
