@@ -14,7 +14,7 @@ Settings are `mixq auto`'s defaults (candidates int16/int8,int8,int8/int4, every
 bisection strategy, the all-wide plan first and widening to float when it misses), with
 ``metric='function'`` and a target of 1 point (0.01 cosine for MiniLM).
 
-    python -m bench.auto_models_bench [--models fashion_cnn,ppocr_cls] [--doc docs/MIXED_PRECISION.md]
+    python -m bench.auto_models_bench [--models fashion_cnn,ppocr_cls] [--doc docs/MIXED_PRECISION.md] [--no-install]
 
 Results go to ``bench/results/auto_models.json`` (one entry per model, kept across runs of
 subsets); ``--doc`` rewrites the table between the markers in that file.
@@ -64,14 +64,17 @@ def _score(case: Case, d: Path, model: Any, units: list[int]) -> float:
     return float(value)
 
 
-def run_case(name: str) -> dict[str, Any]:
-    """Search one model and score the result and the uniform presets on the check half."""
+def run_case(name: str, install: bool = True) -> dict[str, Any]:
+    """Search one model and score the result and the uniform presets on the check half (installing
+    what the case needs first unless `install` is False, as `python -m bench --suite full` does)."""
     from mixq import Pipeline, quantize
     from mixq.search import AutoConfig, auto_quantize, base_from_candidate, parse_candidates
 
+    from .suite import _ensure_requirements
+
     case = get_case(name)
     case.for_suite("full")  # before the requirements: the full suite's data can need more
-    missing = case.missing()
+    missing = _ensure_requirements(case, install, allow_apt=True)
     if missing:
         return {"skipped": f"missing {'; '.join(missing)}"}
     d = _built(case)
@@ -169,11 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--doc", help="a markdown file whose table between the markers is rewritten")
     ap.add_argument("--table-only", action="store_true",
                     help="print (and write) the table of the stored results, measuring nothing")
+    ap.add_argument("--no-install", action="store_true",
+                    help="skip a model whose packages are missing instead of installing them")
     args = ap.parse_args(argv)
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for name in [] if args.table_only else args.models.split(","):
         t = time.perf_counter()
-        results[name] = run_case(name)
+        results[name] = run_case(name, install=not args.no_install)
         print(f"{name}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
         RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True))
     text = table(results)
