@@ -26,7 +26,8 @@ BROKEN_AGREEMENT = 0.90
 BROKEN_SQNR_DB = 10.0
 #: How many activation tensors the probe puts back to float (the noisiest ones).
 MAX_PROBED = 32
-#: Samples the probe runs on (the first held-back feeds): each probe is a session and a run.
+#: Samples the probe runs on (the first held-back ones; exactly these many where the model's batch
+#: axis is dynamic, else whole feeds up to at least these many): each probe is a session and a run.
 PROBE_SAMPLES = 8
 #: Seconds the probe may spend putting tensors back to float (at least one is always probed).
 PROBE_BUDGET_S = 10.0
@@ -220,13 +221,15 @@ def _noise_from_stats(pairs: dict[str, list[str]], qmodel: onnx.ModelProto, stat
 
 def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.ndarray]],
                    feeds: list[dict[str, np.ndarray]], *, max_probed: int = MAX_PROBED, top: int = 3,
-                   stats: dict | None = None, budget_s: float | None = PROBE_BUDGET_S
-                   ) -> tuple[list[Culprit], int]:
+                   stats: dict | None = None, budget_s: float | None = PROBE_BUDGET_S,
+                   base_sqnr_db: float | None = None) -> tuple[list[Culprit], int]:
     """Put the `max_probed` noisiest quantized activations back to float one at a time and
     return the `top` that raise the worst output's SQNR most (and how many were probed). The
     noise is estimated from the calibration `stats` where given, else measured in one run.
     Probing stops once `budget_s` seconds are spent (the noisiest tensors come first): a probe
-    is a session and a run, and a detector at full resolution spent a minute on 32."""
+    is a session and a run, and a detector at full resolution spent a minute on 32.
+    `base_sqnr_db`: the worst output SQNR of `qmodel` itself on `feeds` where the caller has it
+    (saves a session and a run)."""
     pairs = _qdq_pairs(qmodel)
     if not pairs:
         return [], 0
@@ -242,7 +245,7 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
         return min(o.sqnr_db for o in _score(names, refs, gots))
 
     t0 = time.perf_counter()
-    base = worst_sqnr(qmodel)
+    base = worst_sqnr(qmodel) if base_sqnr_db is None else base_sqnr_db
     found = []
     probed = 0
     for t in order:
@@ -262,14 +265,24 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
 
 def fix_command(culprits: list[Culprit], *, preset: str | None, model_path: str | None,
                 calib_path: str | None, formats: tuple[str, str] | None = None) -> str:
-    """The `mixq auto` command that searches a mixed plan between a wide base (int16/int8 for
-    integer formats, bf16 otherwise) and the preset's formats, over these ops."""
+    """The `mixq auto` command that searches a mixed plan between a wide base and the preset's
+    formats, over these ops. The base is wider than the preset where it can be: int16/int8 over
+    8-bit integers, int16/int16 over 16-bit activations with narrower weights (A16W8: its loss is
+    in the weights), bf16 over block formats, float over 16-bit formats."""
     from .formats import get_format
 
     ops = sorted({"Conv", "ConvTranspose", "Gemm", "MatMul"} | {c.producer_op for c in culprits
                                                                  if c.producer_op != "graph input"})
     act, wgt = formats or ("int8", "int8")
-    base = "int16/int8" if get_format(act).kind == "int" else "bf16"
+    fa, fw = get_format(act), get_format(wgt)
+    if fa.kind == "int" and fa.bits < 16:
+        base = "int16/int8" if fw.kind == "int" and fw.bits <= 8 else f"int16/{wgt}"
+    elif fa.kind == "int" and fw.kind == "int" and fw.bits < 16:
+        base = "int16/int16"
+    elif fa.kind == "block":
+        base = "bf16"
+    else:
+        base = "float"
     return (f"mixq auto {model_path or 'MODEL.onnx'} OUT.onnx --calib {calib_path or 'CALIB.npz'} "
             f"--candidates {base},{act}/{wgt}" + (f" --preset {preset}" if preset else "")
             + f" --op-types {','.join(ops)} --l2-target 0.1")
@@ -278,6 +291,35 @@ def fix_command(culprits: list[Culprit], *, preset: str | None, model_path: str 
 def _rows(feed: dict[str, np.ndarray]) -> int:
     v = next(iter(feed.values()), None)
     return int(v.shape[0]) if v is not None and v.ndim else 1
+
+
+def _batch_axis_dynamic(model: onnx.ModelProto) -> bool:
+    """True when every graph input has a leading axis of no fixed size (rows can be sliced)."""
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    for i in inputs:
+        t = i.type.tensor_type
+        if not t.HasField("shape") or not t.shape.dim or t.shape.dim[0].HasField("dim_value"):
+            return False
+    return bool(inputs)
+
+
+def probe_feeds(feeds: list[dict[str, np.ndarray]], samples: int, *, sliceable: bool
+                ) -> list[dict[str, np.ndarray]]:
+    """The first `samples` samples of `feeds`: whole feeds until they hold that many, the last one
+    cut to its first rows when `sliceable` (and every input of it has those rows)."""
+    out: list[dict[str, np.ndarray]] = []
+    held = 0
+    for f in feeds:
+        if held >= samples:
+            break
+        need, rows = samples - held, _rows(f)
+        if sliceable and need < rows and all(v.ndim and v.shape[0] == rows for v in f.values()):
+            f = {k: v[:need] for k, v in f.items()}
+            rows = need
+        out.append(f)
+        held += rows
+    return out
 
 
 def probe_budget(size: int) -> int:
@@ -308,12 +350,13 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
                          samples=sum(_rows(f) for f in feeds))
     rep.broken = is_broken(rep.outputs)
     if rep.broken and probe:
-        k, held = 0, 0
-        while k < len(feeds) and held < PROBE_SAMPLES:
-            held += _rows(feeds[k])
-            k += 1
-        rep.culprits, rep.probed = probe_culprits(q, names, refs[:k], feeds[:k], max_probed=max_probed,
-                                                  stats=stats)
+        pf = probe_feeds(feeds, PROBE_SAMPLES, sliceable=_batch_axis_dynamic(q))
+        whole = all(a is b for a, b in zip(pf, feeds))  # no feed cut: its outputs are at hand
+        prefs = refs[:len(pf)] if whole else [fs.run(names, f) for f in pf]
+        pgots = gots[:len(pf)] if whole else [qs.run(names, f) for f in pf]
+        base = min(o.sqnr_db for o in _score(names, prefs, pgots))
+        rep.culprits, rep.probed = probe_culprits(q, names, prefs, pf, max_probed=max_probed,
+                                                  stats=stats, base_sqnr_db=base)
         rep.fix_command = fix_command(rep.culprits, preset=preset, model_path=model_path,
                                       calib_path=calib_path, formats=formats)
     return rep

@@ -340,3 +340,65 @@ def test_outlier_features_keep_the_residual_stream_float(preset):
     assert res.plan.tensors["w2"].format == "int8"
     off = mixq.quantize(m, cfg.with_options(numerics_policies=False), feeds, check_kernels=False)
     assert compare(m, off.model, feeds).first().sqnr_db < 15
+
+
+def test_probe_runs_exactly_its_samples_and_reuses_the_base(policies_off, monkeypatch):
+    """Held-back feeds of 16 rows: the probe runs on PROBE_SAMPLES rows (not the whole first
+    feed: each probe is a run of every row it gets), and it is handed the quantized model's own
+    SQNR on them instead of creating a session to measure it again."""
+    import mixq.fidelity as fid
+
+    m, feeds = _attention(-3.4e38)
+    policies_off()
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    big = [{k: np.concatenate([f[k], g[k], f[k], g[k]]) for k in f} for f, g in zip(feeds[::2], feeds[1::2])]
+    seen: dict = {}
+    real = fid.probe_culprits
+
+    def spy(qmodel, names, refs, pfeeds, **kw):
+        seen["rows"] = sum(fid._rows(f) for f in pfeeds)
+        seen["base"] = kw.get("base_sqnr_db")
+        return real(qmodel, names, refs, pfeeds, **kw)
+
+    monkeypatch.setattr(fid, "probe_culprits", spy)
+    rep = fid.check_fidelity(m, res.model, big, probe=True)
+    assert rep.broken and seen["rows"] == fid.PROBE_SAMPLES and seen["base"] is not None
+    assert [c.tensor for c in rep.culprits][:1] == ["masked"], rep.culprits
+
+
+def test_probe_feeds_cut_only_a_dynamic_batch():
+    from mixq.fidelity import probe_feeds
+
+    f16 = {"x": np.zeros((16, 3), np.float32), "m": np.zeros((16,), np.float32)}
+    f2 = {"x": np.zeros((2, 3), np.float32), "m": np.zeros((2,), np.float32)}
+    assert [len(f["x"]) for f in probe_feeds([f16, f16], 8, sliceable=True)] == [8]
+    assert [len(f["x"]) for f in probe_feeds([f16, f16], 8, sliceable=False)] == [16]  # fixed batch: whole feeds
+    assert [len(f["x"]) for f in probe_feeds([f2] * 6, 5, sliceable=True)] == [2, 2, 1]
+    odd = {"x": np.zeros((16, 3), np.float32), "state": np.zeros((2, 4), np.float32)}  # not every input has rows
+    assert [len(f["x"]) for f in probe_feeds([odd], 8, sliceable=True)] == [16]
+    assert probe_feeds([f2] * 6, 8, sliceable=True)[0] is f2  # uncut feeds are the same objects
+
+
+@pytest.mark.parametrize("preset", sorted(mixq.config.PRESETS))
+def test_fix_command_base_is_wider_than_the_preset(preset):
+    """The suggested `mixq auto` searches between two different candidates (A16W8 used to get
+    `--candidates int16/int8,int16/int8`: nothing to search)."""
+    import re
+
+    from mixq.fidelity import fix_command
+    from mixq.search import parse_candidates
+
+    cfg = mixq.config.PRESETS[preset]
+    cmd = fix_command([], preset=preset, model_path="m.onnx", calib_path="c.npz",
+                      formats=(cfg.activation, cfg.weight))
+    wide, narrow = parse_candidates(re.search(r"--candidates (\S+)", cmd).group(1))
+    assert (narrow.activation, narrow.weight) == (cfg.activation, cfg.weight)
+    from mixq.formats import get_format
+
+    def bits(f: str) -> float:
+        return 32.0 if f == "float" else float(get_format(f).avg_bits)
+
+    gain = [bits(w) - bits(n) for w, n in ((wide.activation, narrow.activation), (wide.weight, narrow.weight))]
+    assert min(gain) >= 0 and max(gain) > 0, cmd  # never narrower, wider somewhere
+    if preset == "A16W8":
+        assert (wide.activation, wide.weight) == ("int16", "int16")
