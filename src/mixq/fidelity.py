@@ -3,9 +3,10 @@
 `check_fidelity` runs both models once on a few held-back samples and scores every output (SQNR,
 cosine, top-1 agreement where the output looks like class scores; NaN/inf score worst). When the
 model looks broken, a cheap probe names the quantized tensors that do the most damage: the
-activations' quantization noise is measured in one run, and the noisiest ones are put back to
-float one at a time (their QuantizeLinear/DequantizeLinear pair bypassed), each kept when it buys
-the most output SQNR.
+activations' quantization noise is estimated (from the calibration statistics, else measured in
+one run), the noisiest ones are put back to float all together (their QuantizeLinear /
+DequantizeLinear pairs bypassed; when that buys under 1 dB, none of them is the cause and the
+probe stops), then one at a time, each kept when it buys the most output SQNR.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import math
 import time
 import os
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -45,6 +47,15 @@ class Culprit:
     noise_db: float  # the tensor's own SQNR under quantization
 
 
+class ProbeResult(NamedTuple):
+    """What `probe_culprits` found."""
+
+    culprits: list[Culprit]
+    probed: int  # tensors put back to float one at a time (the group's size when it stopped there)
+    together_gain_db: float | None  # the group's gain (None: fewer than two tensors to probe)
+    group: int  # tensors in the group
+
+
 @dataclass
 class FidelityReport:
     """Quantized vs float outputs on held-back samples, and the probe's findings when broken."""
@@ -54,6 +65,9 @@ class FidelityReport:
     broken: bool = False
     culprits: list[Culprit] = field(default_factory=list)
     probed: int = 0
+    #: output SQNR gained with the `group` noisiest activations back to float at once (None: not measured)
+    together_gain_db: float | None = None
+    group: int = 0
     fix_command: str | None = None
     not_checked: str | None = None  # why no comparison was run
 
@@ -78,8 +92,16 @@ class FidelityReport:
             elif self.probed == 0:
                 out.append("no tensor probed: the model has no QuantizeLinear/DequantizeLinear "
                            "activation pairs to put back to float")
+            elif self.together_gain_db is not None and not self.together_gain_db >= MIN_GAIN_DB:
+                out.append(f"the {self.group} noisiest activations back to float together gain "
+                           f"{self.together_gain_db:+.1f} dB: the damage is in the weights or spread "
+                           f"over more tensors")
             else:
-                out.append(f"no single activation's Q/DQ pair accounts for the damage ({self.probed} probed)")
+                together = ("" if self.together_gain_db is None else
+                            f"; the {self.group} noisiest together {self.together_gain_db:+.1f} dB: "
+                            f"the damage is spread")
+                out.append(f"no single activation's Q/DQ pair accounts for the damage "
+                           f"({self.probed} probed{together})")
             if self.fix_command:
                 out.append(f"try: {self.fix_command}")
         return out
@@ -89,7 +111,7 @@ class FidelityReport:
         def num(v: float | None) -> float | None:
             return None if v is None or not math.isfinite(v) else float(v)
         return {"samples": self.samples, "broken": self.broken, "probed": self.probed,
-                "fix_command": self.fix_command,
+                "together_gain_db": num(self.together_gain_db), "group": self.group, "fix_command": self.fix_command,
                 "outputs": [{"name": o.name, "sqnr_db": num(o.sqnr_db), "cosine": num(o.cosine),
                              "top1_agreement": num(o.top1_agreement)} for o in self.outputs],
                 "culprits": [{"tensor": c.tensor, "op": c.producer_op, "sqnr_gain_db": num(c.sqnr_gain_db)}
@@ -155,20 +177,25 @@ def _qdq_pairs(model: onnx.ModelProto) -> dict[str, list[str]]:
 
 
 def _bypass(model: onnx.ModelProto, tensor: str, dq_outs: list[str]) -> onnx.ModelProto:
-    """A copy of `model` whose readers of `dq_outs` read `tensor` itself (graph only: the
-    initializers are shared by reference through a shallow ModelProto holding the same data)."""
+    """A copy of `model` whose readers of `dq_outs` read `tensor` itself (`model` itself when a
+    DQ output is a graph output: that tensor is left alone)."""
+    return _bypass_many(model, {tensor: dq_outs})
+
+
+def _bypass_many(model: onnx.ModelProto, pairs: dict[str, list[str]]) -> onnx.ModelProto:
+    """A copy of `model` with every tensor of `pairs` back to float (see `_bypass`), or `model`
+    itself when none can be."""
+    outputs = {o.name for o in model.graph.output}
+    keep = {t: dqs for t, dqs in pairs.items() if not outputs & set(dqs)}
+    if not keep:
+        return model
+    back = {dq: t for t, dqs in keep.items() for dq in dqs}
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    gone = set(dq_outs)
-    for n in m.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input and n.input[0] == tensor:
-            continue
+    for n in m.graph.node:  # the Q/DQ nodes stay, unread
         for k, i in enumerate(n.input):
-            if i in gone:
-                n.input[k] = tensor
-    for o in m.graph.output:
-        if o.name in gone:
-            return model  # a DQ output is a graph output: leave this tensor alone
+            if i in back:
+                n.input[k] = back[i]
     return m
 
 
@@ -222,9 +249,12 @@ def _noise_from_stats(pairs: dict[str, list[str]], qmodel: onnx.ModelProto, stat
 def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.ndarray]],
                    feeds: list[dict[str, np.ndarray]], *, max_probed: int = MAX_PROBED, top: int = 3,
                    stats: dict | None = None, budget_s: float | None = PROBE_BUDGET_S,
-                   base_sqnr_db: float | None = None) -> tuple[list[Culprit], int]:
+                   base_sqnr_db: float | None = None) -> ProbeResult:
     """Put the `max_probed` noisiest quantized activations back to float one at a time and
-    return the `top` that raise the worst output's SQNR most (and how many were probed). The
+    return the `top` that raise the worst output's SQNR most, how many were probed, and what
+    they gain all back to float at once (a `ProbeResult`). That group probe comes
+    first: when it gains less than MIN_GAIN_DB, no single one of them can (quantization noises
+    add up), and the probe stops there, one run instead of one per tensor. The
     noise is estimated from the calibration `stats` where given, else measured in one run.
     Probing stops once `budget_s` seconds are spent (the noisiest tensors come first): a probe
     is a session and a run, and a detector at full resolution spent a minute on 32.
@@ -232,7 +262,7 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
     (saves a session and a run)."""
     pairs = _qdq_pairs(qmodel)
     if not pairs:
-        return [], 0
+        return ProbeResult([], 0, None, 0)
     noise = _noise_from_stats(pairs, qmodel, stats) if stats else {}
     if not noise:
         noise = _noise_db(pairs, qmodel, feeds)
@@ -246,6 +276,13 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
 
     t0 = time.perf_counter()
     base = worst_sqnr(qmodel) if base_sqnr_db is None else base_sqnr_db
+    together = None
+    if len(order) > 1:
+        group = _bypass_many(qmodel, {t: pairs[t] for t in order})
+        if group is not qmodel:
+            together = worst_sqnr(group) - base
+            if not together >= MIN_GAIN_DB:  # NaN included
+                return ProbeResult([], len(order), together, len(order))
     found = []
     probed = 0
     for t in order:
@@ -260,7 +297,8 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
             continue
         found.append(Culprit(t, producer.get(t, "graph input"), gain, noise[t]))
     found.sort(key=lambda c: -c.sqnr_gain_db if math.isfinite(c.sqnr_gain_db) else -math.inf)
-    return [c for c in found if c.sqnr_gain_db >= MIN_GAIN_DB][:top], probed
+    named = [c for c in found if c.sqnr_gain_db >= MIN_GAIN_DB][:top]
+    return ProbeResult(named, probed, together, len(order) if together is not None else 0)
 
 
 def fix_command(culprits: list[Culprit], *, preset: str | None, model_path: str | None,
@@ -355,8 +393,8 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
         prefs = refs[:len(pf)] if whole else [fs.run(names, f) for f in pf]
         pgots = gots[:len(pf)] if whole else [qs.run(names, f) for f in pf]
         base = min(o.sqnr_db for o in _score(names, prefs, pgots))
-        rep.culprits, rep.probed = probe_culprits(q, names, prefs, pf, max_probed=max_probed,
-                                                  stats=stats, base_sqnr_db=base)
+        rep.culprits, rep.probed, rep.together_gain_db, rep.group = probe_culprits(
+            q, names, prefs, pf, max_probed=max_probed, stats=stats, base_sqnr_db=base)
         rep.fix_command = fix_command(rep.culprits, preset=preset, model_path=model_path,
                                       calib_path=calib_path, formats=formats)
     return rep

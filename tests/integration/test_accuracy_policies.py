@@ -282,10 +282,11 @@ def test_probe_ranks_from_statistics_finds_the_mask_first(policies_off):
     res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
     stats = collect_stats(m, ["masked", "scores", "q", "k", "v", "x", "attn", "y", "qk"], feeds).stats
     refs = [make_session(m).run(["y"], f) for f in feeds[:1]]
-    culprits, probed = probe_culprits(res.model, ["y"], refs, feeds[:1], max_probed=1, stats=stats)
+    culprits, probed, together, _ = probe_culprits(res.model, ["y"], refs, feeds[:1], max_probed=1, stats=stats)
+    assert together is None  # one tensor: no group probe
     assert probed == 1 and [c.tensor for c in culprits] == ["masked"], culprits
     # the time budget: spent, the probe stops after the noisiest tensor (always one probed)
-    culprits, probed = probe_culprits(res.model, ["y"], refs, feeds[:1], stats=stats, budget_s=0.0)
+    culprits, probed, together, _ = probe_culprits(res.model, ["y"], refs, feeds[:1], stats=stats, budget_s=0.0)
     assert probed == 1 and [c.tensor for c in culprits] == ["masked"], culprits
     assert probe_culprits(res.model, ["y"], refs, feeds[:1], stats=stats, budget_s=None)[1] > 1
 
@@ -402,3 +403,36 @@ def test_fix_command_base_is_wider_than_the_preset(preset):
     assert min(gain) >= 0 and max(gain) > 0, cmd  # never narrower, wider somewhere
     if preset == "A16W8":
         assert (wide.activation, wide.weight) == ("int16", "int16")
+
+
+def test_group_probe_stops_when_activations_are_not_the_cause(monkeypatch):
+    """Damage in the weights (int4) under 16-bit activations: the probed activations all back to
+    float together gain under 1 dB, so no single one can; the probe stops after that one run
+    and says so, instead of one run per tensor. With the mask damage (int8 activations) the
+    group gains a lot and the single probes still name the mask."""
+    import mixq.fidelity as fid
+    from mixq.evaluate import make_session
+
+    m, feeds = _attention(-1e4)
+    cfg = mixq.get_default_config("A16W8").with_options(weight="int4", numerics_policies=False)
+    q = mixq.quantize(m, cfg, feeds, check_kernels=False).model
+    refs = [make_session(m).run(["y"], f) for f in feeds[:1]]
+    runs = []
+    real = fid.make_session
+    monkeypatch.setattr(fid, "make_session", lambda model, **kw: runs.append(kw) or real(model, **kw))
+    culprits, probed, together, group = fid.probe_culprits(q, ["y"], refs, feeds[:1], budget_s=None)
+    assert culprits == [] and probed == group > 1 and together is not None and together < fid.MIN_GAIN_DB
+    assert len([k for k in runs if k.get("optimize") == "basic"]) == 2  # the model itself, the group
+
+    rep = fid.FidelityReport(outputs=[], broken=True, probed=probed, together_gain_db=together, group=group)
+    assert any(f"the {group} noisiest activations back to float together gain" in line and "weights" in line
+               for line in rep.lines())
+    assert rep.to_dict()["together_gain_db"] == pytest.approx(together)
+
+    masked, feeds8 = _attention(-3.4e38)
+    q8 = mixq.quantize(masked, mixq.get_default_config("A8W8").with_options(numerics_policies=False),
+                       feeds8, check_kernels=False).model
+    refs8 = [make_session(masked).run(["y"], f) for f in feeds8[:1]]
+    culprits, probed, together, group = fid.probe_culprits(q8, ["y"], refs8, feeds8[:1], budget_s=None)
+    assert together is not None and together > 10 and [c.tensor for c in culprits][:1] == ["masked"]
+    assert probed == group > 1
