@@ -39,12 +39,14 @@ MIN_GAIN_DB = 1.0
 
 @dataclass
 class Culprit:
-    """A quantized activation and the output SQNR its Q/DQ pair costs."""
+    """A quantized activation (or weight) and the output SQNR its quantization costs."""
 
     tensor: str
-    producer_op: str
+    producer_op: str  # the op that writes the activation; for a weight, the op that reads it
     sqnr_gain_db: float  # output SQNR with this tensor float minus the quantized model's
     noise_db: float  # the tensor's own SQNR under quantization
+    kind: str = "activation"  # or "weight"
+    node: str = ""  # for a weight: the node that reads it
 
 
 class ProbeResult(NamedTuple):
@@ -68,6 +70,11 @@ class FidelityReport:
     #: output SQNR gained with the `group` noisiest activations back to float at once (None: not measured)
     together_gain_db: float | None = None
     group: int = 0
+    #: the weight probe (run when no activation is named): output SQNR gained with all `weights`
+    #: quantized weights back to float at once, and how many probes it ran
+    weights_gain_db: float | None = None
+    weights: int = 0
+    weight_probes: int = 0
     fix_command: str | None = None
     not_checked: str | None = None  # why no comparison was run
 
@@ -88,7 +95,8 @@ class FidelityReport:
                        f"agreement < {100 * BROKEN_AGREEMENT:.0f}%)")
             if self.culprits:
                 out.append("most damage from (back to float, output SQNR gain): " + ", ".join(
-                    f"{c.tensor} ({c.producer_op}, +{c.sqnr_gain_db:.1f} dB)" for c in self.culprits))
+                    f"{c.tensor} ({f'weight of {c.producer_op} {c.node}' if c.kind == 'weight' else c.producer_op}, "
+                    f"+{c.sqnr_gain_db:.1f} dB)" for c in self.culprits))
             elif self.probed == 0:
                 out.append("no tensor probed: the model has no QuantizeLinear/DequantizeLinear "
                            "activation pairs to put back to float")
@@ -102,6 +110,10 @@ class FidelityReport:
                             f"the damage is spread")
                 out.append(f"no single activation's Q/DQ pair accounts for the damage "
                            f"({self.probed} probed{together})")
+            if self.weights_gain_db is not None and not self.culprits:
+                out.append(f"all {self.weights} quantized weights back to float together gain "
+                           f"{self.weights_gain_db:+.1f} dB" + ("" if self.weights_gain_db >= MIN_GAIN_DB
+                                                                else ": nor is it in the weights alone"))
             if self.fix_command:
                 out.append(f"try: {self.fix_command}")
         return out
@@ -111,11 +123,13 @@ class FidelityReport:
         def num(v: float | None) -> float | None:
             return None if v is None or not math.isfinite(v) else float(v)
         return {"samples": self.samples, "broken": self.broken, "probed": self.probed,
-                "together_gain_db": num(self.together_gain_db), "group": self.group, "fix_command": self.fix_command,
+                "together_gain_db": num(self.together_gain_db), "group": self.group,
+                "weights_gain_db": num(self.weights_gain_db), "weights": self.weights,
+                "weight_probes": self.weight_probes, "fix_command": self.fix_command,
                 "outputs": [{"name": o.name, "sqnr_db": num(o.sqnr_db), "cosine": num(o.cosine),
                              "top1_agreement": num(o.top1_agreement)} for o in self.outputs],
-                "culprits": [{"tensor": c.tensor, "op": c.producer_op, "sqnr_gain_db": num(c.sqnr_gain_db)}
-                             for c in self.culprits]}
+                "culprits": [{"tensor": c.tensor, "kind": c.kind, "op": c.producer_op, "node": c.node,
+                              "sqnr_gain_db": num(c.sqnr_gain_db)} for c in self.culprits]}
 
 
 def is_broken(outputs: list[OutputMetrics]) -> bool:
@@ -360,6 +374,121 @@ def probe_feeds(feeds: list[dict[str, np.ndarray]], samples: int, *, sliceable: 
     return out
 
 
+#: The weight probe puts float weights back beside the quantized ones: at most this many bytes.
+WEIGHT_PROBE_BYTES = 2**28
+
+
+def float_weights(qmodel: onnx.ModelProto, float_model: onnx.ModelProto
+                  ) -> dict[str, tuple[str, np.ndarray]]:
+    """The DequantizeLinear output of each quantized weight (an initializer of rank >= 2) ->
+    (the float weight's name, its values), matched through the node that reads it: the node of
+    the same name reads the float weight at the same input slot in the prepared float model."""
+    from onnx import numpy_helper
+
+    f_inits = {t.name: t for t in float_model.graph.initializer}
+    f_nodes = {n.name: n for n in float_model.graph.node if n.name}
+    q_inits = {t.name: t for t in qmodel.graph.initializer}
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for n in qmodel.graph.node:
+        for j, i in enumerate(n.input):
+            readers.setdefault(i, []).append((n, j))
+    out: dict[str, tuple[str, np.ndarray]] = {}
+    for n in qmodel.graph.node:
+        w = q_inits.get(n.input[0]) if n.op_type == "DequantizeLinear" and n.input else None
+        if w is None or len(w.dims) < 2:
+            continue
+        for r, j in readers.get(n.output[0], []):
+            fn = f_nodes.get(r.name)
+            src = fn.input[j] if fn is not None and j < len(fn.input) else None
+            if src in f_inits and tuple(f_inits[src].dims) == tuple(w.dims):
+                out[n.output[0]] = (src, numpy_helper.to_array(f_inits[src]))
+                break
+    return out
+
+
+def _with_float_weights(model: onnx.ModelProto, group: list[str],
+                        weights: dict[str, tuple[str, np.ndarray]]) -> onnx.ModelProto:
+    """A copy of `model` whose readers of each DequantizeLinear output in `group` read the float
+    weight instead (an initializer beside the quantized one)."""
+    from onnx import numpy_helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    back = {dq: f"{dq}/float" for dq in group}
+    m.graph.initializer.extend(numpy_helper.from_array(weights[dq][1], back[dq]) for dq in group)
+    for n in m.graph.node:
+        for k, i in enumerate(n.input):
+            if i in back:
+                n.input[k] = back[i]
+    return m
+
+
+def probe_weights(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.ndarray]],
+                  feeds: list[dict[str, np.ndarray]], weights: dict[str, tuple[str, np.ndarray]], *,
+                  base_sqnr_db: float, budget_s: float | None = PROBE_BUDGET_S
+                  ) -> tuple[list[Culprit], int, float | None]:
+    """Which quantized weight costs the worst output most: every weight back to float at once
+    first (under MIN_GAIN_DB: the weights are not the cause, stop), then a halving descent in
+    graph order. A run measures one half; the other half's share of the noise removed follows
+    from the parent's (quantization noises add up), and the descent takes the larger, down to
+    one weight, whose gain is measured on its own: about log2(weights) + 2 runs where one run
+    per weight would take minutes. Returns (the weight when it gains at least MIN_GAIN_DB, the
+    runs, the gain of all weights together; None when not probed)."""
+    if not weights or not math.isfinite(base_sqnr_db):
+        return [], 0, None
+    t0 = time.perf_counter()
+    probes = 0
+
+    def sqnr(group: list[str]) -> float:
+        nonlocal probes
+        probes += 1
+        s = make_session(_with_float_weights(qmodel, group, weights), optimize="basic")
+        return min(o.sqnr_db for o in _score(names, refs, [s.run(names, f) for f in feeds]))
+
+    def noise(db: float) -> float:  # the worst output's noise power, relative to its signal
+        return 10.0 ** (-db / 10.0) if db != math.inf else 0.0
+
+    order = list(weights)
+    s_all = sqnr(order)
+    together = s_all - base_sqnr_db
+    if not together >= MIN_GAIN_DB:
+        return [], probes, together
+    n0 = noise(base_sqnr_db)
+    group, removed = order, n0 - noise(s_all)
+    measured: dict[tuple[str, ...], float] = {tuple(order): s_all}
+    while len(group) > 1 and (budget_s is None or time.perf_counter() - t0 <= budget_s):
+        a, b = group[:len(group) // 2], group[len(group) // 2:]
+        s_a = sqnr(a)
+        measured[tuple(a)] = s_a
+        ra = n0 - noise(s_a)
+        group, removed = (a, ra) if ra >= removed - ra else (b, removed - ra)
+    if len(group) != 1:
+        return [], probes, together
+    s1 = measured.get(tuple(group))
+    if s1 is None:
+        s1 = sqnr(group)
+    gain = s1 - base_sqnr_db
+    if not gain >= MIN_GAIN_DB:
+        return [], probes, together
+    src, w = weights[group[0]]
+    reader = next((n for n in qmodel.graph.node if group[0] in n.input), None)
+    return [Culprit(src, reader.op_type if reader is not None else "?", gain,
+                    _weight_noise_db(qmodel, group[0], w), kind="weight",
+                    node=reader.name if reader is not None else "")], probes, together
+
+
+def _weight_noise_db(qmodel: onnx.ModelProto, dq_out: str, w: np.ndarray) -> float:
+    """The quantized weight's own SQNR: its DequantizeLinear alone, run, against the float values."""
+    node = next(n for n in qmodel.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == dq_out)
+    inits = [t for t in qmodel.graph.initializer if t.name in set(node.input)]
+    g = helper.make_graph([node], "weight", [], [helper.make_tensor_value_info(dq_out, onnx.TensorProto.FLOAT,
+                                                                             None)], inits)
+    m = helper.make_model(g, opset_imports=list(qmodel.opset_import), ir_version=qmodel.ir_version)
+    got = make_session(m, optimize=False).run([dq_out], {})[0].astype(np.float64)
+    err = float(np.sum((got - w) ** 2))
+    return 10.0 * math.log10(float(np.sum(w.astype(np.float64) ** 2)) / err) if err > 0 else math.inf
+
+
 def probe_budget(size: int) -> int:
     """How many tensors the probe puts back to float for a model of `size` bytes: each is a
     session and a run (EfficientNet-Lite0, 18 MB: 32 probes took 4 minutes on 2 busy cores)."""
@@ -393,11 +522,35 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
         prefs = refs[:len(pf)] if whole else [fs.run(names, f) for f in pf]
         pgots = gots[:len(pf)] if whole else [qs.run(names, f) for f in pf]
         base = min(o.sqnr_db for o in _score(names, prefs, pgots))
+        t0 = time.perf_counter()
         rep.culprits, rep.probed, rep.together_gain_db, rep.group = probe_culprits(
             q, names, prefs, pf, max_probed=max_probed, stats=stats, base_sqnr_db=base)
+        weights = _probe_weights_of(q, float_model) if not rep.culprits else {}
+        if weights:  # the activations name nothing: are the weights the cause?
+            left = max(0.0, PROBE_BUDGET_S - (time.perf_counter() - t0))
+            found, rep.weight_probes, rep.weights_gain_db = probe_weights(
+                q, names, prefs, pf, weights, base_sqnr_db=base, budget_s=left)
+            rep.weights = len(weights)
+            rep.culprits += found
         rep.fix_command = fix_command(rep.culprits, preset=preset, model_path=model_path,
                                       calib_path=calib_path, formats=formats)
     return rep
+
+
+def _probe_weights_of(q: onnx.ModelProto, float_model: onnx.ModelProto | bytes | str
+                      ) -> dict[str, tuple[str, np.ndarray]]:
+    """`float_weights` of the float model in memory (none for a model whose weights stay on
+    disk, or whose float weights would take over WEIGHT_PROBE_BYTES beside the quantized ones)."""
+    if isinstance(float_model, bytes):
+        fm = onnx.load_from_string(float_model)
+    elif isinstance(float_model, onnx.ModelProto):
+        fm = float_model
+    else:
+        return {}
+    weights = float_weights(q, fm)
+    if sum(w.nbytes for _, w in weights.values()) > WEIGHT_PROBE_BYTES:
+        return {}
+    return weights
 
 
 #: Samples the guard in `quantize` compares on (the last ones of the calibration data).

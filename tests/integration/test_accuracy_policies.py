@@ -436,3 +436,63 @@ def test_group_probe_stops_when_activations_are_not_the_cause(monkeypatch):
     culprits, probed, together, group = fid.probe_culprits(q8, ["y"], refs8, feeds8[:1], budget_s=None)
     assert together is not None and together > 10 and [c.tensor for c in culprits][:1] == ["masked"]
     assert probed == group > 1
+
+
+def _dead_row_outlier_chain():
+    """x -> MatMul w1 -> MatMul w2 -> MatMul w3: w1 never writes feature 0, and w2's row for that
+    feature holds 1000 in every column. Per-channel int8 scales w2's columns to that 1000, so
+    every weight that matters rounds to 0: the damage sits in one weight, not in activations."""
+    rng = np.random.default_rng(0)
+    d = 16
+    w1 = rng.normal(0, 0.5, (d, d)).astype(np.float32)
+    w1[:, 0] = 0.0
+    w2 = rng.normal(0, 0.5, (d, d)).astype(np.float32)
+    w2[0, :] = 1000.0
+    w3 = rng.normal(0, 0.5, (d, d)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("MatMul", ["h", "w2"], ["z"], name="mm2"),
+             helper.make_node("MatMul", ["z", "w3"], ["y"], name="mm3")]
+    m = _model(nodes, [_vi("x", ["B", d])], [_vi("y", ["B", d])], {"w1": w1, "w2": w2, "w3": w3})
+    return m, [{"x": rng.normal(size=(8, d)).astype(np.float32)} for _ in range(6)]
+
+
+def test_weight_probe_names_the_weight_when_no_activation_is_the_cause():
+    m, feeds = _dead_row_outlier_chain()
+    res = mixq.quantize(m, "A16W8", feeds, check_kernels=False)
+    rep = res.fidelity
+    assert rep.broken and rep.together_gain_db is not None and rep.together_gain_db < 1.0
+    assert [(c.tensor, c.kind, c.producer_op) for c in rep.culprits] == [("w2", "weight", "MatMul")]
+    assert rep.culprits[0].sqnr_gain_db > 30 and rep.weights == 3 and rep.weight_probes <= 4
+    assert "w2 (weight of MatMul mm2, +" in res.summary()
+    assert rep.to_dict()["culprits"][0]["kind"] == "weight"
+
+
+def test_weight_probe_descent_finds_one_weight_among_many(monkeypatch):
+    """A longer chain (one bad weight among 9): the descent runs about log2(9) + 2 sessions,
+    not one per weight, and still names the bad one."""
+    import mixq.fidelity as fid
+    from mixq.evaluate import make_session
+
+    rng = np.random.default_rng(1)
+    d, n, bad = 16, 9, 6
+    nodes, inits, prev = [], {}, "x"
+    for i in range(n):
+        w = (rng.normal(0, 1, (d, d)) / np.sqrt(d)).astype(np.float32)
+        if i == bad - 1:
+            w[:, 0] = 0.0
+        if i == bad:
+            w[0, :] = 1000.0
+        inits[f"w{i}"] = w
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"h{i}"], name=f"mm{i}"))
+        prev = f"h{i}"
+    m = _model(nodes, [_vi("x", ["B", d])], [_vi(prev, ["B", d])], inits)
+    feeds = [{"x": rng.normal(size=(8, d)).astype(np.float32)} for _ in range(4)]
+    q = mixq.quantize(m, mixq.get_default_config("A16W8").with_options(numerics_policies=False), feeds,
+                      check_kernels=False).model
+    refs = [make_session(m).run([prev], f) for f in feeds[:1]]
+    base = min(o.sqnr_db for o in fid._score([prev], refs, [make_session(q, optimize="basic").run([prev], feeds[0])]))
+    weights = fid.float_weights(q, m)
+    assert sorted(src for src, _ in weights.values()) == sorted(inits)
+    found, probes, together = fid.probe_weights(q, [prev], refs, feeds[:1], weights, base_sqnr_db=base,
+                                                budget_s=None)
+    assert [c.tensor for c in found] == [f"w{bad}"] and together > 20 and probes <= 6, (found, probes)
