@@ -110,7 +110,7 @@ class FidelityReport:
                             f"the damage is spread")
                 out.append(f"no single activation's Q/DQ pair accounts for the damage "
                            f"({self.probed} probed{together})")
-            if self.weights_gain_db is not None and not self.culprits:
+            if self.weights_gain_db is not None:
                 out.append(f"all {self.weights} quantized weights back to float together gain "
                            f"{self.weights_gain_db:+.1f} dB" + ("" if self.weights_gain_db >= MIN_GAIN_DB
                                                                 else ": nor is it in the weights alone"))
