@@ -14,6 +14,7 @@ import math
 import time
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -49,6 +50,16 @@ class Culprit:
     node: str = ""  # for a weight: the node that reads it
 
 
+@dataclass
+class DamageGroup:
+    """The smallest group of quantized tensors the probe's descent found that, back to float
+    together, gains at least MIN_GAIN_DB while no single one of them does on its path."""
+
+    kind: str  # "activation" or "weight"
+    tensors: list[str]
+    sqnr_gain_db: float
+
+
 class ProbeResult(NamedTuple):
     """What `probe_culprits` found."""
 
@@ -56,6 +67,7 @@ class ProbeResult(NamedTuple):
     probed: int  # tensors put back to float one at a time (the group's size when it stopped there)
     together_gain_db: float | None  # the group's gain (None: fewer than two tensors to probe)
     group: int  # tensors in the group
+    damage_group: DamageGroup | None = None  # the descent ended on a group, not one tensor
 
 
 @dataclass
@@ -75,6 +87,7 @@ class FidelityReport:
     weights_gain_db: float | None = None
     weights: int = 0
     weight_probes: int = 0
+    damage_groups: list[DamageGroup] = field(default_factory=list)
     fix_command: str | None = None
     not_checked: str | None = None  # why no comparison was run
 
@@ -97,19 +110,13 @@ class FidelityReport:
                 out.append("most damage from (back to float, output SQNR gain): " + ", ".join(
                     f"{c.tensor} ({f'weight of {c.producer_op} {c.node}' if c.kind == 'weight' else c.producer_op}, "
                     f"+{c.sqnr_gain_db:.1f} dB)" for c in self.culprits))
-            elif self.probed == 0:
-                out.append("no tensor probed: the model has no QuantizeLinear/DequantizeLinear "
-                           "activation pairs to put back to float")
-            elif self.together_gain_db is not None and not self.together_gain_db >= MIN_GAIN_DB:
-                out.append(f"the {self.group} noisiest activations back to float together gain "
-                           f"{self.together_gain_db:+.1f} dB: the damage is in the weights or spread "
-                           f"over more tensors")
-            else:
-                together = ("" if self.together_gain_db is None else
-                            f"; the {self.group} noisiest together {self.together_gain_db:+.1f} dB: "
-                            f"the damage is spread")
-                out.append(f"no single activation's Q/DQ pair accounts for the damage "
-                           f"({self.probed} probed{together})")
+            for g in self.damage_groups:
+                more = f" and {len(g.tensors) - 8} more" if len(g.tensors) > 8 else ""
+                out.append(f"most damage from these {len(g.tensors)} {g.kind}s together (back to float, "
+                           f"output SQNR gain; none alone gains {MIN_GAIN_DB:g} dB): "
+                           f"{', '.join(g.tensors[:8])}{more} (+{g.sqnr_gain_db:.1f} dB)")
+            if not (self.culprits or self.damage_groups):
+                out.append(self._nothing_named())
             if self.weights_gain_db is not None:
                 out.append(f"all {self.weights} quantized weights back to float together gain "
                            f"{self.weights_gain_db:+.1f} dB" + ("" if self.weights_gain_db >= MIN_GAIN_DB
@@ -118,6 +125,17 @@ class FidelityReport:
                 out.append(f"try: {self.fix_command}")
         return out
 
+    def _nothing_named(self) -> str:
+        if self.probed == 0:
+            return ("no tensor probed: the model has no QuantizeLinear/DequantizeLinear activation "
+                    "pairs to put back to float")
+        if self.together_gain_db is not None and not self.together_gain_db >= MIN_GAIN_DB:
+            return (f"the {self.group} noisiest activations back to float together gain "
+                    f"{self.together_gain_db:+.1f} dB: the damage is in the weights or spread over more tensors")
+        together = ("" if self.together_gain_db is None else
+                    f"; the {self.group} noisiest together {self.together_gain_db:+.1f} dB: the damage is spread")
+        return f"no single activation's Q/DQ pair accounts for the damage ({self.probed} probed{together})"
+
     def to_dict(self) -> dict:
         """JSON-ready form (inf as None)."""
         def num(v: float | None) -> float | None:
@@ -125,7 +143,10 @@ class FidelityReport:
         return {"samples": self.samples, "broken": self.broken, "probed": self.probed,
                 "together_gain_db": num(self.together_gain_db), "group": self.group,
                 "weights_gain_db": num(self.weights_gain_db), "weights": self.weights,
-                "weight_probes": self.weight_probes, "fix_command": self.fix_command,
+                "weight_probes": self.weight_probes,
+                "damage_groups": [{"kind": g.kind, "tensors": list(g.tensors),
+                                   "sqnr_gain_db": num(g.sqnr_gain_db)} for g in self.damage_groups],
+                "fix_command": self.fix_command,
                 "outputs": [{"name": o.name, "sqnr_db": num(o.sqnr_db), "cosine": num(o.cosine),
                              "top1_agreement": num(o.top1_agreement)} for o in self.outputs],
                 "culprits": [{"tensor": c.tensor, "kind": c.kind, "op": c.producer_op, "node": c.node,
@@ -260,6 +281,39 @@ def _noise_from_stats(pairs: dict[str, list[str]], qmodel: onnx.ModelProto, stat
     return out
 
 
+def _descend(order: list[str], sqnr_of: Callable[[list[str]], float], base_db: float, all_db: float,
+             deadline: float | None) -> tuple[list[str], float, bool]:
+    """A halving descent from `order` (its output SQNR with every member back to float: `all_db`)
+    toward the member that removes the most output noise. Each level runs one half; the other
+    half's share of the removed noise follows from the parent's (quantization noises add up),
+    and the descent follows the larger share while it still gains MIN_GAIN_DB. Returns the group
+    it stopped at (one tensor, or the smallest group that still gains that much), its measured
+    output SQNR, and whether it got there (False: `deadline` passed first): about
+    log2(len(order)) runs, where one run per member would be len(order)."""
+    def noise(db: float) -> float:  # the worst output's noise power, relative to its signal
+        return 10.0 ** (-db / 10.0) if db != math.inf else 0.0
+
+    n0 = noise(base_db)
+    group, removed, group_db = order, n0 - noise(all_db), all_db
+    known: float | None = all_db
+    finished = True
+    while len(group) > 1:
+        if deadline is not None and time.perf_counter() >= deadline:
+            finished = False
+            break
+        a, b = group[:len(group) // 2], group[len(group) // 2:]
+        a_db = sqnr_of(a)
+        ra = n0 - noise(a_db)
+        nxt, r_n, db_n = (a, ra, a_db) if ra >= removed - ra else (b, removed - ra, None)
+        gain = 10.0 * math.log10(n0 / max(n0 - r_n, n0 * 1e-12))
+        if not gain >= MIN_GAIN_DB:
+            break
+        group, removed, known = nxt, r_n, db_n
+    if known is None:
+        known = sqnr_of(group)
+    return group, known, finished
+
+
 def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.ndarray]],
                    feeds: list[dict[str, np.ndarray]], *, max_probed: int = MAX_PROBED, top: int = 3,
                    stats: dict | None = None, budget_s: float | None = PROBE_BUDGET_S,
@@ -291,14 +345,26 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
     t0 = time.perf_counter()
     base = worst_sqnr(qmodel) if base_sqnr_db is None else base_sqnr_db
     together = None
+    found: list[Culprit] = []
+    size = len(order)
     if len(order) > 1:
         group = _bypass_many(qmodel, {t: pairs[t] for t in order})
         if group is not qmodel:
-            together = worst_sqnr(group) - base
-            if not together >= MIN_GAIN_DB:  # NaN included
+            all_db = worst_sqnr(group)
+            together = all_db - base
+            if not together >= MIN_GAIN_DB or not math.isfinite(base):  # NaN included
                 return ProbeResult([], len(order), together, len(order))
-    found = []
-    probed = 0
+            deadline = None if budget_s is None else t0 + budget_s
+            path, path_db, finished = _descend(
+                order, lambda g: worst_sqnr(_bypass_many(qmodel, {t: pairs[t] for t in g})), base, all_db,
+                deadline)
+            gain = path_db - base
+            if len(path) > 1 and gain >= MIN_GAIN_DB and finished:  # spread: name the group
+                return ProbeResult([], 0, together, len(order), DamageGroup("activation", path, gain))
+            if len(path) == 1 and gain >= MIN_GAIN_DB:
+                found.append(Culprit(path[0], producer.get(path[0], "graph input"), gain, noise[path[0]]))
+                order = [t for t in order if t != path[0]]
+    probed = len(found)
     for t in order:
         if budget_s is not None and probed and time.perf_counter() - t0 > budget_s:
             break
@@ -312,7 +378,7 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
         found.append(Culprit(t, producer.get(t, "graph input"), gain, noise[t]))
     found.sort(key=lambda c: -c.sqnr_gain_db if math.isfinite(c.sqnr_gain_db) else -math.inf)
     named = [c for c in found if c.sqnr_gain_db >= MIN_GAIN_DB][:top]
-    return ProbeResult(named, probed, together, len(order) if together is not None else 0)
+    return ProbeResult(named, probed, together, size if together is not None else 0)
 
 
 def fix_command(culprits: list[Culprit], *, preset: str | None, model_path: str | None,
@@ -426,55 +492,39 @@ def _with_float_weights(model: onnx.ModelProto, group: list[str],
 def probe_weights(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.ndarray]],
                   feeds: list[dict[str, np.ndarray]], weights: dict[str, tuple[str, np.ndarray]], *,
                   base_sqnr_db: float, budget_s: float | None = PROBE_BUDGET_S
-                  ) -> tuple[list[Culprit], int, float | None]:
-    """Which quantized weight costs the worst output most: every weight back to float at once
-    first (under MIN_GAIN_DB: the weights are not the cause, stop), then a halving descent in
-    graph order. A run measures one half; the other half's share of the noise removed follows
-    from the parent's (quantization noises add up), and the descent takes the larger, down to
-    one weight, whose gain is measured on its own: about log2(weights) + 2 runs where one run
-    per weight would take minutes. Returns (the weight when it gains at least MIN_GAIN_DB, the
-    runs, the gain of all weights together; None when not probed)."""
+                  ) -> tuple[list[Culprit], DamageGroup | None, int, float | None]:
+    """Which quantized weights cost the worst output most: every weight back to float at once
+    first (under MIN_GAIN_DB: the weights are not the cause, stop), then `_descend` in graph
+    order down to one weight (a culprit) or the smallest group that still gains MIN_GAIN_DB.
+    Returns (culprits, damage group, runs, the gain of all weights together; None when not
+    probed)."""
     if not weights or not math.isfinite(base_sqnr_db):
-        return [], 0, None
+        return [], None, 0, None
     t0 = time.perf_counter()
-    probes = 0
+    runs = 0
 
     def sqnr(group: list[str]) -> float:
-        nonlocal probes
-        probes += 1
+        nonlocal runs
+        runs += 1
         s = make_session(_with_float_weights(qmodel, group, weights), optimize="basic")
         return min(o.sqnr_db for o in _score(names, refs, [s.run(names, f) for f in feeds]))
 
-    def noise(db: float) -> float:  # the worst output's noise power, relative to its signal
-        return 10.0 ** (-db / 10.0) if db != math.inf else 0.0
-
     order = list(weights)
-    s_all = sqnr(order)
-    together = s_all - base_sqnr_db
+    all_db = sqnr(order)
+    together = all_db - base_sqnr_db
     if not together >= MIN_GAIN_DB:
-        return [], probes, together
-    n0 = noise(base_sqnr_db)
-    group, removed = order, n0 - noise(s_all)
-    measured: dict[tuple[str, ...], float] = {tuple(order): s_all}
-    while len(group) > 1 and (budget_s is None or time.perf_counter() - t0 <= budget_s):
-        a, b = group[:len(group) // 2], group[len(group) // 2:]
-        s_a = sqnr(a)
-        measured[tuple(a)] = s_a
-        ra = n0 - noise(s_a)
-        group, removed = (a, ra) if ra >= removed - ra else (b, removed - ra)
-    if len(group) != 1:
-        return [], probes, together
-    s1 = measured.get(tuple(group))
-    if s1 is None:
-        s1 = sqnr(group)
-    gain = s1 - base_sqnr_db
+        return [], None, runs, together
+    path, path_db, _ = _descend(order, sqnr, base_sqnr_db, all_db, None if budget_s is None else t0 + budget_s)
+    gain = path_db - base_sqnr_db
     if not gain >= MIN_GAIN_DB:
-        return [], probes, together
-    src, w = weights[group[0]]
-    reader = next((n for n in qmodel.graph.node if group[0] in n.input), None)
+        return [], None, runs, together
+    if len(path) > 1:
+        return [], DamageGroup("weight", [weights[dq][0] for dq in path], gain), runs, together
+    src, w = weights[path[0]]
+    reader = next((n for n in qmodel.graph.node if path[0] in n.input), None)
     return [Culprit(src, reader.op_type if reader is not None else "?", gain,
-                    _weight_noise_db(qmodel, group[0], w), kind="weight",
-                    node=reader.name if reader is not None else "")], probes, together
+                    _weight_noise_db(qmodel, path[0], w), kind="weight",
+                    node=reader.name if reader is not None else "")], None, runs, together
 
 
 def _weight_noise_db(qmodel: onnx.ModelProto, dq_out: str, w: np.ndarray) -> float:
@@ -523,15 +573,18 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
         pgots = gots[:len(pf)] if whole else [qs.run(names, f) for f in pf]
         base = min(o.sqnr_db for o in _score(names, prefs, pgots))
         t0 = time.perf_counter()
-        rep.culprits, rep.probed, rep.together_gain_db, rep.group = probe_culprits(
-            q, names, prefs, pf, max_probed=max_probed, stats=stats, base_sqnr_db=base)
-        weights = _probe_weights_of(q, float_model) if not rep.culprits else {}
+        acts = probe_culprits(q, names, prefs, pf, max_probed=max_probed, stats=stats, base_sqnr_db=base)
+        rep.culprits, rep.probed, rep.together_gain_db, rep.group = acts[:4]
+        rep.damage_groups = [acts.damage_group] if acts.damage_group else []
+        named = rep.culprits or rep.damage_groups
+        weights = _probe_weights_of(q, float_model) if not named else {}
         if weights:  # the activations name nothing: are the weights the cause?
             left = max(0.0, PROBE_BUDGET_S - (time.perf_counter() - t0))
-            found, rep.weight_probes, rep.weights_gain_db = probe_weights(
+            found, wgroup, rep.weight_probes, rep.weights_gain_db = probe_weights(
                 q, names, prefs, pf, weights, base_sqnr_db=base, budget_s=left)
             rep.weights = len(weights)
             rep.culprits += found
+            rep.damage_groups += [wgroup] if wgroup else []
         rep.fix_command = fix_command(rep.culprits, preset=preset, model_path=model_path,
                                       calib_path=calib_path, formats=formats)
     return rep

@@ -282,11 +282,12 @@ def test_probe_ranks_from_statistics_finds_the_mask_first(policies_off):
     res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
     stats = collect_stats(m, ["masked", "scores", "q", "k", "v", "x", "attn", "y", "qk"], feeds).stats
     refs = [make_session(m).run(["y"], f) for f in feeds[:1]]
-    culprits, probed, together, _ = probe_culprits(res.model, ["y"], refs, feeds[:1], max_probed=1, stats=stats)
+    culprits, probed, together, _, _ = probe_culprits(res.model, ["y"], refs, feeds[:1], max_probed=1,
+                                                      stats=stats)
     assert together is None  # one tensor: no group probe
     assert probed == 1 and [c.tensor for c in culprits] == ["masked"], culprits
     # the time budget: spent, the probe stops after the noisiest tensor (always one probed)
-    culprits, probed, together, _ = probe_culprits(res.model, ["y"], refs, feeds[:1], stats=stats, budget_s=0.0)
+    culprits, probed, together, _, _ = probe_culprits(res.model, ["y"], refs, feeds[:1], stats=stats, budget_s=0.0)
     assert probed == 1 and [c.tensor for c in culprits] == ["masked"], culprits
     assert probe_culprits(res.model, ["y"], refs, feeds[:1], stats=stats, budget_s=None)[1] > 1
 
@@ -420,7 +421,7 @@ def test_group_probe_stops_when_activations_are_not_the_cause(monkeypatch):
     runs = []
     real = fid.make_session
     monkeypatch.setattr(fid, "make_session", lambda model, **kw: runs.append(kw) or real(model, **kw))
-    culprits, probed, together, group = fid.probe_culprits(q, ["y"], refs, feeds[:1], budget_s=None)
+    culprits, probed, together, group, _ = fid.probe_culprits(q, ["y"], refs, feeds[:1], budget_s=None)
     assert culprits == [] and probed == group > 1 and together is not None and together < fid.MIN_GAIN_DB
     assert len([k for k in runs if k.get("optimize") == "basic"]) == 2  # the model itself, the group
 
@@ -433,7 +434,7 @@ def test_group_probe_stops_when_activations_are_not_the_cause(monkeypatch):
     q8 = mixq.quantize(masked, mixq.get_default_config("A8W8").with_options(numerics_policies=False),
                        feeds8, check_kernels=False).model
     refs8 = [make_session(masked).run(["y"], f) for f in feeds8[:1]]
-    culprits, probed, together, group = fid.probe_culprits(q8, ["y"], refs8, feeds8[:1], budget_s=None)
+    culprits, probed, together, group, _ = fid.probe_culprits(q8, ["y"], refs8, feeds8[:1], budget_s=None)
     assert together is not None and together > 10 and [c.tensor for c in culprits][:1] == ["masked"]
     assert probed == group > 1
 
@@ -493,6 +494,39 @@ def test_weight_probe_descent_finds_one_weight_among_many(monkeypatch):
     base = min(o.sqnr_db for o in fid._score([prev], refs, [make_session(q, optimize="basic").run([prev], feeds[0])]))
     weights = fid.float_weights(q, m)
     assert sorted(src for src, _ in weights.values()) == sorted(inits)
-    found, probes, together = fid.probe_weights(q, [prev], refs, feeds[:1], weights, base_sqnr_db=base,
-                                                budget_s=None)
+    found, group, probes, together = fid.probe_weights(q, [prev], refs, feeds[:1], weights, base_sqnr_db=base,
+                                                       budget_s=None)
+    assert group is None
     assert [c.tensor for c in found] == [f"w{bad}"] and together > 20 and probes <= 6, (found, probes)
+
+
+def test_spread_damage_is_named_as_a_group(monkeypatch):
+    """24 Mul outputs, each with a like share of the int8 noise: together they gain a lot, no
+    one alone gains 1 dB. The descent names the smallest group that does, in about
+    log2(26) + 2 runs (one run per tensor would be 26), and the summary prints it."""
+    import mixq.fidelity as fid
+    from mixq.evaluate import make_session
+
+    rng = np.random.default_rng(0)
+    nodes, prev = [], "x"
+    for i in range(24):
+        nodes.append(helper.make_node("Mul", [prev, "s"], [f"h{i}"], name=f"mul{i}"))
+        prev = f"h{i}"
+    m = _model(nodes, [_vi("x", ["B", 64]), _vi("s", ["B", 64])], [_vi(prev, ["B", 64])], {})
+    feeds = [{"x": rng.uniform(-1, 1, size=(8, 64)).astype(np.float32),
+              "s": rng.uniform(0.95, 1.05, size=(8, 64)).astype(np.float32)} for _ in range(4)]
+    q = mixq.quantize(m, "A8W8", feeds, check_kernels=False).model
+    refs = [make_session(m).run([prev], f) for f in feeds[:1]]
+    runs = []
+    real = fid.make_session
+    monkeypatch.setattr(fid, "make_session", lambda model, **kw: runs.append(kw) or real(model, **kw))
+    r = fid.probe_culprits(q, [prev], refs, feeds[:1], budget_s=None)
+    g = r.damage_group
+    assert r.culprits == [] and g is not None and g.kind == "activation", r
+    assert 2 <= len(g.tensors) < r.group and g.sqnr_gain_db >= fid.MIN_GAIN_DB and r.together_gain_db > 10
+    assert len(runs) <= 9, len(runs)  # noise estimate, base, group, ~5 levels, the end group
+    rep = fid.FidelityReport(broken=True, probed=r.probed, together_gain_db=r.together_gain_db, group=r.group,
+                             damage_groups=[g])
+    line = next(x for x in rep.lines() if "most damage from these" in x)
+    assert all(t in line for t in g.tensors) and "activations together" in line
+    assert rep.to_dict()["damage_groups"][0]["tensors"] == g.tensors
