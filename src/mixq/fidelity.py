@@ -58,6 +58,7 @@ class DamageGroup:
     kind: str  # "activation" or "weight"
     tensors: list[str]
     sqnr_gain_db: float
+    narrowed: bool = True  # False: the probe's time ran out before the descent could narrow it further
 
 
 class ProbeResult(NamedTuple):
@@ -112,9 +113,11 @@ class FidelityReport:
                     f"+{c.sqnr_gain_db:.1f} dB)" for c in self.culprits))
             for g in self.damage_groups:
                 more = f" and {len(g.tensors) - 8} more" if len(g.tensors) > 8 else ""
+                why = (f"neither half of them gains {MIN_GAIN_DB:g} dB alone" if g.narrowed else
+                       "the probe's time ran out before it could narrow them further")
                 out.append(f"most damage from these {len(g.tensors)} {g.kind}s together (back to float, "
-                           f"output SQNR gain; none alone gains {MIN_GAIN_DB:g} dB): "
-                           f"{', '.join(g.tensors[:8])}{more} (+{g.sqnr_gain_db:.1f} dB)")
+                           f"output SQNR gain; {why}): {', '.join(g.tensors[:8])}{more} "
+                           f"(+{g.sqnr_gain_db:.1f} dB)")
             if not (self.culprits or self.damage_groups):
                 out.append(self._nothing_named())
             if self.weights_gain_db is not None:
@@ -144,7 +147,7 @@ class FidelityReport:
                 "together_gain_db": num(self.together_gain_db), "group": self.group,
                 "weights_gain_db": num(self.weights_gain_db), "weights": self.weights,
                 "weight_probes": self.weight_probes,
-                "damage_groups": [{"kind": g.kind, "tensors": list(g.tensors),
+                "damage_groups": [{"kind": g.kind, "tensors": list(g.tensors), "narrowed": g.narrowed,
                                    "sqnr_gain_db": num(g.sqnr_gain_db)} for g in self.damage_groups],
                 "fix_command": self.fix_command,
                 "outputs": [{"name": o.name, "sqnr_db": num(o.sqnr_db), "cosine": num(o.cosine),
@@ -284,18 +287,20 @@ def _noise_from_stats(pairs: dict[str, list[str]], qmodel: onnx.ModelProto, stat
 def _descend(order: list[str], sqnr_of: Callable[[list[str]], float], base_db: float, all_db: float,
              deadline: float | None) -> tuple[list[str], float, bool]:
     """A halving descent from `order` (its output SQNR with every member back to float: `all_db`)
-    toward the member that removes the most output noise. Each level runs one half; the other
-    half's share of the removed noise follows from the parent's (quantization noises add up),
-    and the descent follows the larger share while it still gains MIN_GAIN_DB. Returns the group
-    it stopped at (one tensor, or the smallest group that still gains that much), its measured
-    output SQNR, and whether it got there (False: `deadline` passed first): about
-    log2(len(order)) runs, where one run per member would be len(order)."""
-    def noise(db: float) -> float:  # the worst output's noise power, relative to its signal
-        return 10.0 ** (-db / 10.0) if db != math.inf else 0.0
+    toward the member that costs the output most. Each level runs the first half; when that
+    half holds less than the half of the group's removable noise that additive noises would
+    give it, the second half is run too, and the descent follows the half that gains more,
+    while it still gains MIN_GAIN_DB (every step is measured: noise that compounds through the
+    network is not additive, and an inferred share can point the wrong way). Returns the group
+    it stopped at (one tensor, or the smallest group on the path that still gains that much),
+    its measured output SQNR, and whether it got there (False: `deadline` passed first): one
+    to two runs a level, about log2(len(order)) levels, where one run per member would be
+    len(order)."""
+    def removed(db: float) -> float:  # noise power taken away, relative to the base's signal
+        return n0 - (10.0 ** (-db / 10.0) if db != math.inf else 0.0)
 
-    n0 = noise(base_db)
-    group, removed, group_db = order, n0 - noise(all_db), all_db
-    known: float | None = all_db
+    n0 = 10.0 ** (-base_db / 10.0)
+    group, group_db = order, all_db
     finished = True
     while len(group) > 1:
         if deadline is not None and time.perf_counter() >= deadline:
@@ -303,29 +308,31 @@ def _descend(order: list[str], sqnr_of: Callable[[list[str]], float], base_db: f
             break
         a, b = group[:len(group) // 2], group[len(group) // 2:]
         a_db = sqnr_of(a)
-        ra = n0 - noise(a_db)
-        nxt, r_n, db_n = (a, ra, a_db) if ra >= removed - ra else (b, removed - ra, None)
-        gain = 10.0 * math.log10(n0 / max(n0 - r_n, n0 * 1e-12))
-        if not gain >= MIN_GAIN_DB:
+        pick, pick_db = a, a_db
+        if removed(a_db) < removed(group_db) / 2:
+            b_db = sqnr_of(b)
+            if b_db > a_db:
+                pick, pick_db = b, b_db
+        if not pick_db - base_db >= MIN_GAIN_DB:
             break
-        group, removed, known = nxt, r_n, db_n
-    if known is None:
-        known = sqnr_of(group)
-    return group, known, finished
+        group, group_db = pick, pick_db
+    return group, group_db, finished
 
 
 def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.ndarray]],
                    feeds: list[dict[str, np.ndarray]], *, max_probed: int = MAX_PROBED, top: int = 3,
                    stats: dict | None = None, budget_s: float | None = PROBE_BUDGET_S,
                    base_sqnr_db: float | None = None) -> ProbeResult:
-    """Put the `max_probed` noisiest quantized activations back to float one at a time and
-    return the `top` that raise the worst output's SQNR most, how many were probed, and what
-    they gain all back to float at once (a `ProbeResult`). That group probe comes
-    first: when it gains less than MIN_GAIN_DB, no single one of them can (quantization noises
-    add up), and the probe stops there, one run instead of one per tensor. The
-    noise is estimated from the calibration `stats` where given, else measured in one run.
-    Probing stops once `budget_s` seconds are spent (the noisiest tensors come first): a probe
-    is a session and a run, and a detector at full resolution spent a minute on 32.
+    """Which quantized activations cost the worst output most (a `ProbeResult`).
+
+    Every activation's Q/DQ pair is bypassed at once first: under MIN_GAIN_DB, none of them is
+    the cause (quantization noises add up), one run. Otherwise `_descend` over all of them,
+    noisiest first, ends on the one that costs most (then the other `max_probed` noisiest are
+    put back one at a time, and the `top` that gain MIN_GAIN_DB are named) or on the smallest
+    group that still gains it (the damage is spread; named as a group). The noise is estimated
+    from the calibration `stats` where given, else measured in one run. Probing stops once
+    `budget_s` seconds are spent (at least one tensor is probed): a probe is a session and a
+    run, and a detector at full resolution spent a minute on 32 single probes.
     `base_sqnr_db`: the worst output SQNR of `qmodel` itself on `feeds` where the caller has it
     (saves a session and a run)."""
     pairs = _qdq_pairs(qmodel)
@@ -334,7 +341,8 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
     noise = _noise_from_stats(pairs, qmodel, stats) if stats else {}
     if not noise:
         noise = _noise_db(pairs, qmodel, feeds)
-    order = sorted(noise, key=lambda t: noise[t])[:max_probed]
+    noisy = sorted(pairs, key=lambda t: (noise.get(t, math.inf), t))  # every activation, noisiest first
+    order = [t for t in noisy if t in noise][:max_probed]
     producer = {o: n.op_type for n in qmodel.graph.node for o in n.output}
 
     def worst_sqnr(model: onnx.ModelProto) -> float:
@@ -346,23 +354,25 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
     base = worst_sqnr(qmodel) if base_sqnr_db is None else base_sqnr_db
     together = None
     found: list[Culprit] = []
-    size = len(order)
-    if len(order) > 1:
-        group = _bypass_many(qmodel, {t: pairs[t] for t in order})
+    size = len(noisy)
+    if len(noisy) > 1:
+        group = _bypass_many(qmodel, {t: pairs[t] for t in noisy})
         if group is not qmodel:
             all_db = worst_sqnr(group)
             together = all_db - base
             if not together >= MIN_GAIN_DB or not math.isfinite(base):  # NaN included
-                return ProbeResult([], len(order), together, len(order))
+                return ProbeResult([], len(noisy), together, len(noisy))
             deadline = None if budget_s is None else t0 + budget_s
             path, path_db, finished = _descend(
-                order, lambda g: worst_sqnr(_bypass_many(qmodel, {t: pairs[t] for t in g})), base, all_db,
+                noisy, lambda g: worst_sqnr(_bypass_many(qmodel, {t: pairs[t] for t in g})), base, all_db,
                 deadline)
             gain = path_db - base
-            if len(path) > 1 and gain >= MIN_GAIN_DB and finished:  # spread: name the group
-                return ProbeResult([], 0, together, len(order), DamageGroup("activation", path, gain))
+            if len(path) > 1 and gain >= MIN_GAIN_DB and (finished or len(path) < len(noisy)):
+                # spread (or out of time after narrowing at least once): name the group
+                return ProbeResult([], 0, together, len(noisy), DamageGroup("activation", path, gain, finished))
             if len(path) == 1 and gain >= MIN_GAIN_DB:
-                found.append(Culprit(path[0], producer.get(path[0], "graph input"), gain, noise[path[0]]))
+                found.append(Culprit(path[0], producer.get(path[0], "graph input"), gain,
+                                     noise.get(path[0], math.nan)))
                 order = [t for t in order if t != path[0]]
     probed = len(found)
     for t in order:
@@ -514,12 +524,13 @@ def probe_weights(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.
     together = all_db - base_sqnr_db
     if not together >= MIN_GAIN_DB:
         return [], None, runs, together
-    path, path_db, _ = _descend(order, sqnr, base_sqnr_db, all_db, None if budget_s is None else t0 + budget_s)
+    path, path_db, finished = _descend(order, sqnr, base_sqnr_db, all_db,
+                                       None if budget_s is None else t0 + budget_s)
     gain = path_db - base_sqnr_db
     if not gain >= MIN_GAIN_DB:
         return [], None, runs, together
     if len(path) > 1:
-        return [], DamageGroup("weight", [weights[dq][0] for dq in path], gain), runs, together
+        return [], DamageGroup("weight", [weights[dq][0] for dq in path], gain, finished), runs, together
     src, w = weights[path[0]]
     reader = next((n for n in qmodel.graph.node if path[0] in n.input), None)
     return [Culprit(src, reader.op_type if reader is not None else "?", gain,
