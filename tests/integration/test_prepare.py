@@ -96,3 +96,30 @@ def test_a_pad_mode_that_is_not_utf8_is_left_alone():
     m = _pad_conv()
     next(a for a in m.graph.node[0].attribute if a.name == "mode").s = b"\xf2\x00"
     assert fold_pad_into_conv(m) == 0
+
+
+def test_opset_conversion_on_a_skeleton_is_the_whole_models():
+    """convert_opset converts a skeleton (large weights without their data) and puts the
+    weights back: the same model as converting the whole thing, weights byte for byte."""
+    from onnx import version_converter
+
+    from mixq.passes.prepare import _SKELETON_MIN_TENSOR, convert_opset
+
+    rng = np.random.default_rng(0)
+    big = rng.normal(size=(1024, 512)).astype(np.float32)  # 2 MB: stripped in the skeleton
+    assert big.nbytes >= _SKELETON_MIN_TENSOR
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("ReduceMean", ["h"], ["m"], axes=[1], keepdims=1),  # axes: input from 18
+             helper.make_node("Split", ["h"], ["a", "b"], axis=1, split=[256, 256])]  # split: input from 13
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 1024])],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("m", "a", "b")],
+                          [numpy_helper.from_array(big, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)], ir_version=7)
+    want = version_converter.convert_version(m, 21)
+    got = convert_opset(m, 21)
+    assert got.SerializeToString() == want.SerializeToString()
+    w = next(t for t in got.graph.initializer if t.name == "w")
+    assert w.raw_data == numpy_helper.from_array(big).raw_data
+    x = rng.normal(size=(2, 1024)).astype(np.float32)
+    run = lambda mm: ort.InferenceSession(mm.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert all(np.array_equal(p, q) for p, q in zip(run(got), run(m)))

@@ -102,13 +102,42 @@ def convert_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     stale = [(f.domain, f.name) for f in model.functions if not _function_moves_with(f, target)]
     if stale:
         model = inliner.inline_selected_functions(model, stale)
-    new = version_converter.convert_version(model, target)
+    new = _convert_skeleton(model, target)
+    if new is None:  # a weight did not come back as it went: convert the whole model
+        new = version_converter.convert_version(model, target)
     if model.functions and not new.functions:
         new.functions.extend(model.functions)
     for fn in new.functions:
         for imp in fn.opset_import:
             if imp.domain in ("", "ai.onnx"):
                 imp.version = target
+    return new
+
+
+def _is_placeholder(t: onnx.TensorProto) -> bool:
+    return t.data_location == onnx.TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value == _PLACEHOLDER for e in t.external_data)
+
+
+def _convert_skeleton(model: onnx.ModelProto, target: int) -> onnx.ModelProto | None:
+    """onnx.version_converter on a skeleton of `model` (`_skeleton`: its large weights without
+    their data), the weights then put back by name: the converter rewrites nodes, never weight
+    data, and serializing a 90 MB model into it and back took 0.5 s. None when a weight does not
+    come back with the name, type and dims it went with (the caller converts the whole model)."""
+    from onnx import version_converter
+
+    new = version_converter.convert_version(_skeleton(model), target)
+    originals = {t.name: t for t in model.graph.initializer}
+    for t in new.graph.initializer:
+        if not _is_placeholder(t):
+            continue
+        o = originals.get(t.name)
+        if o is None or o.data_type != t.data_type or list(o.dims) != list(t.dims):
+            return None
+        t.CopyFrom(o)
+    for n in new.graph.node:  # a weight moved into a node attribute would have no data
+        if any(a.type == onnx.AttributeProto.TENSOR and _is_placeholder(a.t) for a in n.attribute):
+            return None
     return new
 
 
@@ -370,21 +399,30 @@ def _has_external(model: onnx.ModelProto) -> bool:
     return any(has_external_data(t) for t in model.graph.initializer)
 
 
+def _copy_fields(src: Message, dst: Message, *, skip: str) -> None:
+    """Copy every field `src` has set, but `skip`, into `dst` (the same message type)."""
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        # FieldDescriptor.is_repeated replaced `label` in newer protobuf releases
+        repeated = (fd.is_repeated if hasattr(fd, "is_repeated")
+                    else getattr(fd, "label") == fd.LABEL_REPEATED)
+        if repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.type == fd.TYPE_MESSAGE:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` whose large (or deferred) main-graph initializers keep name, type and
     dims but no data (marked external), so that it serializes small; shape inference needs no
     more."""
     sk = onnx.ModelProto()
-    for fld in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
-        setattr(sk, fld, getattr(model, fld))
-    sk.opset_import.extend(model.opset_import)
-    sk.functions.extend(model.functions)
+    _copy_fields(model, sk, skip="graph")  # every field the model has (metadata, doc strings...)
     g, sg = model.graph, sk.graph
-    sg.name = g.name
-    sg.node.extend(g.node)
-    sg.input.extend(g.input)
-    sg.output.extend(g.output)
-    sg.value_info.extend(g.value_info)
+    _copy_fields(g, sg, skip="initializer")
     for t in g.initializer:
         if not has_external_data(t) and t.ByteSize() < _SKELETON_MIN_TENSOR:
             sg.initializer.append(t)
@@ -404,21 +442,31 @@ def infer_shapes(model: onnx.ModelProto, result: PassResult | None = None) -> on
     model is returned unchanged: tensors without an inferred type are then left float, each
     with that reason in the plan), never swallowed.
 
-    Big models (and deferred ones) are inferred on a skeleton without the large tensors' data
-    and the inferred value_info is copied back, so the model is neither serialized whole nor
-    copied."""
+    Models are inferred on a skeleton without the large tensors' data and the inferred
+    value_info is copied back (in place), so the model is neither serialized whole nor copied;
+    but a model with If/Loop bodies under 1 GiB is inferred whole (new model), so that its
+    bodies get their declarations too."""
     from .._io import model_size
 
     res = result if result is not None else PassResult("infer shapes")
-    if model_size(model) > _SKELETON_BYTES or _has_external(model):
-        declare_shapes(model, res, failed="tensors without a known type are left float")
-        return model
-    try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception as exc:
-        res.notes.append(f"shape inference failed ({_first_line(exc)}); tensors without a "
-                         "known type are left float")
-        return model
+    if _has_subgraphs(model) and not _has_external(model) and model_size(model) <= _SKELETON_BYTES:
+        # inference on the whole model: the skeleton's declarations are copied back for the main
+        # graph only, and If/Loop bodies keep theirs
+        try:
+            return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        except Exception as exc:
+            res.notes.append(f"shape inference failed ({_first_line(exc)}); tensors without a "
+                             "known type are left float")
+            return model
+    # every other model: on a skeleton, declarations copied back (the same declarations, without
+    # serializing and copying the weights: 0.35 s on a 90 MB model)
+    declare_shapes(model, res, failed="tensors without a known type are left float")
+    return model
+
+
+def _has_subgraphs(model: onnx.ModelProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for n in model.graph.node for a in n.attribute)
 
 
 def fit_ir_version(model: onnx.ModelProto) -> PassResult:
@@ -586,10 +634,10 @@ def check_graph(model: onnx.ModelProto, *, full_check: bool = False, size: int |
     Raises the checker's own errors."""
     import tempfile
 
-    from .._io import model_size
+    from .._io import approx_model_size
 
     if size is None:
-        size = model_size(model)
+        size = approx_model_size(model)
     if size <= _SKELETON_BYTES and not _has_external(model):
         onnx.checker.check_model(model, full_check=full_check)
         return
