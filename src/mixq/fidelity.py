@@ -648,7 +648,9 @@ def float_reference(model: object, prepared: onnx.ModelProto, base_dir: object) 
     when neither can be had: over 2 GiB in memory)."""
     if base_dir is not None and isinstance(model, (str, os.PathLike)):
         return str(model)
-    if prepared.ByteSize() >= 2**31 - 1:
+    from ._io import approx_model_size
+
+    if approx_model_size(prepared) >= 2**31 - 1 - 2**20:  # a margin for the estimate
         return None
     return prepared.SerializeToString()
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from mixq._io import has_external_data, model_size, tensor_array, tensor_size
+from mixq._io import approx_model_size, has_external_data, model_size, tensor_array, tensor_size
 from mixq.errors import DataError, ModelError, did_you_mean
 from mixq.evaluate import onnxruntime_max_ir_version
 
@@ -292,7 +292,7 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
 
     # decided as if deferred weights were loaded: deferring them never changes the session
     # (prepacking changes MatMul rounding), so never the statistics
-    big = model_size(m) > EXTERNAL_DATA_THRESHOLD
+    big = approx_model_size(m) > EXTERNAL_DATA_THRESHOLD  # a threshold: nothing encoded
     in_memory = big and model_size(m, external=False) > EXTERNAL_DATA_THRESHOLD
     prepack = not (big and any(_handed_over(t) for t in g.initializer))
     with tempfile.TemporaryDirectory(prefix="mixq_calib_") as tmp:
