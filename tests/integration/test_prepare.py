@@ -123,3 +123,33 @@ def test_opset_conversion_on_a_skeleton_is_the_whole_models():
     x = rng.normal(size=(2, 1024)).astype(np.float32)
     run = lambda mm: ort.InferenceSession(mm.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert all(np.array_equal(p, q) for p, q in zip(run(got), run(m)))
+
+
+def test_shape_inference_on_a_skeleton_is_onnxs_on_the_whole_model():
+    """infer_shapes runs on a skeleton (large weights without data) but must give what onnx's
+    shape inference gives on the whole model: stale declarations refined (an exporter's or the
+    opset converter's, made before folds), unknown output dims filled in."""
+    from mixq.passes.prepare import _SKELETON_MIN_TENSOR, infer_shapes
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(64, 3, 3, 3)).astype(np.float32)
+    big = rng.normal(size=(64 * 30 * 30, 80)).astype(np.float32)  # ~18 MB: stripped in the skeleton
+    assert big.nbytes >= _SKELETON_MIN_TENSOR
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[0, 0, 0, 0]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"], axis=1),
+             helper.make_node("MatMul", ["f", "big"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(big, "big")],
+                          value_info=[helper.make_tensor_value_info("c", TensorProto.FLOAT, ["N", 64, None, None])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    want = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    got = onnx.ModelProto()
+    got.CopyFrom(m)
+    got = infer_shapes(got)
+    assert [v.SerializeToString() for v in got.graph.value_info] == \
+        [v.SerializeToString() for v in want.graph.value_info]
+    assert got.graph.output[0].SerializeToString() == want.graph.output[0].SerializeToString()
+    c = next(v for v in got.graph.value_info if v.name == "c")
+    assert [d.dim_value for d in c.type.tensor_type.shape.dim][1:] == [64, 30, 30]  # the stale one refined
