@@ -196,9 +196,16 @@ def _score(names: list[str], refs: list[list[np.ndarray]], gots: list[list[np.nd
     return [accs[n].result(n) for n in names]
 
 
+def _block_call(n: onnx.NodeProto) -> bool:
+    """A block format's quantize-dequantize: one call of a mixq function, one input, one output."""
+    from .formats import MIXQ_DOMAIN
+
+    return n.domain == MIXQ_DOMAIN and len(n.input) == 1 and len(n.output) == 1
+
+
 def _qdq_pairs(model: onnx.ModelProto) -> dict[str, list[str]]:
-    """Activation tensor -> the DequantizeLinear outputs that stand for it (Q on a run-time
-    tensor feeding DQ nodes)."""
+    """Activation tensor -> the outputs that stand for it: DequantizeLinear outputs (Q on a
+    run-time tensor feeding DQ nodes), or a block format's function call on it."""
     inits = {t.name for t in model.graph.initializer}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in model.graph.node:
@@ -206,6 +213,9 @@ def _qdq_pairs(model: onnx.ModelProto) -> dict[str, list[str]]:
             readers.setdefault(i, []).append(n)
     out: dict[str, list[str]] = {}
     for n in model.graph.node:
+        if _block_call(n) and n.input[0] not in inits:
+            out.setdefault(n.input[0], []).append(n.output[0])
+            continue
         if n.op_type != "QuantizeLinear" or not n.input or n.input[0] in inits:
             continue
         dqs = [r.output[0] for r in readers.get(n.output[0], []) if r.op_type == "DequantizeLinear"]
@@ -456,9 +466,10 @@ WEIGHT_PROBE_BYTES = 2**28
 
 def float_weights(qmodel: onnx.ModelProto, float_model: onnx.ModelProto
                   ) -> dict[str, tuple[str, np.ndarray]]:
-    """The DequantizeLinear output of each quantized weight (an initializer of rank >= 2) ->
-    (the float weight's name, its values), matched through the node that reads it: the node of
-    the same name reads the float weight at the same input slot in the prepared float model."""
+    """The DequantizeLinear output of each quantized weight (an initializer of rank >= 2; or a
+    block format's function call on a stored weight) -> (the float weight's name, its values),
+    matched through the node that reads it: the node of the same name reads the float weight at
+    the same input slot in the prepared float model."""
     from onnx import numpy_helper
 
     f_inits = {t.name: t for t in float_model.graph.initializer}
@@ -470,13 +481,15 @@ def float_weights(qmodel: onnx.ModelProto, float_model: onnx.ModelProto
             readers.setdefault(i, []).append((n, j))
     out: dict[str, tuple[str, np.ndarray]] = {}
     for n in qmodel.graph.node:
-        w = q_inits.get(n.input[0]) if n.op_type == "DequantizeLinear" and n.input else None
-        if w is None or len(w.dims) < 2:
+        dq = n.op_type == "DequantizeLinear"
+        w = q_inits.get(n.input[0]) if (dq or _block_call(n)) and n.input else None
+        if w is None or (dq and len(w.dims) < 2):
             continue
         for r, j in readers.get(n.output[0], []):
             fn = f_nodes.get(r.name)
             src = fn.input[j] if fn is not None and j < len(fn.input) else None
-            if src in f_inits and tuple(f_inits[src].dims) == tuple(w.dims):
+            # a block format's constant is stored packed: the float weight is found by its reader
+            if src in f_inits and len(f_inits[src].dims) >= 2 and (not dq or tuple(f_inits[src].dims) == tuple(w.dims)):
                 out[n.output[0]] = (src, numpy_helper.to_array(f_inits[src]))
                 break
     return out
@@ -539,12 +552,14 @@ def probe_weights(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.
 
 
 def _weight_noise_db(qmodel: onnx.ModelProto, dq_out: str, w: np.ndarray) -> float:
-    """The quantized weight's own SQNR: its DequantizeLinear alone, run, against the float values."""
-    node = next(n for n in qmodel.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == dq_out)
+    """The quantized weight's own SQNR: the node that dequantizes it (a DequantizeLinear, or a
+    block format's function call) alone, run, against the float values."""
+    node = next(n for n in qmodel.graph.node if dq_out in n.output)
     inits = [t for t in qmodel.graph.initializer if t.name in set(node.input)]
     g = helper.make_graph([node], "weight", [], [helper.make_tensor_value_info(dq_out, onnx.TensorProto.FLOAT,
                                                                              None)], inits)
-    m = helper.make_model(g, opset_imports=list(qmodel.opset_import), ir_version=qmodel.ir_version)
+    m = helper.make_model(g, opset_imports=list(qmodel.opset_import), ir_version=qmodel.ir_version,
+                          functions=list(qmodel.functions))
     got = make_session(m, optimize=False).run([dq_out], {})[0].astype(np.float64)
     err = float(np.sum((got - w) ** 2))
     return 10.0 * math.log10(float(np.sum(w.astype(np.float64) ** 2)) / err) if err > 0 else math.inf

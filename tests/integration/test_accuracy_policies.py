@@ -530,3 +530,19 @@ def test_spread_damage_is_named_as_a_group(monkeypatch):
     line = next(x for x in rep.lines() if "most damage from these" in x)
     assert all(t in line for t in g.tensors) and "activations together" in line
     assert rep.to_dict()["damage_groups"][0]["tensors"] == g.tensors
+
+
+def test_block_formats_are_probed_through_their_function_calls():
+    """A block format quantizes each activation with one call of a mixq function (no Q/DQ
+    pair): the probe bypasses those calls, so an MXFP4 model the guard calls broken gets a
+    cause named too (it said "no tensor probed" before)."""
+    from mixq.data import default_model_path, load_default_samples
+    from mixq.fidelity import _qdq_pairs
+
+    s = load_default_samples()
+    feeds = [{"image": s.calib_images[i:i + 32]} for i in range(0, 256, 32)]
+    res = mixq.quantize(str(default_model_path()), "MXFP4", feeds, check_kernels=False)
+    assert _qdq_pairs(res.model)  # the calls on activations
+    rep = res.fidelity
+    assert rep.broken and rep.probed > 0 and (rep.culprits or rep.damage_groups), rep.lines()
+    assert "no tensor probed" not in res.summary()
