@@ -2,11 +2,11 @@
 
 `check_fidelity` runs both models once on a few held-back samples and scores every output (SQNR,
 cosine, top-1 agreement where the output looks like class scores; NaN/inf score worst). When the
-model looks broken, a cheap probe names the quantized tensors that do the most damage: the
-activations' quantization noise is estimated (from the calibration statistics, else measured in
-one run), the noisiest ones are put back to float all together (their QuantizeLinear /
-DequantizeLinear pairs bypassed; when that buys under 1 dB, none of them is the cause and the
-probe stops), then one at a time, each kept when it buys the most output SQNR.
+model looks broken, a cheap probe names the quantized tensors that do the most damage: every
+quantized activation is put back to float at once (its QuantizeLinear/DequantizeLinear pair, or
+its block format's function call, bypassed; under 1 dB gained, none of them is the cause), then
+a halving descent, noisiest first, finds the one (or the smallest group) that costs most; the
+weights get the same treatment when no activation is named.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class FidelityReport:
     broken: bool = False
     culprits: list[Culprit] = field(default_factory=list)
     probed: int = 0
-    #: output SQNR gained with the `group` noisiest activations back to float at once (None: not measured)
+    #: output SQNR gained with all `group` quantized activations back to float at once (None: not measured)
     together_gain_db: float | None = None
     group: int = 0
     #: the weight probe (run when no activation is named): output SQNR gained with all `weights`
@@ -133,10 +133,10 @@ class FidelityReport:
             return ("no tensor probed: the model has no QuantizeLinear/DequantizeLinear activation "
                     "pairs to put back to float")
         if self.together_gain_db is not None and not self.together_gain_db >= MIN_GAIN_DB:
-            return (f"the {self.group} noisiest activations back to float together gain "
-                    f"{self.together_gain_db:+.1f} dB: the damage is in the weights or spread over more tensors")
+            return (f"all {self.group} quantized activations back to float together gain "
+                    f"{self.together_gain_db:+.1f} dB: the damage is not in the activations alone")
         together = ("" if self.together_gain_db is None else
-                    f"; the {self.group} noisiest together {self.together_gain_db:+.1f} dB: the damage is spread")
+                    f"; all {self.group} together {self.together_gain_db:+.1f} dB: the damage is spread")
         return f"no single activation's Q/DQ pair accounts for the damage ({self.probed} probed{together})"
 
     def to_dict(self) -> dict:

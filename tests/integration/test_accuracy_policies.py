@@ -426,8 +426,8 @@ def test_group_probe_stops_when_activations_are_not_the_cause(monkeypatch):
     assert len([k for k in runs if k.get("optimize") == "basic"]) == 2  # the model itself, the group
 
     rep = fid.FidelityReport(outputs=[], broken=True, probed=probed, together_gain_db=together, group=group)
-    assert any(f"the {group} noisiest activations back to float together gain" in line and "weights" in line
-               for line in rep.lines())
+    assert any(f"all {group} quantized activations back to float together gain" in line
+               and "not in the activations alone" in line for line in rep.lines())
     assert rep.to_dict()["together_gain_db"] == pytest.approx(together)
 
     masked, feeds8 = _attention(-3.4e38)
