@@ -280,10 +280,15 @@ def model_size(model: onnx.ModelProto, *, external: bool = True) -> int:
             grown = graph + sum(_field_size(n) - _field_size(model.graph.initializer[i].ByteSize())
                                 for i, n in loaded.items())
             return size - _field_size(graph) + _field_size(grown)
-    total += sum(n.ByteSize() for n in model.graph.node if not any(
+    return int(total + _plain_node_bytes(model))
+
+
+def _plain_node_bytes(model: onnx.ModelProto) -> int:
+    """ByteSize() of the main-graph nodes that hold no tensor or subgraph (those are counted
+    with the tensors)."""
+    return sum(n.ByteSize() for n in model.graph.node if not any(
         a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
         for a in n.attribute))
-    return int(total)
 
 
 def approx_model_size(model: onnx.ModelProto) -> int:
@@ -299,10 +304,7 @@ def approx_model_size(model: onnx.ModelProto) -> int:
             total += len(t.raw_data) + len(t.name) + 16 * len(t.dims) + 64
         else:
             total += t.ByteSize()
-    total += sum(n.ByteSize() for n in model.graph.node if not any(
-        a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-        for a in n.attribute))
-    return int(total)
+    return int(total + _plain_node_bytes(model))
 
 
 def _varint_size(n: int) -> int:

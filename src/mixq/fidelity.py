@@ -237,14 +237,29 @@ def _bypass_many(model: onnx.ModelProto, pairs: dict[str, list[str]]) -> onnx.Mo
     keep = {t: dqs for t, dqs in pairs.items() if not outputs & set(dqs)}
     if not keep:
         return model
-    back = {dq: t for t, dqs in keep.items() for dq in dqs}
+    return _rewired(model, {dq: t for t, dqs in keep.items() for dq in dqs})
+
+
+def _rewired(model: onnx.ModelProto, back: dict[str, str],
+             extra: list[onnx.TensorProto] | None = None) -> onnx.ModelProto:
+    """A copy of `model` (with `extra` initializers added) whose readers of each name in `back`
+    read `back[name]` instead; the nodes that wrote those names stay, unread."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    for n in m.graph.node:  # the Q/DQ nodes stay, unread
+    m.graph.initializer.extend(extra or [])
+    for n in m.graph.node:
         for k, i in enumerate(n.input):
             if i in back:
                 n.input[k] = back[i]
     return m
+
+
+def _worst_sqnr(model: onnx.ModelProto, names: list[str], refs: list[list[np.ndarray]],
+                feeds: list[dict[str, np.ndarray]]) -> float:
+    """The lowest output SQNR of `model` (QDQ semantics: basic optimizations) on `feeds`
+    against the float outputs `refs`: one session and one run, what each probe costs."""
+    s = make_session(model, optimize="basic")
+    return min(o.sqnr_db for o in _score(names, refs, [s.run(names, f) for f in feeds]))
 
 
 def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
@@ -356,9 +371,7 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
     producer = {o: n.op_type for n in qmodel.graph.node for o in n.output}
 
     def worst_sqnr(model: onnx.ModelProto) -> float:
-        s = make_session(model, optimize="basic")
-        gots = [s.run(names, f) for f in feeds]
-        return min(o.sqnr_db for o in _score(names, refs, gots))
+        return _worst_sqnr(model, names, refs, feeds)
 
     t0 = time.perf_counter()
     base = worst_sqnr(qmodel) if base_sqnr_db is None else base_sqnr_db
@@ -501,15 +514,8 @@ def _with_float_weights(model: onnx.ModelProto, group: list[str],
     weight instead (an initializer beside the quantized one)."""
     from onnx import numpy_helper
 
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
     back = {dq: f"{dq}/float" for dq in group}
-    m.graph.initializer.extend(numpy_helper.from_array(weights[dq][1], back[dq]) for dq in group)
-    for n in m.graph.node:
-        for k, i in enumerate(n.input):
-            if i in back:
-                n.input[k] = back[i]
-    return m
+    return _rewired(model, back, [numpy_helper.from_array(weights[dq][1], back[dq]) for dq in group])
 
 
 def probe_weights(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.ndarray]],
@@ -529,8 +535,7 @@ def probe_weights(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np.
     def sqnr(group: list[str]) -> float:
         nonlocal runs
         runs += 1
-        s = make_session(_with_float_weights(qmodel, group, weights), optimize="basic")
-        return min(o.sqnr_db for o in _score(names, refs, [s.run(names, f) for f in feeds]))
+        return _worst_sqnr(_with_float_weights(qmodel, group, weights), names, refs, feeds)
 
     order = list(weights)
     all_db = sqnr(order)
