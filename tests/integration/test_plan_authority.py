@@ -119,3 +119,20 @@ def test_summary_opset_is_the_written_models():
     res = mixq.quantize(str(default_model_path()), "MXFP8_E4M3", None)
     opset = next(i.version for i in res.model.opset_import if i.domain in ("", "ai.onnx"))
     assert f"-> {opset} |" in res.summary() and opset == mixq.get_format("mxfp8_e4m3").onnx_opset > 21
+
+
+def test_every_command_reads_an_npz_keyed_by_sample(calib, tmp_path, capsys):
+    """`mixq auto` documents SAMPLE/INPUT keys (00000/image); `quantize` and `eval` read the same
+    file, and quantize from it writes the same bytes as from the input-keyed file."""
+    m = str(default_model_path())
+    x = np.load(calib)
+    name = onnx.load(m).graph.input[0].name
+    rows = x[name].reshape(-1, *x[name].shape[-3:]) if x[name].ndim == 5 else x[name]
+    keyed = tmp_path / "s.npz"
+    np.savez(keyed, **{f"{i:05d}/{name}": rows[i] for i in range(len(rows))})  # no batch axis
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    assert main(["quantize", m, str(a), "--preset", "A8W8", "--calib", str(keyed)]) == 0, capsys.readouterr().err
+    np.savez(tmp_path / "rows.npz", **{name: rows[:, None]})  # a stack of one-row feeds, in order
+    assert main(["quantize", m, str(b), "--preset", "A8W8", "--calib", str(tmp_path / "rows.npz")]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert main(["eval", m, str(a), "--data", str(keyed)]) == 0

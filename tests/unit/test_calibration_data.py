@@ -181,3 +181,37 @@ def test_empty_and_bad_sources(tmp_path):
         list(as_feeds(3, SPECS))
     with pytest.raises(DataError, match="batch_size"):
         as_feeds([_feed()], SPECS, batch_size=0)
+
+
+def test_npz_keyed_by_sample_and_input(tmp_path):
+    """SAMPLE/INPUT keys (the layout `mixq auto` documents) feed every command the same way: one
+    feed per sample in key order, never joined or cut, a batch axis added where it is missing."""
+    rng = np.random.default_rng(3)
+    arrays = {}
+    for i in (2, 0, 1):  # stored out of order: read in key order
+        arrays[f"{i:05d}/image"] = rng.standard_normal((3, 4, 4) if i else (2, 3, 4, 4)).astype(np.float32)
+        arrays[f"{i:05d}/mask"] = rng.integers(0, 5, (1, 2) if i else (2, 2))
+    np.savez(tmp_path / "s.npz", **arrays)
+    feeds = list(as_feeds(str(tmp_path / "s.npz"), SPECS, batch_size=1))
+    assert [f["image"].shape[0] for f in feeds] == [2, 1, 1]  # sample 0 keeps its two rows
+    for i, f in enumerate(feeds):
+        img = arrays[f"{i:05d}/image"]
+        assert np.array_equal(f["image"], img if img.ndim == 4 else img[None])
+        assert np.array_equal(f["mask"], arrays[f"{i:05d}/mask"])
+
+
+def test_npz_keyed_by_sample_errors_and_slashed_input_names(tmp_path):
+    x = np.zeros((3, 4, 4), np.float32)
+    np.savez(tmp_path / "mixed.npz", **{"00000/image": x, "image": x[None], "mask": np.zeros((1, 2), np.int64)})
+    with pytest.raises(DataError, match="SAMPLE/INPUT"):
+        list(as_feeds(str(tmp_path / "mixed.npz"), SPECS))
+    np.savez(tmp_path / "typo.npz", **{"00000/imgae": x, "00000/mask": np.zeros((1, 2), np.int64)})
+    with pytest.raises(DataError, match="Did you mean: image"):
+        list(as_feeds(str(tmp_path / "typo.npz"), SPECS))
+    # input names that hold a '/' themselves (TensorFlow exports): the keys are input names
+    specs = [InputSpec("serving/x", np.float32, (None, 3))]
+    np.savez(tmp_path / "named.npz", **{"serving/x": np.ones((4, 3), np.float32)})
+    assert len(list(as_feeds(str(tmp_path / "named.npz"), specs, batch_size=2))) == 2
+    np.savez(tmp_path / "named_s.npz", **{"00000/serving/x": np.ones((1, 3), np.float32),
+                                           "00001/serving/x": np.ones(3, np.float32)})
+    assert [f["serving/x"].shape for f in as_feeds(str(tmp_path / "named_s.npz"), specs)] == [(1, 3), (1, 3)]

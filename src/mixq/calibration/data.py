@@ -8,7 +8,9 @@ Accepted `data` (see :func:`as_feeds`):
 * a mapping ``{input name: array}`` or a single array (single-input models), whose first axis
   holds samples (see "arrays" below);
 * a path to a ``.npz`` file (keys = input names; each member's .npy header is read and checked
-  first, then its rows are decompressed forward, one feed at a time, so it is never read whole)
+  first, then its rows are decompressed forward, one feed at a time, so it is never read whole),
+  or an ``.npz`` keyed ``SAMPLE/INPUT`` (``00000/image``): one feed per sample, in key order,
+  each as it is stored (an array one dimension short of its input gets the batch axis)
   or a ``.npy`` file (single-input models; opened memory-mapped, so it is never read whole);
 * a path to a folder of ``.npy`` / ``.npz`` files, read one file at a time in sorted name order.
 
@@ -396,11 +398,57 @@ def _load_file(path: Path, specs: Sequence[InputSpec], zfs: list[zipfile.ZipFile
     raise DataError(f"unsupported calibration data file {path}: expected .npy or .npz")
 
 
+def _sample_keyed(arrays: Mapping[str, Any], specs: Sequence[InputSpec],
+                  path: Path) -> dict[str, dict[str, Any]] | None:
+    """Group the members of an .npz keyed ``SAMPLE/INPUT`` (e.g. ``00000/image``; the input
+    name may hold ``/`` itself) by sample, in sorted key order; None when the keys are input
+    names."""
+    names = [s.name for s in specs]
+    keys = sorted(arrays)
+    if all(k in names for k in keys) or not any("/" in k for k in keys):
+        return None
+    samples: dict[str, dict[str, Any]] = {}
+    for k in keys:
+        sample, _, name = k.partition("/")
+        if not sample or name not in names:
+            raise DataError(f"{path}: key {k!r} is neither an input name nor SAMPLE/INPUT (e.g. "
+                            f"00000/{names[0] if names else 'image'}); name every array one way or "
+                            f"the other. The model inputs are: {', '.join(names)}."
+                            f"{did_you_mean(name or k, names)}")
+        samples.setdefault(sample, {})[name] = arrays[k]
+    return samples
+
+
+def _sample_feeds(samples: Mapping[str, Mapping[str, Any]], specs: Sequence[InputSpec],
+                  path: Path) -> Iterator[dict]:
+    """One feed per sample, as it is (samples are never joined or cut: the first dim of an
+    input is not always a batch); an array one dimension short of its input's rank gets the
+    batch axis. Each sample is read when its turn comes."""
+    ranks = {s.name: None if s.shape is None else len(s.shape) for s in specs}
+    for sample, members in samples.items():
+        where = f"sample {sample!r} of {path}"
+        nbytes = sum(m.dtype.itemsize * math.prod(m.shape) for m in members.values())
+        if nbytes > MAX_FEED_BYTES:
+            raise DataError(f"{where} holds {nbytes / 1e6:.0f} MB, above the bound of "
+                            f"{MAX_FEED_BYTES / 1e6:.0f} MB per feed; store smaller samples")
+        feed = {}
+        for name, m in members.items():
+            a = m[0:m.shape[0]] if isinstance(m, _NpzMember) else np.asarray(m)
+            if ranks.get(name) is not None and a.ndim == ranks[name] - 1:
+                a = a[None]  # one sample without its batch axis
+            feed[name] = np.ascontiguousarray(a)
+        yield feed
+
+
 def _file_arrays(f: Path, specs: Sequence[InputSpec], batch_size: int) -> Iterator[dict]:
     zfs: list[zipfile.ZipFile] = []
     arrays: Mapping[str, Any] = {}
     try:
         arrays = _load_file(f, specs, zfs)
+        samples = _sample_keyed(arrays, specs, f) if zfs else None
+        if samples is not None:
+            yield from _sample_feeds(samples, specs, f)
+            return
         yield from _split_arrays(arrays, specs, batch_size, str(f), max_bytes=MAX_FEED_BYTES)
     finally:
         for a in arrays.values():

@@ -568,7 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quantize", help="quantize a model")
     q.add_argument("input")
     q.add_argument("output")
-    q.add_argument("--calib", help="calibration data: .npz, .npy or a folder of them")
+    q.add_argument("--calib", help="calibration data: .npz, .npy or a folder of them; an .npz "
+                   "may also hold one array per sample and input, keyed SAMPLE/INPUT (e.g. 00000/image)")
     q.add_argument("--plan", help="replay a precision plan saved by `mixq plan -o`")
     q.add_argument("--strict", action="store_true",
                    help="exit non-zero, writing nothing, when the fidelity guard finds the "

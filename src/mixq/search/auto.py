@@ -202,7 +202,7 @@ class AutoResult:
 def _materialize_feeds(data: Any, model: onnx.ModelProto) -> Feeds:
     from ..calibration.data import as_feeds
 
-    return list(as_feeds(_sample_keyed_npz(data, model), model))
+    return list(as_feeds(data, model))
 
 
 def split_held_out(feeds: Feeds, model: onnx.ModelProto | None = None) -> tuple[Feeds, Feeds, str]:
@@ -731,47 +731,6 @@ def _objective_of(auto: AutoConfig, labels: np.ndarray | None,
         return (Top1Objective(auto.top1_drop, labels=labels, evaluate_function=evaluate_function,
                               confidence=auto.confidence), auto.top1_drop is not None)
     return L2Objective(None), False  # size budget alone: report L2, the budget decides
-
-
-def _sample_keyed_npz(data: Any, model: onnx.ModelProto) -> Any:
-    """An .npz whose keys are samples, `SAMPLE/INPUT` (e.g. `00000/image`), as a list of feed
-    dicts, one per sample, in key order (an array one dimension short of its input's rank gets
-    the batch axis; samples are never joined: the first dim of an input is not always a batch).
-    Anything else is returned as it is (the calibration data loader reads it)."""
-    if not isinstance(data, (str, os.PathLike)) or Path(data).suffix.lower() != ".npz" \
-            or not Path(data).is_file():
-        return data
-    import zipfile
-
-    try:
-        with np.load(data, allow_pickle=False) as z:
-            keys = list(z.files)
-            if not any("/" in k for k in keys):
-                return data
-            bad = [k for k in keys if k.count("/") != 1 or not all(k.split("/"))]
-            if bad:
-                raise DataError(f"{data}: key {bad[0]!r} is neither an input name nor SAMPLE/INPUT "
-                                "(e.g. 00000/image); name every array one way or the other.")
-            samples: dict[str, dict[str, np.ndarray]] = {}
-            for k in sorted(keys):
-                sample, name = k.split("/")
-                samples.setdefault(sample, {})[name] = np.asarray(z[k])
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataError(f"cannot read {data}: {exc}; is it a complete .npz written by "
-                        "numpy.savez?") from exc
-    from ..calibration.data import input_specs_from_model
-
-    specs = {s.name: s for s in input_specs_from_model(model)}
-    feeds: list[dict[str, np.ndarray]] = []
-    for sample, arrays in samples.items():
-        feed = {}
-        for name, a in arrays.items():
-            spec = specs.get(name)
-            if spec is not None and spec.shape is not None and a.ndim == len(spec.shape) - 1:
-                a = a[None]  # one sample without its batch axis
-            feed[name] = a
-        feeds.append(feed)
-    return feeds
 
 
 def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data: Any = None, *,
