@@ -434,7 +434,8 @@ def _sample_feeds(samples: Mapping[str, Mapping[str, Any]], specs: Sequence[Inpu
         feed = {}
         for name, m in members.items():
             a = m[0:m.shape[0]] if isinstance(m, _NpzMember) else np.asarray(m)
-            if ranks.get(name) is not None and a.ndim == ranks[name] - 1:
+            rank = ranks.get(name)
+            if rank is not None and a.ndim == rank - 1:
                 a = a[None]  # one sample without its batch axis
             feed[name] = np.ascontiguousarray(a)
         yield feed
