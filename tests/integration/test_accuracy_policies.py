@@ -107,6 +107,52 @@ def test_additive_attention_mask_kept_float(preset, mask_value, policies_off):
     assert any(c.tensor in ("masked", "madd", "madd3") for c in res_off.fidelity.culprits), res_off.fidelity.lines()
 
 
+def _causal_attention():
+    """A decoder's causal self-attention whose mask is -inf above the diagonal (what Llama and
+    Qwen2 exports compute): no integer grid holds -inf, QuantizeLinear saturates it to a finite
+    code and the future positions leak into every query's average."""
+    rng = np.random.default_rng(3)
+    T, D = 10, 16
+    future = np.triu(np.ones((T, T), bool), 1)
+    inits = {"wq": rng.normal(0, 0.05, (D, D)).astype(np.float32),  # diffuse attention: scores
+             "wk": rng.normal(0, 0.05, (D, D)).astype(np.float32),  # of a few tenths, as at init
+             "wv": rng.normal(0, 0.3, (D, D)).astype(np.float32), "future": future,
+             "zero": np.float32(0.0), "neg": np.float32(-np.inf)}
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("MatMul", ["x", "wk"], ["k"]),
+        helper.make_node("MatMul", ["x", "wv"], ["v"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Where", ["future", "neg", "zero"], ["madd"]),
+        helper.make_node("Add", ["scores", "madd"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["attn"], axis=-1),
+        helper.make_node("MatMul", ["attn", "v"], ["y"]),
+    ]
+    m = _model(nodes, [_vi("x", ["B", T, D])], [_vi("y", ["B", T, D])], inits)
+    feeds = [{"x": rng.normal(0, 1, (4, T, D)).astype(np.float32)} for _ in range(8)]
+    return m, feeds
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "A16W8"])
+def test_minus_inf_causal_mask_kept_float(preset, policies_off):
+    m, feeds = _causal_attention()
+    res, cos = _quantize_and_compare(m, preset, feeds)
+    assert cos >= 0.99, res.summary()
+    why = res.plan.tensors["masked"].reason
+    assert res.plan.tensors["masked"].format is None and "infinite" in why, why
+    policies_off()
+    # the mask folds to a constant (prepare): without the policy it cannot be quantized at all
+    with pytest.raises(mixq.errors.DataError, match="'madd' holds 45 non-finite"):
+        _quantize_and_compare(m, preset, feeds)
+    # computed at run time (from an input), it quantizes, and the masked positions leak
+    m.graph.initializer.remove(next(t for t in m.graph.initializer if t.name == "future"))
+    m.graph.input.append(_vi("future", [10, 10], TensorProto.BOOL))
+    future = np.triu(np.ones((10, 10), bool), 1)
+    feeds = [{**f, "future": future} for f in feeds]
+    res_off, cos_off = _quantize_and_compare(m, preset, feeds)
+    assert cos_off < 0.95 and res_off.fidelity.broken, (cos_off, res_off.fidelity.lines())
+
+
 # ------------------------------------------------------------------ (2) E[x^2] - E[x]^2 LayerNorm
 def _ex2_layernorm():
     rng = np.random.default_rng(1)

@@ -4,7 +4,8 @@ prepared graph and the calibration statistics, kept float with the reason in the
 Each detector is a pure function returning {tensor: reason}:
 
 - `sentinel_tensors` (a): the range is set by a few huge values (additive attention masks of
-  -1e4 .. -3.4e38, padding sentinels): the scale they force rounds every real value to 0.
+  -1e4 .. -3.4e38, padding sentinels): the scale they force rounds every real value to 0; or
+  the tensor holds -inf / inf / NaN (a causal mask of -inf), which no grid represents.
 - `small_value_inputs` (b): inputs of ops whose output depends on the relative precision of
   small values (Log, Reciprocal, Sqrt, Pow with a negative exponent, the divisor of Div): a
   grid that rounds small values to 0 sends them to -inf / inf.
@@ -77,13 +78,22 @@ def _rms(st: TensorStats) -> float:
 
 def sentinel_tensors(stats: dict[str, TensorStats], *, gap_log2: int = SENTINEL_GAP_LOG2,
                      bulk_log2: int = SENTINEL_BULK_LOG2) -> dict[str, str]:
-    """(a) Tensors whose range is set by a few huge values: an empty gap of `gap_log2` binades
+    """(a) Tensors holding +-inf or NaN in calibration (a -inf attention mask), and tensors
+    whose range is set by a few huge values: an empty gap of `gap_log2` binades
     or more between a cluster at the absmax and at least 1% of the non-zero values below it (an
     additive mask: real scores, then -1e4 or -3.4e38), a float-limit magnitude (>= 2^100), or
     99.9% of the non-zero values more than 2^bulk_log2 below the absmax. Tensors within
     [0, 1] (probabilities, gates) are skipped: their small values are small in absolute terms."""
     out: dict[str, str] = {}
     for name, st in stats.items():
+        if st.inf_count or st.nan_count:
+            # no grid holds them: integer codes saturate -inf to a finite value (a -inf attention
+            # mask would stop masking), a block format turns the whole block into NaN
+            what = " and ".join(f"{n} {k}" for n, k in ((st.inf_count, "infinite"), (st.nan_count, "NaN"))
+                                if n)
+            out[name] = (f"additive mask / sentinel: holds {what} value(s) of {st.count} calibrated "
+                         "(a -inf mask); a quantized grid cannot represent them")
+            continue
         if st.empty or (st.min >= 0.0 and st.max <= 1.0):
             continue
         amax = st.absmax
@@ -109,6 +119,26 @@ def sentinel_tensors(stats: dict[str, TensorStats], *, gap_log2: int = SENTINEL_
         elif below >= 0.999 * nonzero and below < nonzero:
             out[name] = (f"additive mask / sentinel: {100 * below / nonzero:.1f}% of the non-zero values "
                          f"lie 2^{bulk_log2} below absmax ({amax:.3g})")
+    return out
+
+
+def nonfinite_constants(plan: PrecisionPlan, model: onnx.ModelProto) -> dict[str, str]:
+    """(a) Planned weights and constants holding +-inf or NaN (a causal mask constant-folded to
+    0 / -inf): no grid represents them. Weights whose data stays on disk are not read here."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out: dict[str, str] = {}
+    for name, tp in plan.tensors.items():
+        t = inits.get(name)
+        if tp.role not in ("weight", "constant") or t is None or t.data_location == onnx.TensorProto.EXTERNAL \
+                or not _gridded(tp, int_only=False) or tp.reason == "tensor override":
+            continue
+        v = onnx.numpy_helper.to_array(t)
+        if v.dtype.kind != "f":
+            continue
+        bad = v.size - int(np.count_nonzero(np.isfinite(v)))
+        if bad:
+            out[name] = (f"additive mask / sentinel: the constant holds {bad} non-finite value(s) of "
+                         f"{v.size} (a -inf mask); a quantized grid cannot represent them")
     return out
 
 
@@ -321,6 +351,8 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
     acts = {n: tp for n, tp in plan.tensors.items() if tp.role == "activation"}
     cal = {n: s for n, s in stats.items() if n in acts}
     found: dict[str, Finding] = {}
+    if "sentinel" in policies:
+        found.update((t, Finding(t, "sentinel", why)) for t, why in nonfinite_constants(plan, model).items())
     detectors = {
         "sentinel": lambda: sentinel_tensors(cal),
         "small_values": lambda: small_value_inputs(model, cal),

@@ -11,6 +11,7 @@ from onnx import numpy_helper
 from ..calibration.observers import compute_range, compute_weight_range, pof2_exponent
 from ..calibration.stats import TensorStats
 from ..config import QuantConfig
+from ..errors import DataError
 from ..formats import QParams, get_format
 from .plan import PrecisionPlan
 
@@ -84,6 +85,12 @@ def constant_qparams(model: onnx.ModelProto, plan: PrecisionPlan, config: QuantC
         if not fmt.needs_qparams:
             continue
         w = numpy_helper.to_array(inits[name])
+        if w.dtype.kind == "f" and not np.isfinite(w).all():  # the numerics policies keep these float
+            readers = [n.name or n.op_type for n in model.graph.node if name in n.input]
+            raise DataError(f"{tp.role} {name!r} holds {w.size - int(np.count_nonzero(np.isfinite(w)))} "
+                            f"non-finite value(s) (a -inf mask?), which no {tp.format} grid represents; "
+                            "keep the numerics policies on (they leave it float), or leave the node that "
+                            f"reads it float: exclude_nodes={{{', '.join(map(repr, readers[:3]))}}}")
         axis = tp.channel_axis if tp.role == "weight" and w.ndim > 0 else None
         method = config.weight_method if fmt.kind == "int" else "minmax"
         # a constant input of an activation slot is in the activation format: its symmetry too
