@@ -209,6 +209,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     warnings += [f"{why}; the quantized model runs only where that library is registered"
                  for why in custom_ops]
     warnings += [f"prepare: {n}" for n in pipe.prepare_report.notes if "shape inference failed" in n]
+    if not (rew.activations_quantized or rew.weights_quantized):
+        warnings.insert(0, _nothing_quantized(the_plan, cfg.name))
 
     result = QuantizeResult(numerics=numerics, fidelity=fid, warnings=warnings, finetune=ft_report,
                             bias_correction=bias_rep,
@@ -219,6 +221,17 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         result.output_path = saved
         timings["save"] = save_s
     return result
+
+
+def _nothing_quantized(plan: PrecisionPlan, preset: str) -> str:
+    """The warning for an output that computes what its input did: no tensor took a format."""
+    from collections import Counter
+
+    why = Counter(r.split(":")[0] for r in plan.skipped.values())
+    top = "; ".join(f"{n} x {r}" for r, n in why.most_common(3))
+    return (f"WARNING: nothing was quantized: the output computes exactly what the float model does, "
+            f"not {preset}" + (f" ({len(plan.skipped)} float tensors not planned, mostly: {top}; "
+                               "`mixq plan` lists every reason)" if top else ""))
 
 
 def _correct_biases(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, data: Any) -> Any:

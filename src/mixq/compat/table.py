@@ -290,8 +290,9 @@ QUANTIZATION_CONFIG: list[Entry] = [
           "(use a static config and calibration data)", C.boolean, default=False, example=True),
     Entry(QC, "use_external_data_format", "unsupported", "mixq writes external data itself when the "
           "model exceeds 2 GB (remove the option)", C.boolean, default=False, example=True),
-    Entry(QC, "convert_fp16_to_fp32", "unsupported", "convert the model first (mixq convert or "
-          "onnxconverter-common) and quantize the float32 model", C.boolean, default=False, example=True),
+    Entry(QC, "convert_fp16_to_fp32", "unsupported", "mixq always computes a float16 model in float32 "
+          "between its quantize nodes, keeping the model's float16 inputs and outputs (remove the "
+          "option)", C.boolean, default=False, example=True),
     Entry(QC, "convert_nchw_to_nhwc", "unsupported", "mixq keeps the model's layout (transpose the "
           "model before quantizing)", C.boolean, default=False, example=True),
     Entry(QC, "include_sq", "unsupported", "SmoothQuant is not implemented: it moves activation "

@@ -18,6 +18,7 @@ from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import ModelError
 from ..evaluate import onnxruntime_max_ir_version
 from ..graph import GraphIndex, NameAllocator, PassResult
+from .float16 import compute_float16_in_float32
 from .recognize import RecognizeReport, recognize
 
 #: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
@@ -724,6 +725,9 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
         rep.passes.append(r)
         rep.notes += r.notes
     rep.constants_to_initializers = counted("constants to initializers", constants_to_initializers(m))
+    wide = compute_float16_in_float32(m, base_dir)
+    rep.passes.append(wide)
+    rep.notes += wide.notes
     m = upgrade_opset(m)
     rep.opset_to = model_opset(m)
     rep.passes.append(PassResult("opset", in_place=rep.opset_to == rep.opset_from,

@@ -456,8 +456,11 @@ def _unplanned(ix: GraphIndex, req: _Requests, tensors: dict[str, TensorPrecisio
             skipped[name] = req.left[name]
             continue
         if et != onnx.TensorProto.FLOAT:
+            # prepare computes a float16 model in float32: what is left is its boundary (a
+            # float16 input or output kept as the model declares it) or a bfloat16/double tensor
             skipped[name] = (f"{onnx.TensorProto.DataType.Name(et).lower()} tensor: mixq quantizes "
-                             "float32 tensors (convert the model to float32 first)")
+                             "float32 tensors (float16 models are computed in float32 between "
+                             "Casts at their inputs and outputs; this one is kept as declared)")
             continue
         p = ix.producer(name)
         users = ix.consumers(name)
