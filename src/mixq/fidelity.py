@@ -593,6 +593,10 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
         return FidelityReport(not_checked="the model has no numeric tensor output")
     refs = [fs.run(names, f) for f in feeds]
     gots = [qs.run(names, f) for f in feeds]
+    if not any(np.any(r) for rs in [*refs, *gots] for r in rs):  # 0 against 0 would score perfect
+        return FidelityReport(not_checked="the float model's outputs are all 0 on the held-back samples "
+                                          "(and the quantized model's too): nothing to compare; check "
+                                          "the model or the data")
     q = qmodel if isinstance(qmodel, onnx.ModelProto) else onnx.load(qmodel)
     rep = FidelityReport(outputs=_score(names, refs, gots, class_score_outputs(q)),
                          samples=sum(_rows(f) for f in feeds))

@@ -289,6 +289,20 @@ def test_all_nan_output_scores_worst():
     assert rep.broken and o.sqnr_db == -math.inf and o.cosine == 0.0 and o.top1_agreement == 0.0
 
 
+def test_an_all_zero_float_output_is_not_judged():
+    """A float model whose outputs are all 0 on the samples (a degenerate export, dead data):
+    before, any output scored SQNR inf and cosine 1 against it and read as perfect."""
+    from mixq.fidelity import check_fidelity
+
+    zero = _model([helper.make_node("Mul", ["x", "z"], ["y"])], [_vi("x", [4, 10])], [_vi("y", [4, 10])],
+                  {"z": np.float32(0.0)})
+    x = [{"x": np.ones((4, 10), np.float32)}]
+    rep = check_fidelity(zero, zero, x, probe=False)
+    assert not rep.broken and not rep.outputs and "all 0" in " ".join(rep.lines())
+    other = _model([helper.make_node("Identity", ["x"], ["y"])], [_vi("x", [4, 10])], [_vi("y", [4, 10])], {})
+    assert check_fidelity(zero, other, x, probe=False).broken  # values where float has none
+
+
 def test_strict_raises_and_leaves_no_file(tmp_path, policies_off):
     m, feeds = _attention(-3.4e38)
     policies_off()
