@@ -606,3 +606,63 @@ def test_block_formats_are_probed_through_their_function_calls():
     rep = res.fidelity
     assert rep.broken and rep.probed > 0 and (rep.culprits or rep.damage_groups), rep.lines()
     assert "no tensor probed" not in res.summary()
+
+
+def _pool_head():
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+             helper.make_node("GlobalAveragePool", ["p"], ["gp"], name="gap"),
+             helper.make_node("Flatten", ["gp"], ["fl"], name="flat"),
+             helper.make_node("Gemm", ["fl", "w", "b"], ["y"], transB=1, name="fc")]
+    m = _model(nodes, [_vi("x", ["N", 4, 8, 8])], [_vi("y", ["N", 3])],
+               {"w": rng.normal(0, .5, (3, 4)).astype(np.float32), "b": np.zeros(3, np.float32)})
+    feeds = [{"x": rng.normal(0, 0.4, (4, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    return m, feeds
+
+
+@pytest.mark.parametrize("keep_on_grid", [True, False])
+def test_a_flagged_passthrough_output_stays_on_its_inputs_grid(keep_on_grid, monkeypatch):
+    """A policy flags MaxPool's output while its input stays int8 (a 4-bit consumer in a mixed
+    plan of `mixq auto`): left float, DequantizeLinear -> MaxPool -> float makes onnxruntime's
+    QDQ propagation form an invalid QuantizeLinear and the model does not load; kept on the
+    input's grid (exact: MaxPool picks values of its input) it loads."""
+    import onnxruntime as ort
+
+    import mixq.plan.numerics as N
+    from mixq import Pipeline
+
+    m, feeds = _pool_head()
+    cfg = mixq.get_default_config("A8W8")
+    pipe = Pipeline.load(m)
+    plan = pipe.plan(cfg)
+    pipe.calibrate(plan, feeds)
+    monkeypatch.setattr(N, "find_numerics", lambda *a, **k: [N.Finding("p", "outliers", "outliers: test")])
+    if not keep_on_grid:
+        monkeypatch.setattr(N, "_passthrough_inputs", lambda *a: {})
+    plan2, _ = N.apply_numerics(plan, pipe.model, pipe.stats)
+    q, _ = pipe.materialize(cfg, plan2)
+    if keep_on_grid:
+        tp = plan2.tensors["p"]
+        assert tp.format == "int8" and tp.group == "x" and "kept on x's int8 grid" in tp.reason
+        ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    else:  # the onnxruntime behaviour the rule avoids (if it is fixed there, this may go)
+        assert plan2.tensors["p"].format is None
+        with pytest.raises(Exception, match="output_dtype"):
+            ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_a_4bit_grid_alone_is_not_outliers():
+    """(f) on an int4 activation (7 codes) a plain normal tensor leaves its 99th percentile
+    under 5 codes: that is the format, not outliers (the auto search's int4 candidates were all
+    kept float); a real outlier (absmax 40x the 99th percentile) still is."""
+    from mixq.calibration.stats import TensorStats
+    from mixq.plan.numerics import outlier_tensors
+    from mixq.plan.plan import PrecisionPlan, TensorPrecision
+
+    rng = np.random.default_rng(0)
+    bell = rng.normal(0, 1, 100_000).astype(np.float32)
+    spiky = bell.copy()
+    spiky[:50] = 100.0
+    plan = PrecisionPlan(tensors={n: TensorPrecision(n, "activation", "int4", "test") for n in ("bell", "spiky")})
+    stats = {"bell": TensorStats.from_array(bell), "spiky": TensorStats.from_array(spiky)}
+    assert set(outlier_tensors(plan, stats)) == {"spiky"}

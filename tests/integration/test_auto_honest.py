@@ -246,11 +246,16 @@ def test_every_quantized_op_is_a_candidate_with_op_types_all():
     rng = np.random.default_rng(0)
     calib = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
     ev = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
-    base = base_from_candidate(Candidate("int16", "int8"))
+    # the search on its own: the numerics policies (which keep the mask's sum float) off
+    base = base_from_candidate(Candidate("int16", "int8")).with_options(numerics_policies=False)
     kw = dict(base=base, candidates=(Candidate("int8", "int8"),), metric="cosine", target=0.001)
     with pytest.warns(TargetNotMetWarning):
         only_mm = auto_quantize(model, AutoConfig(op_types=frozenset({"MatMul"}), **kw), calib, ev)
     assert not only_mm.target_met and only_mm.full_evaluations == 2
+    # with them (the default), every plan of the search has the Softmax input float
+    kw_on = {**kw, "base": base.with_options(numerics_policies=True)}
+    on = auto_quantize(model, AutoConfig(op_types=frozenset({"MatMul"}), **kw_on), calib, ev)
+    assert on.target_met and on.metric >= 1 - 0.001
     every = auto_quantize(model, AutoConfig(op_types=frozenset({"all"}), **kw), calib, ev)
     assert {"scores", "mask_add", "softmax"} <= set(every.sensitivity.layers)
     assert every.target_met and every.metric >= 1 - 0.001

@@ -55,6 +55,9 @@ CONCAT_RATIO = 16.0
 #: error above 10% of the value for all but the largest 1%): outliers set the range
 OUTLIER_MIN_CODES = 5.0
 OUTLIER_QUANTILE = 0.99
+#: (f) and the absmax at least this many times the quantile: on a 4-bit grid (7 codes) a plain
+#: bell-shaped tensor already leaves its 99th percentile under 5 codes without any outlier
+OUTLIER_MIN_RATIO = 8.0
 
 POLICIES = ("sentinel", "small_values", "cancellation", "concat", "outliers")
 
@@ -287,7 +290,9 @@ def outlier_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats], *,
     magnitudes gets fewer than `min_codes` codes of the grid MinMax would give (absmax at the
     largest code): nearly every value rounds to 0 or one code, and clipping the few outliers
     instead changes what the model computes (a transformer's outlier features). Tensors within
-    [0, 1] (probabilities) are skipped; a 16-bit grid gives the same tensors 256 times the codes."""
+    [0, 1] (probabilities) are skipped; a 16-bit grid gives the same tensors 256 times the codes.
+    The absmax must also be OUTLIER_MIN_RATIO times the quantile (implied on 8- and 16-bit grids):
+    on a 4-bit grid few codes is the format, not outliers."""
     out: dict[str, str] = {}
     for name, st in stats.items():
         tp = plan.tensors.get(name)
@@ -299,8 +304,9 @@ def outlier_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats], *,
         if not ints:
             continue
         grid = min(ints, key=lambda f: f.symmetric_limit)  # the coarsest grid it is read on
-        codes = _quantile_abs(st, q) / st.absmax * grid.symmetric_limit
-        if codes < min_codes:
+        quantile = _quantile_abs(st, q)
+        codes = quantile / st.absmax * grid.symmetric_limit
+        if codes < min_codes and st.absmax >= OUTLIER_MIN_RATIO * quantile:
             out[name] = (f"outliers: {100 * q:g}% of the non-zero values get at most {codes:.1f} of the "
                          f"{grid.symmetric_limit:.0f} codes that absmax {st.absmax:.3g} leaves them on the "
                          f"{grid.name} grid; clipping the outliers would change the model")
@@ -389,6 +395,27 @@ def _float_input_weights(model: onnx.ModelProto, plan: PrecisionPlan, flagged: d
     return out
 
 
+def _passthrough_inputs(model: onnx.ModelProto, plan: PrecisionPlan, flagged: dict[str, Finding]) -> dict[str, str]:
+    """Flagged activations produced by a pass-through op (MaxPool, Reshape, ...) from an input
+    that stays quantized in an integer format: {tensor: that input}. Their values lie on the
+    input's grid, so re-quantizing them with its parameters is exact; left float instead, the
+    DequantizeLinear -> MaxPool -> float pattern makes onnxruntime's QDQ propagation (extended
+    optimizations) form a QuantizeLinear whose output type and zero point disagree."""
+    from .ops import semantics
+
+    out: dict[str, str] = {}
+    for n in model.graph.node:
+        if not n.output or n.output[0] not in flagged or not n.input:
+            continue
+        sem = semantics(n)
+        src = plan.tensors.get(n.input[0])
+        if sem is None or not sem.passthrough or src is None or src.tensor in flagged or src.format is None \
+                or src.role != "activation" or get_format(src.format).kind != "int":
+            continue
+        out[n.output[0]] = src.group or src.tensor
+    return out
+
+
 def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats], *,
                    enabled: bool = True, policies: tuple[str, ...] = POLICIES
                    ) -> tuple[PrecisionPlan, list[Finding]]:
@@ -403,7 +430,15 @@ def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str,
         return plan, []
     tensors = dict(plan.tensors)
     flagged = {f.tensor: f for f in findings}
+    moved = _passthrough_inputs(model, plan, flagged)
     for name, f in flagged.items():
+        if name in moved:  # its values are on its input's grid already: stay there, exactly
+            root = plan.tensors[moved[name]]
+            tensors[name] = replace(tensors[name], format=root.format, consumer_formats={}, calibrate=False,
+                                    group=root.tensor,
+                                    reason=f"kept on {root.tensor}'s {root.format} grid (a pass-through of it): "
+                                           f"{f.reason}")
+            continue
         tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {f.reason}")
     for name, (pol, why) in _float_input_weights(model, plan, flagged).items():
         tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {why}")

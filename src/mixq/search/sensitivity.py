@@ -143,11 +143,12 @@ def _single_node_model(wb: Workbench, node: onnx.NodeProto) -> onnx.ModelProto:
     g = wb.model.graph
     inits = {t.name: t for t in g.initializer}
     vi = {v.name: v for v in [*g.value_info, *g.input, *g.output]}
+    names = list(dict.fromkeys(i for i in node.input if i))  # x * x, Concat(f, f): one input each
     inputs = [vi.get(i) or helper.make_tensor_value_info(i, onnx.TensorProto.FLOAT, None)
-              for i in node.input if i and i not in inits]
+              for i in names if i not in inits]
     out = vi.get(node.output[0]) or helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)
     graph = helper.make_graph([node], f"layer_{node.name}", inputs, [out],
-                              [inits[i] for i in node.input if i in inits])
+                              [inits[i] for i in names if i in inits])
     m = helper.make_model(graph, opset_imports=list(wb.model.opset_import))
     m.ir_version = wb.model.ir_version
     return onnx.shape_inference.infer_shapes(m)

@@ -84,7 +84,14 @@ class Workbench:
 
     # -- plans -------------------------------------------------------------------------------
     def plan(self, config: QuantConfig) -> PrecisionPlan:
-        return self.pipeline.plan(config)
+        """`config`'s plan with the numerics policies applied, as `quantize` applies them: the
+        tensors no grid suits (a -inf or -3.4e38 mask, a Log's input...) are float at every
+        point, so the search spends no evaluation finding them."""
+        from ..plan.numerics import apply_numerics
+
+        plan, _ = apply_numerics(self.pipeline.plan(config), self.model, self.pipeline.stats,
+                                 enabled=config.numerics_policies)
+        return plan
 
     def materialize(self, config: QuantConfig, plan: PrecisionPlan | None = None
                     ) -> tuple[onnx.ModelProto, PrecisionPlan]:
