@@ -385,3 +385,24 @@ def test_bisection_returns_the_widest_plan_of_its_size():
                for _, a in res.path_labels), "the path has activation-only moves"
     assert res.target_met and (res.chosen_k in starts or res.chosen_k == n), (res.chosen_k, starts)
     assert all(e.k in starts or e.k == n for e in res.evaluations if e.k >= 0)
+
+
+def test_a_node_reading_one_tensor_twice_is_measured():
+    """Concat(f, f) (Llama's rotary embedding) and x * x: the one-node model of the sensitivity
+    pass took the tensor as two graph inputs of one name, which onnxruntime refuses."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["f"], name="mm"),
+             helper.make_node("Concat", ["f", "f"], ["ff"], axis=-1, name="cat"),
+             helper.make_node("Mul", ["ff", "ff"], ["sq"], name="square"),
+             helper.make_node("MatMul", ["sq", "w2"], ["y"], name="mm2")]
+    g = helper.make_graph(nodes, "twice", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+                          [numpy_helper.from_array(rng.normal(0, .4, (8, 8)).astype(np.float32), "w"),
+                           numpy_helper.from_array(rng.normal(0, .4, (16, 4)).astype(np.float32), "w2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    calib = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
+    ev = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
+    auto = AutoConfig(base=base_from_candidate(Candidate("int16", "int8")), candidates=(Candidate("int8", "int8"),),
+                      op_types=frozenset({"all"}), metric="cosine", target=0.01)
+    res = auto_quantize(m, auto, calib, ev)
+    assert {"cat", "square"} <= set(res.sensitivity.layers) and res.target_met
