@@ -2,6 +2,7 @@
 tuned on (built offline from `transformers` configs, exported with torch.onnx).
 
     python -m bench.zoo_sweep [--models bert,vit,...] [--presets A8W8,...] [--half] [--out FILE.json]
+    python -m bench.zoo_sweep --auto [--models ...]   # `mixq auto --metric cosine --target 0.01`
 
 The weights are random (nothing is downloaded), so the metrics say little about accuracy;
 what the sweep checks is that every preset either writes a model that runs in stock
@@ -172,11 +173,35 @@ def run_one(path: str, feeds: list[dict[str, np.ndarray]], preset: str, d: Path)
     return row
 
 
+def run_auto(path: str, feeds: list[dict[str, np.ndarray]], d: Path) -> dict[str, Any]:
+    """`mixq auto` (the CLI, default candidates) to a 0.01 cosine drop: exit code and the
+    chosen row of its table, or the internal error."""
+    import contextlib
+    import io
+
+    from mixq.cli.main import main as cli
+
+    calib = d / f"{Path(path).stem}_feeds.npz"
+    np.savez(calib, **{f"{i:05d}/{k}": v for i, f in enumerate(feeds) for k, v in f.items()})
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = cli(["auto", path, str(d / f"{Path(path).stem}_auto.onnx"), "--calib", str(calib),
+                      "--metric", "cosine", "--target", "0.01", "--no-cache", "-q"])
+    except Exception as exc:  # noqa: BLE001 - an internal error is what the sweep looks for
+        return {"status": "crash", "kind": type(exc).__name__, "message": str(exc)[:400],
+                "trace": traceback.format_exc()[-2500:]}
+    chosen = [ln for ln in (out.getvalue() + err.getvalue()).splitlines() if "**chosen**" in ln]
+    return {"status": "ok" if rc == 0 else f"exit {rc}", "chosen": chosen[-1] if chosen else "",
+            "message": err.getvalue()[-400:] if rc else ""}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(m[0] for m in MODELS))
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--half", action="store_true", help="export float16 models")
+    ap.add_argument("--auto", action="store_true", help="run mixq auto (cosine drop 0.01) instead of the presets")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     args = ap.parse_args(argv)
     want = args.models.split(",")
@@ -194,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: not built ({type(exc).__name__}: {str(exc)[:120]})", flush=True)
                 continue
             rows[name] = {}
+            if args.auto:
+                r = run_auto(path, feeds, d)
+                rows[name]["auto"] = r
+                print(f"{name} auto: {r['status']} {r.get('chosen', '')} {r.get('message', '')}", flush=True)
+                continue
             for p in presets:
                 r = run_one(path, feeds, p, d)
                 rows[name][p] = r
@@ -202,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{' NONFINITE' if r.get('finite') is False else ''}", flush=True)
                 if r["status"] != "ok":
                     print("   ", r.get("message", ""), flush=True)
+    if args.auto:
+        presets = ["auto"]
     print()
     print("| model | " + " | ".join(presets) + " |")
     print("|---|" + "---|" * len(presets))
@@ -212,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for p in presets:
             c = r[p]
-            if c["status"] == "ok":
+            if p == "auto":
+                row = [x.strip() for x in c.get("chosen", "").strip("|").split("|")]
+                cells.append(f"{c['status']}: cosine {row[1]}, {row[3]} MB of weights" if len(row) > 3
+                             else f"**{c['status']}**: {c.get('kind', '')}")
+            elif c["status"] == "ok":
                 cells.append(f"{c.get('sqnr', '-')}{' broken' if c.get('broken') else ''}"
                              f"{'' if c.get('finite', True) else ' non-finite'}")
             else:
