@@ -40,12 +40,18 @@ def _audio(name: str, cfg_cls: str, model_cls: str, **cfg: Any) -> tuple[str, Ca
     return name, lambda: (cfg_cls, model_cls, cfg), "audio"
 
 
+def _mel(name: str, cfg_cls: str, model_cls: str, **cfg: Any) -> tuple[str, Callable[[], Any], str]:
+    return name, lambda: (cfg_cls, model_cls, cfg), "mel"
+
+
 _T = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
           vocab_size=500)
 MODELS = [
     _text("bert", "BertConfig", "BertModel", **_T),
     _text("distilbert", "DistilBertConfig", "DistilBertModel", dim=64, n_layers=2, n_heads=4,
           hidden_dim=128, vocab_size=500),
+    _text("gpt2", "GPT2Config", "GPT2Model", n_embd=64, n_layer=2, n_head=4, vocab_size=500, n_positions=64,
+          bos_token_id=0, eos_token_id=0, pad_token_id=0),
     _text("clip_text", "CLIPTextConfig", "CLIPTextModel", max_position_embeddings=SEQ, **_T),
     _text("bart_encoder", "BartConfig", "BartModel", d_model=64, encoder_layers=2, decoder_layers=2,
           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
@@ -77,6 +83,14 @@ MODELS = [
     _vision("levit", "LevitConfig", "LevitModel", image_size=IMG),
     _vision("dinov2", "Dinov2Config", "Dinov2Model", image_size=IMG, patch_size=16,
             **{k: v for k, v in _T.items() if k != "vocab_size"}),
+    _vision("dpt", "DPTConfig", "DPTForDepthEstimation", image_size=IMG, patch_size=16,
+            neck_hidden_sizes=[16, 32, 64, 64], fusion_hidden_size=32, backbone_out_indices=[0, 1, 2, 3],
+            reassemble_factors=[4, 2, 1, 0.5], **{**{k: v for k, v in _T.items() if k != "vocab_size"},
+                                                   "num_hidden_layers": 4}),
+    _mel("whisper_encoder", "WhisperConfig", "WhisperModel.encoder", d_model=64, encoder_layers=2,
+         decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+         decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=50, vocab_size=500, pad_token_id=0,
+         bos_token_id=1, eos_token_id=2, decoder_start_token_id=1),
     _audio("wav2vec2", "Wav2Vec2Config", "Wav2Vec2Model", hidden_size=64, num_hidden_layers=2,
            num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32, 32), conv_stride=(5, 2, 2),
            conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
@@ -94,7 +108,9 @@ def build(name: str, spec: Callable[[], Any], kind: str, d: Path, half: bool = F
     cfg_cls, model_cls, cfg = spec()
     torch.manual_seed(0)
     config = getattr(transformers, cfg_cls)(**cfg)
-    model = getattr(transformers, model_cls)(config).eval()
+    cls_name, _, part = model_cls.partition(".")  # "WhisperModel.encoder": a submodule
+    model = getattr(transformers, cls_name)(config)
+    model = (getattr(model, part) if part else model).eval()
     fdt = torch.float16 if half else torch.float32
     if half:
         model = model.half()
@@ -115,6 +131,11 @@ def build(name: str, spec: Callable[[], Any], kind: str, d: Path, half: bool = F
         args = (torch.zeros(1, 3, IMG, IMG, dtype=fdt),)
         feeds = [{"pixel_values": rng.standard_normal((2, 3, IMG, IMG)).astype(np.float32)} for _ in range(16)]
         dyn = {"pixel_values": {0: "N"}}
+    elif kind == "mel":
+        names = ["input_features"]
+        args = (torch.zeros(1, 16, 100, dtype=fdt),)
+        feeds = [{"input_features": rng.standard_normal((2, 16, 100)).astype(np.float32)} for _ in range(16)]
+        dyn = {"input_features": {0: "N"}}
     else:
         names = ["input_values"]
         args = (torch.zeros(1, 4000, dtype=fdt),)
@@ -127,7 +148,10 @@ def build(name: str, spec: Callable[[], Any], kind: str, d: Path, half: bool = F
             self.m = m
 
         def forward(self, *a: Any) -> Any:
-            out = self.m(*a, return_dict=False)
+            if kind == "text":  # by keyword: GPT-2's second positional argument is its cache
+                out = self.m(input_ids=a[0], attention_mask=a[1], return_dict=False)
+            else:
+                out = self.m(*a, return_dict=False)
             return out[0]
 
     with warnings.catch_warnings(), torch.no_grad():
