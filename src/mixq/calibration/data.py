@@ -10,7 +10,7 @@ Accepted `data` (see :func:`as_feeds`):
 * a path to a ``.npz`` file (keys = input names; each member's .npy header is read and checked
   first, then its rows are decompressed forward, one feed at a time, so it is never read whole),
   or an ``.npz`` keyed ``SAMPLE/INPUT`` (``00000/image``): one feed per sample, in key order,
-  each as it is stored (an array one dimension short of its input gets the batch axis)
+  each as it is stored (an array one dimension short of its input gets the batch axis);
   or a ``.npy`` file (single-input models; opened memory-mapped, so it is never read whole);
 * a path to a folder of ``.npy`` / ``.npz`` files, read one file at a time in sorted name order.
 

@@ -125,23 +125,37 @@ def sentinel_tensors(stats: dict[str, TensorStats], *, gap_log2: int = SENTINEL_
     return out
 
 
-def nonfinite_constants(plan: PrecisionPlan, model: onnx.ModelProto) -> dict[str, str]:
-    """(a) Planned weights and constants holding +-inf or NaN (a causal mask constant-folded to
-    0 / -inf): no grid represents them. Weights whose data stays on disk are not read here."""
-    inits = {t.name: t for t in model.graph.initializer}
-    out: dict[str, str] = {}
-    for name, tp in plan.tensors.items():
-        t = inits.get(name)
-        if tp.role not in ("weight", "constant") or t is None or t.data_location == onnx.TensorProto.EXTERNAL \
-                or not _gridded(tp, int_only=False) or tp.reason == "tensor override":
+def nonfinite_initializers(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
+    """{name: (non-finite values, size)} of the float initializers of `model` holding +-inf or
+    NaN; initializers whose data stays on disk are not read. A property of the model alone, so
+    a search computes it once for all its plans."""
+    out: dict[str, tuple[int, int]] = {}
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
             continue
         v = onnx.numpy_helper.to_array(t)
-        if v.dtype.kind != "f":
+        if v.dtype.kind == "f":
+            bad = v.size - int(np.count_nonzero(np.isfinite(v)))
+            if bad:
+                out[t.name] = (bad, v.size)
+    return out
+
+
+def nonfinite_constants(plan: PrecisionPlan, model: onnx.ModelProto,
+                        nonfinite: dict[str, tuple[int, int]] | None = None) -> dict[str, str]:
+    """(a) Planned weights and constants holding +-inf or NaN (a causal mask constant-folded to
+    0 / -inf): no grid represents them (`nonfinite`: `nonfinite_initializers(model)`, when the
+    caller has it)."""
+    if nonfinite is None:
+        nonfinite = nonfinite_initializers(model)
+    out: dict[str, str] = {}
+    for name, (bad, size) in nonfinite.items():
+        tp = plan.tensors.get(name)
+        if tp is None or tp.role not in ("weight", "constant") or not _gridded(tp, int_only=False) \
+                or tp.reason == "tensor override":
             continue
-        bad = v.size - int(np.count_nonzero(np.isfinite(v)))
-        if bad:
-            out[name] = (f"additive mask / sentinel: the constant holds {bad} non-finite value(s) of "
-                         f"{v.size} (a -inf mask); a quantized grid cannot represent them")
+        out[name] = (f"additive mask / sentinel: the constant holds {bad} non-finite value(s) of "
+                     f"{size} (a -inf mask); a quantized grid cannot represent them")
     return out
 
 
@@ -346,9 +360,11 @@ def _gridded(tp: TensorPrecision, int_only: bool) -> bool:
 
 
 def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats],
-                  policies: tuple[str, ...] = POLICIES) -> list[Finding]:
+                  policies: tuple[str, ...] = POLICIES, *,
+                  nonfinite: dict[str, tuple[int, int]] | None = None) -> list[Finding]:
     """The activation tensors of `plan` that policies (a)-(d) and (f) keep float, first reason wins
-    (tensors the user set with tensor_formats are left as set)."""
+    (tensors the user set with tensor_formats are left as set); `nonfinite` as in
+    `nonfinite_constants`."""
     unknown = set(policies) - set(POLICIES)
     if unknown:
         from ..errors import ConfigError
@@ -358,7 +374,7 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
     cal = {n: s for n, s in stats.items() if n in acts}
     found: dict[str, Finding] = {}
     if "sentinel" in policies:
-        found.update((t, Finding(t, "sentinel", why)) for t, why in nonfinite_constants(plan, model).items())
+        found.update((t, Finding(t, "sentinel", why)) for t, why in nonfinite_constants(plan, model, nonfinite).items())
     detectors = {
         "sentinel": lambda: sentinel_tensors(cal),
         "small_values": lambda: small_value_inputs(model, cal),
@@ -417,15 +433,17 @@ def _passthrough_inputs(model: onnx.ModelProto, plan: PrecisionPlan, flagged: di
 
 
 def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats], *,
-                   enabled: bool = True, policies: tuple[str, ...] = POLICIES
+                   enabled: bool = True, policies: tuple[str, ...] = POLICIES,
+                   nonfinite: dict[str, tuple[int, int]] | None = None
                    ) -> tuple[PrecisionPlan, list[Finding]]:
     """A new plan with the activation tensors the policies flag left float (format None, no
     consumer formats), each with its reason ("kept float: ..."), and the findings. Tensors that
     only reuse a flagged tensor's parameters (pass-through outputs, fused pre-activations of
-    its group) are left float with it. `enabled=False` returns the plan unchanged."""
+    its group) are left float with it. `enabled=False` returns the plan unchanged; `nonfinite`
+    as in `nonfinite_constants`."""
     if not enabled:
         return plan, []
-    findings = find_numerics(plan, model, stats, policies)
+    findings = find_numerics(plan, model, stats, policies, nonfinite=nonfinite)
     if not findings:
         return plan, []
     tensors = dict(plan.tensors)

@@ -68,6 +68,8 @@ class Workbench:
     output_index: int = 0
     float_outputs: list[np.ndarray] = field(default_factory=list)
     model_digest: str = ""
+    #: the model's weights holding +-inf / NaN, read once for every plan of the search
+    nonfinite: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from ..evaluate import make_session
@@ -77,6 +79,9 @@ class Workbench:
             name = sess.get_outputs()[self.output_index].name
             self.float_outputs = [sess.run([name], f)[0] for f in self.eval_feeds]
         self.model_digest = hashlib.sha256(self.model.SerializeToString()).hexdigest()
+        from ..plan.numerics import nonfinite_initializers
+
+        self.nonfinite = nonfinite_initializers(self.model)
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -90,7 +95,7 @@ class Workbench:
         from ..plan.numerics import apply_numerics
 
         plan, _ = apply_numerics(self.pipeline.plan(config), self.model, self.pipeline.stats,
-                                 enabled=config.numerics_policies)
+                                 enabled=config.numerics_policies, nonfinite=self.nonfinite)
         return plan
 
     def materialize(self, config: QuantConfig, plan: PrecisionPlan | None = None
