@@ -194,7 +194,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
                          custom_ops=bool(custom_ops), stats=pipe.stats)
     del float_ref
     timings["fidelity"] = time.perf_counter() - t
-    if strict and fid.broken:
+    if strict and (fid.broken or fid.runtime_disagrees):
         raise ModelError("the quantized model looks broken (strict): " + "; ".join(fid.lines()))
 
     saved, save_s = None, 0.0

@@ -36,6 +36,13 @@ PROBE_SAMPLES = 8
 PROBE_BUDGET_S = 10.0
 #: A probed tensor is named when putting it back to float gains at least this much output SQNR.
 MIN_GAIN_DB = 1.0
+#: The runtime check: the quantized model also runs with onnxruntime's default optimizations
+#: (its fused 8-bit kernels: QLinearConv, QGemm, MatMulInteger ...) on this many held-back
+#: samples; it disagrees when it scores RUNTIME_GAP_DB below the QDQ semantics and under
+#: RUNTIME_SQNR_DB against float (fused kernels round differently: a few dB is normal).
+RUNTIME_SAMPLES = 2
+RUNTIME_GAP_DB = 6.0
+RUNTIME_SQNR_DB = 30.0
 
 
 @dataclass
@@ -91,6 +98,19 @@ class FidelityReport:
     damage_groups: list[DamageGroup] = field(default_factory=list)
     fix_command: str | None = None
     not_checked: str | None = None  # why no comparison was run
+    #: the runtime check (None: the model has no 8-bit QuantizeLinear for onnxruntime to fuse):
+    #: lowest output SQNR vs float at default optimizations and in the QDQ semantics, same samples
+    runtime_sqnr_db: float | None = None
+    runtime_qdq_sqnr_db: float | None = None
+
+    @property
+    def runtime_disagrees(self) -> bool:
+        """onnxruntime's default optimizations compute a different (worse) model than the QDQ
+        semantics the rest of the report scores."""
+        if self.runtime_sqnr_db is None or self.runtime_qdq_sqnr_db is None:
+            return False
+        return (self.runtime_sqnr_db < RUNTIME_SQNR_DB
+                and self.runtime_sqnr_db < self.runtime_qdq_sqnr_db - RUNTIME_GAP_DB)
 
     def worst(self) -> OutputMetrics | None:
         """The output with the lowest SQNR."""
@@ -126,6 +146,12 @@ class FidelityReport:
                                                                 else ": nor is it in the weights alone"))
             if self.fix_command:
                 out.append(f"try: {self.fix_command}")
+        if self.runtime_disagrees:
+            out.append(f"WARNING: with onnxruntime's default optimizations (its fused 8-bit kernels) the "
+                       f"model scores SQNR {self.runtime_sqnr_db:.1f} dB against float, where the QDQ "
+                       f"semantics score {self.runtime_qdq_sqnr_db:.1f} dB on the same samples: the "
+                       "runtime computes something else; run with graph optimizations at 'basic' "
+                       "or report it with the model")
         return out
 
     def _nothing_named(self) -> str:
@@ -150,6 +176,9 @@ class FidelityReport:
                 "damage_groups": [{"kind": g.kind, "tensors": list(g.tensors), "narrowed": g.narrowed,
                                    "sqnr_gain_db": num(g.sqnr_gain_db)} for g in self.damage_groups],
                 "fix_command": self.fix_command,
+                "runtime_sqnr_db": num(self.runtime_sqnr_db),
+                "runtime_qdq_sqnr_db": num(self.runtime_qdq_sqnr_db),
+                "runtime_disagrees": self.runtime_disagrees,
                 "outputs": [{"name": o.name, "sqnr_db": num(o.sqnr_db), "cosine": num(o.cosine),
                              "top1_agreement": num(o.top1_agreement)} for o in self.outputs],
                 "culprits": [{"tensor": c.tensor, "kind": c.kind, "op": c.producer_op, "node": c.node,
@@ -601,6 +630,12 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
     rep = FidelityReport(outputs=_score(names, refs, gots, class_score_outputs(q)),
                          samples=sum(_rows(f) for f in feeds))
     rep.broken = is_broken(rep.outputs)
+    runtime = None
+    if _fusable(q):  # the samples of the runtime check, scored after the probe (below)
+        rf = probe_feeds(feeds, RUNTIME_SAMPLES, sliceable=_batch_axis_dynamic(q))
+        whole = all(a is b for a, b in zip(rf, feeds))
+        runtime = (rf, refs[:len(rf)] if whole else [fs.run(names, f) for f in rf],
+                   gots[:len(rf)] if whole else [qs.run(names, f) for f in rf])
     if rep.broken and probe:
         pf = probe_feeds(feeds, PROBE_SAMPLES, sliceable=_batch_axis_dynamic(q))
         whole = all(a is b for a, b in zip(pf, feeds))  # no feed cut: its outputs are at hand
@@ -622,7 +657,31 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
             rep.damage_groups += [wgroup] if wgroup else []
         rep.fix_command = fix_command(rep.culprits, preset=preset, model_path=model_path,
                                       calib_path=calib_path, formats=formats)
+    if runtime is not None:
+        rf, rrefs, rgots = runtime
+        del fs, qs  # one session in memory at a time: the optimized one holds prepacked weights
+        opt = make_session(qmodel, optimize=True)
+        rep.runtime_sqnr_db = min(o.sqnr_db for o in _score(names, rrefs, [opt.run(names, f) for f in rf]))
+        rep.runtime_qdq_sqnr_db = min(o.sqnr_db for o in _score(names, rrefs, rgots))
     return rep
+
+
+def _fusable(q: onnx.ModelProto) -> bool:
+    """Whether onnxruntime may fuse integer kernels: a QuantizeLinear to 8 bits (its zero point,
+    or no zero point: uint8) in the main graph."""
+    eight = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8}
+    inits = {t.name: t.data_type for t in q.graph.initializer}
+    consts = {n.output[0]: n.attribute[0].t.data_type for n in q.graph.node
+              if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR}
+    for n in q.graph.node:
+        if n.op_type != "QuantizeLinear" or n.domain not in ("", "ai.onnx"):
+            continue
+        odt = next((a.i for a in n.attribute if a.name == "output_dtype"), 0)
+        if len(n.input) < 3 or not n.input[2]:
+            return odt in (0, *eight)  # no zero point: output_dtype, uint8 by default
+        if inits.get(n.input[2], consts.get(n.input[2])) in eight:
+            return True
+    return False
 
 
 def _probe_weights_of(q: onnx.ModelProto, float_model: onnx.ModelProto | bytes | str

@@ -573,7 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--plan", help="replay a precision plan saved by `mixq plan -o`")
     q.add_argument("--strict", action="store_true",
                    help="exit non-zero, writing nothing, when the fidelity guard finds the "
-                   "quantized model broken (top-1 agreement < 90 %% or SQNR < 10 dB vs float)")
+                   "quantized model broken (top-1 agreement < 90 %% or SQNR < 10 dB vs float), or "
+                   "onnxruntime's default optimizations compute something else than its QDQ graph")
     q.add_argument("--no-numerics-policies", dest="numerics_policies", action="store_false",
                    default=None, help="quantize every planned tensor even where a uniform grid "
                    "breaks it (masks, Log/Reciprocal inputs, cancellation); see docs/ACCURACY.md")

@@ -6,6 +6,7 @@ quantized form; biases become int32 + DequantizeLinear when planned so.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -38,6 +39,17 @@ class RewriteReport:
 
 def _bias_qparams(node: onnx.NodeProto, plan: PrecisionPlan, qparams: dict[str, QParams]
                   ) -> tuple[np.ndarray | None, str]:
+    """The int32 bias scale of `node`: input scale x weight scale (float32), or None and why."""
+    scales, why = _operand_scales(node, plan, qparams)
+    if scales is None:
+        return None, why
+    sx, sw = scales
+    return (np.float32(sx) * sw).astype(np.float32), ""
+
+
+def _operand_scales(node: onnx.NodeProto, plan: PrecisionPlan, qparams: dict[str, QParams]
+                    ) -> tuple[tuple[np.float32, np.ndarray] | None, str]:
+    """(input scale, weight scales flattened) of a Conv/Gemm, or None and why."""
     x, w = node.input[0], node.input[1]
     tx = plan.tensors.get(x)
     if tx is None:
@@ -52,7 +64,15 @@ def _bias_qparams(node: onnx.NodeProto, plan: PrecisionPlan, qparams: dict[str, 
     sx, sw = qx.scale, qw.scale
     if sx.size != 1:
         return None, "input is not quantized per tensor"
-    return (np.float32(sx.reshape(())) * sw.reshape(-1)).astype(np.float32), ""
+    return (np.float32(sx.reshape(())), sw.reshape(-1)), ""
+
+
+def _int32_shift(b: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Per element, the smallest k >= 0 with |b| / (scale * 2**k) within int32 (`scale` > 0)."""
+    need = np.abs(b) / np.asarray(scale, np.float64) / _INT32_MAX
+    # k = ceil(log2(need)) exactly: need = m * 2**e with m in [0.5, 1)
+    m, e = np.frexp(need)
+    return np.where(need > 1.0, np.where(m == 0.5, e - 1, e), 0).astype(np.int64)
 
 
 def _int32_bias(b: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -62,12 +82,11 @@ def _int32_bias(b: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarra
     Where input scale x weight scale is tiny (16-bit activations and weights) b / scale
     overflows int32. A float bias is no way out: onnxruntime's basic optimizations quantize a
     float Conv/Gemm bias between QDQ inputs to int32 at that very scale, without a range check
-    (S16S16 on the PP-OCR classifier: 62 % instead of 100 %). 2**k keeps 31 bits of precision."""
-    with np.errstate(divide="ignore"):
-        need = np.abs(b) / scale.astype(np.float64) / _INT32_MAX
-    # k = ceil(log2(need)) exactly: need = m * 2**e with m in [0.5, 1)
-    m, e = np.frexp(need)
-    k = np.where(need > 1.0, np.where(m == 0.5, e - 1, e), 0).astype(np.int64)
+    (S16S16 on the PP-OCR classifier: 62 % instead of 100 %). 2**k keeps 31 bits of precision.
+    Where input scale x weight scale underflows float32 to 0 (activations and weights both near
+    1e-20), the scale starts from float32's smallest normal number instead: b / 0 has no code."""
+    scale = np.where(scale > 0, scale, np.finfo(np.float32).tiny).astype(np.float32)
+    k = _int32_shift(b, scale)
     scale = np.ldexp(scale, k).astype(np.float32)
     return scale, np.rint(b / scale.astype(np.float64)), int(k.max(initial=0))
 
@@ -118,6 +137,114 @@ def _pass_opset(rw: _Rewrite) -> PassResult:
     rw.report.notes.append(f"model upgraded from opset {have} to {need}, which its formats' ONNX needs")
     rw.model = upgrade_opset(rw.model, need)
     res.in_place, res.changed = False, 1
+    return res
+
+
+def _bias_owners(rw: _Rewrite) -> list[tuple[str, onnx.NodeProto]]:
+    """(bias, the Conv/ConvTranspose/Gemm that adds it) for every bias planned on a grid."""
+    out = []
+    for name, tp in rw.plan.tensors.items():
+        if tp.role != "bias" or tp.format is None:
+            continue
+        owner = next((n for n in rw.index.consumers(name)
+                      if n.op_type in ("Conv", "ConvTranspose", "Gemm") and len(n.input) > 2
+                      and n.input[2] == name), None)
+        if owner is not None:
+            out.append((name, owner))
+    return out
+
+
+def _pass_bias_room(rw: _Rewrite) -> PassResult:
+    """8-bit Conv/Gemm whose int32 bias would overflow at input scale x weight scale: the
+    weight's scale doubles (per channel where it has one) until the bias fits.
+
+    `_int32_bias` keeps such a bias exact at a 2**k larger scale, which the QDQ semantics
+    honour, but onnxruntime fuses 8-bit DequantizeLinear -> Conv -> QuantizeLinear into
+    QLinearConv / QGemm, which read the int32 codes at input scale x weight scale whatever
+    scale the bias's DequantizeLinear says: the bias shrinks by 2**k in the user's runtime
+    (a Conv over near-zero inputs: the whole bias lost, at default optimizations only). Where
+    |bias| > 2**31 x that product the weights' contribution is far below the output's step,
+    so a coarser weight grid costs little; onnxruntime's own quantizer widens weight scales
+    for the same reason. Not in place on `rw.qparams`: the caller's dict is left as it was."""
+    res = PassResult("bias room")
+    widened: dict[str, QParams] = {}
+    for name, owner in _bias_owners(rw):
+        x, w = owner.input[0], owner.input[1]
+        tx, tw = rw.plan.tensors.get(x), rw.plan.tensors.get(w)
+        if tx is None or tw is None or tw.format is None:
+            continue
+        read_as = tx.consumer_formats.get(owner.name, tx.format)
+        xf = get_format(read_as) if read_as is not None else None
+        if xf is None or xf.kind != "int" or xf.bits > 8 or get_format(tw.format).kind != "int" \
+                or get_format(tw.format).bits > 8:
+            res.decline(name, "not an 8-bit integer Conv/Gemm: the 2**k bias scale stands")
+            continue
+        scales, _ = _operand_scales(owner, rw.plan, {**rw.qparams, **widened})
+        qw = widened.get(w, rw.qparams.get(w))
+        if scales is None or qw is None or qw.block_size:
+            continue
+        b = tensor_array(rw.index.initializers[name], rw.base_dir).astype(np.float64)
+        if not np.all(np.isfinite(b)) or scales[1].size not in (1, b.size):
+            continue
+        # in float64: the float32 product underflows to 0 where both scales are tiny; the
+        # margin keeps the float32 product the bias pass computes from needing a shift again
+        product = np.float64(scales[0]) * np.broadcast_to(scales[1], b.shape).astype(np.float64)
+        k = _int32_shift(b * (1 + 2.0**-16), np.maximum(product, np.finfo(np.float64).tiny))
+        if not k.any():
+            continue
+        k = k.reshape(qw.scale.shape) if qw.scale.size == k.size else np.asarray(k.max())
+        widened[w] = QParams(np.ldexp(qw.scale, k).astype(np.float32), qw.zero_point, qw.axis)
+        rw.report.notes.append(f"weight {w}: scale x 2**{int(k.max())} so that bias {name} fits int32 "
+                               "at input scale x weight scale (onnxruntime's 8-bit Conv/Gemm kernels "
+                               "read it there)")
+        res.changed += 1
+    if widened:
+        rw.qparams = {**rw.qparams, **widened}
+    return res
+
+
+#: onnxruntime's QLinearSoftmax (the fusion of an 8-bit DequantizeLinear -> Softmax ->
+#: QuantizeLinear) scales its exp table to FLT_MAX / (D e^5) and multiplies by floor(1 / y_scale)
+#: in float: past 1 / y_scale = D e^5 the product is inf and the row's codes 0.
+_SOFTMAX_TABLE_HEADROOM = math.exp(5.0)
+
+
+def _pass_softmax_room(rw: _Rewrite) -> PassResult:
+    """8-bit Softmax outputs whose calibrated scale is below 1 / (D e^5) (D the softmax axis's
+    length: nearly uniform rows, a largest probability under 1.7 / D) get that scale instead.
+
+    Exact in the QDQ semantics (a coarser grid over the same values) and keeps onnxruntime's
+    QLinearSoftmax finite: below it, every code of the row is 0 in the user's runtime. Needs a
+    static axis length (a symbolic one is sized at run time; the guard's runtime check then
+    shows the failure). Not in place on `rw.qparams`."""
+    res = PassResult("softmax room")
+    widened: dict[str, QParams] = {}
+    for node in rw.model.graph.node:
+        if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx") or not node.output:
+            continue
+        y = node.output[0]
+        tp = rw.plan.tensors.get(y)
+        if tp is None or tp.format is None or get_format(tp.format).kind != "int" or get_format(tp.format).bits > 8:
+            continue
+        key = tp.group or y
+        qp = widened.get(key, rw.qparams.get(key))
+        shape = rw.index.shape(y)
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+        if qp is None or qp.scale.size != 1 or not shape or not -len(shape) <= axis < len(shape):
+            continue
+        d = shape[axis]
+        if d is None:
+            res.decline(y, "the softmax axis has no static length")
+            continue
+        floor = np.float32(1.0 / (d * _SOFTMAX_TABLE_HEADROOM) * 1.01)
+        if float(qp.scale.reshape(())) >= floor:
+            continue
+        widened[key] = QParams(np.asarray(floor, np.float32), qp.zero_point, qp.axis)
+        rw.report.notes.append(f"{y}: scale {float(qp.scale.reshape(())):.3g} -> {float(floor):.3g} (onnxruntime's "
+                               f"QLinearSoftmax overflows below 1 / ({d} e^5): nearly uniform rows)")
+        res.changed += 1
+    if widened:
+        rw.qparams = {**rw.qparams, **widened}
     return res
 
 
@@ -327,7 +454,7 @@ def _assemble(rw: _Rewrite) -> None:
 
 
 #: The rewrite, in order; each pass declares whether it worked in place and what it changed.
-REWRITE_PASSES = (_pass_constants, _pass_biases, _pass_activations)
+REWRITE_PASSES = (_pass_bias_room, _pass_softmax_room, _pass_constants, _pass_biases, _pass_activations)
 
 
 def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QParams], *,
