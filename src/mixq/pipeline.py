@@ -175,6 +175,11 @@ class Pipeline:
         from .check import custom_op_problems
 
         needed = plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
+        if data is not None:  # casts to bf16 / fp16: their range is checked (numerics policy g)
+            from .plan.numerics import cast_limit
+
+            have = set(needed)
+            needed += [n for n in plan.calibrated_tensors(lambda f: cast_limit(f) is not None) if n not in have]
         missing = [n for n in needed if n not in self.stats and n not in self.calib_skipped]
         if not missing:
             return self.stats

@@ -153,6 +153,76 @@ def test_minus_inf_causal_mask_kept_float(preset, policies_off):
     assert cos_off < 0.95 and res_off.fidelity.broken, (cos_off, res_off.fidelity.lines())
 
 
+def _padded_attention(folded: bool):
+    """Self-attention over padded rows with a float32-lowest mask (torch's finfo.min, DeBERTa's
+    masked_fill): a padded query's row is masked entirely, which float32 softmaxes to a uniform
+    row. Cast to bf16 or fp16 the mask becomes -inf and that row NaN. `folded`: the mask is a
+    (T, T) constant (its last query padded), else computed from the input's padding mask."""
+    rng = np.random.default_rng(3)
+    T, D = 8, 16
+    low = float(np.finfo(np.float32).min)
+    inits = {"wq": rng.normal(0, 0.4, (D, D)).astype(np.float32), "wk": rng.normal(0, 0.4, (D, D)).astype(np.float32),
+             "wv": rng.normal(0, 0.3, (D, D)).astype(np.float32), "zero": np.float32(0.0),
+             "low": np.float32(low), "one": np.float32(1.0), "a1": np.array([1], np.int64),
+             "a2": np.array([2], np.int64)}
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("MatMul", ["x", "wk"], ["k"]),
+             helper.make_node("MatMul", ["x", "wv"], ["v"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"])]
+    inputs = [_vi("x", ["B", T, D])]
+    if folded:
+        madd = np.zeros((T, T), np.float32)
+        madd[:, T - 2:] = low  # the last two keys are padding
+        madd[T - 1, :] = low   # and the last query
+        inits["madd"] = madd
+    else:
+        nodes += [helper.make_node("Unsqueeze", ["mask", "a2"], ["mq"]),   # (B, T, 1)
+                  helper.make_node("Unsqueeze", ["mask", "a1"], ["mk"]),   # (B, 1, T)
+                  helper.make_node("Mul", ["mq", "mk"], ["pair"]),         # both real
+                  helper.make_node("Equal", ["pair", "one"], ["keep"]),
+                  helper.make_node("Where", ["keep", "zero", "low"], ["madd"])]
+        inputs.append(_vi("mask", ["B", T]))
+    nodes += [helper.make_node("Add", ["scores", "madd"], ["masked"]),
+              helper.make_node("Softmax", ["masked"], ["attn"], axis=-1),
+              helper.make_node("MatMul", ["attn", "v"], ["y"])]
+    m = _model(nodes, inputs, [_vi("y", ["B", T, D])], inits)
+    feeds = []
+    for _ in range(6):
+        f = {"x": rng.normal(0, 1, (4, T, D)).astype(np.float32)}
+        if not folded:
+            mask = np.ones((4, T), np.float32)
+            for r in range(4):
+                mask[r, rng.integers(3, T):] = 0.0
+            f["mask"] = mask
+        feeds.append(f)
+    return m, feeds
+
+
+@pytest.mark.parametrize("folded", [False, True], ids=["computed", "constant"])
+@pytest.mark.parametrize("preset", ["BF16", "FP16"])
+def test_a_float32_lowest_mask_is_kept_float_in_casts(preset, folded, policies_off):
+    """(g) A -3.4e38 mask cast to bf16 / fp16 becomes -inf; a fully masked row's Softmax is then
+    NaN in the user's output. The mask stays float32, with its reason."""
+    m, feeds = _padded_attention(folded)
+    res, cos = _quantize_and_compare(m, preset, feeds)
+    assert cos >= 0.999, res.summary()
+    why = res.plan.tensors["madd" if folded else "masked"].reason
+    assert "beyond" in why and "range" in why, why
+    assert not res.fidelity.broken
+    policies_off()
+    res_off = mixq.quantize(m, preset, feeds, check_kernels=False)
+    assert res_off.fidelity.broken, res_off.fidelity.lines()
+    out = compare(m, res_off.model, feeds)
+    assert not np.isfinite(out.first().sqnr_db) or out.first().cosine < 0.99
+
+
+def test_casts_are_range_checked_only_with_data():
+    """BF16 needs no calibration data; given none, nothing is calibrated (and nothing checked)."""
+    m, feeds = _padded_attention(False)
+    res = mixq.quantize(m, "BF16", None, check_kernels=False)
+    assert res.plan.tensors["masked"].format == "bf16" and res.fidelity.not_checked
+
+
 # ------------------------------------------------------------------ (2) E[x^2] - E[x]^2 LayerNorm
 def _ex2_layernorm():
     rng = np.random.default_rng(1)

@@ -100,7 +100,7 @@ def test_subgraph_node_left_float_and_reported():
 
 def _special_model(dtype=np.float32) -> tuple[onnx.ModelProto, np.ndarray]:
     w = np.array([1.0, 1.00390625, 1.01171875, 3.14159265, -2.5e-39, 1e-45, 9.2e-41, np.inf, -np.inf,
-                  np.nan, 3.4e38, -1e-30, 65504.0, 0.0, -0.0, 1e-6], dtype=dtype)
+                  np.nan, 3.38e38, -1e-30, 65504.0, 0.0, -0.0, 1e-6], dtype=dtype)
     t = TensorProto.FLOAT if dtype == np.float32 else TensorProto.FLOAT16
     g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"], name="mul")], "s",
                           [helper.make_tensor_value_info("x", t, [w.size])],
@@ -133,6 +133,40 @@ def test_stored_and_simulated_weights_bit_exact_with_specials(dtype):
     out, _ = to_bf16(m, "customqdq", evaluate=False)
     t = next(t for t in out.graph.initializer if t.data_type == TensorProto.BFLOAT16)
     assert np.array_equal(np.frombuffer(t.raw_data, "<u2"), ref_bits)
+
+
+@pytest.mark.parametrize("fmt", ["with_cast", "customqdq", "bf16", "simulate_bf16", "fp16:fp16",
+                                 "fp16:with_cast", "fp16:simulate_fp16"])
+def test_a_float32_lowest_mask_stays_float(fmt):
+    """An additive mask of float32's lowest value with a fully masked row (a padded query):
+    float32 softmaxes that row to a uniform one; cast to bf16 / fp16 the mask is -inf and the
+    row NaN. The nodes that read it stay float, with the reason in the report."""
+    import onnxruntime as ort
+
+    T = 6
+    mask = np.zeros((T, T), np.float32)
+    mask[:, -2:] = np.finfo(np.float32).min
+    mask[-1, :] = np.finfo(np.float32).min
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"], name="mm"),
+             helper.make_node("Add", ["s", "mask"], ["m"], name="add"),
+             helper.make_node("Softmax", ["m"], ["y"], axis=-1, name="sm")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, T, T])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, T, T])],
+                          [numpy_helper.from_array(rng.normal(0, 0.5, (T, T)).astype(np.float32), "w"),
+                           numpy_helper.from_array(mask, "mask")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = rng.normal(0, 1, (2, T, T)).astype(np.float32)
+    target, _, f = fmt.rpartition(":")
+    out, rep = (to_fp16 if target == "fp16" else to_bf16)(m, f, feeds={"x": x})
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    s = ort.InferenceSession(out.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    y = s.run(None, {s.get_inputs()[0].name: x.astype(np.float16) if "float16" in s.get_inputs()[0].type else x})[0]
+    assert np.isfinite(y).all()
+    np.testing.assert_allclose(y[:, -1].astype(np.float32), 1.0 / T, rtol=1e-2)  # the padded row: uniform
+    assert any("largest finite value" in k.reason for k in rep.kept_float), rep.kept_float
 
 
 @pytest.mark.parametrize("fmt", ["with_cast", "customqdq", "bf16"])

@@ -137,7 +137,9 @@ def test_float_and_block_presets_run_in_stock_onnxruntime(cnn, preset, min_sqnr,
     assert node in [re.sub(r"(_n\d+)?(_p\d+)?$", "", n.op_type) for n in res.model.graph.node]
     c = compare(cnn, res.model, feeds(64, 16, seed=7))  # default optimizations: no custom ops
     assert c.first().sqnr_db > min_sqnr, c.first()
-    assert res.calibrated == 0  # block and cast formats take their scales from live data
+    # block and cast formats take their scales from live data; the casts' ranges are read from
+    # the calibration data only to check them against the format's largest value (policy g)
+    assert (res.calibrated > 0) if node == "Cast" else (res.calibrated == 0)
 
 
 @pytest.mark.parametrize("preset", ["A8W8", "XINT8", "U8S8", "A16W8"])
@@ -287,3 +289,135 @@ def test_cli_range_method_flags_reach_the_config(tmp_path):
     assert carried("--calib-method", "minmse")["minmse_min_gain"] == 1.0
     assert main(["plan", str(default_model_path()), "--minmse-min-gain", "0.5",
                  "-o", str(tmp_path / "p.json")]) == 2
+
+
+def _conv_or_gemm(op: str, w_scale: float, bias: list[float]) -> onnx.ModelProto:
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    if op == "Conv":
+        w, shape = rng.standard_normal((4, 3, 3, 3)), [1, 3, 8, 8]
+        node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="op")
+        out = [1, 4, 8, 8]
+    else:
+        w, shape = rng.standard_normal((4, 12)), [1, 12]
+        node = helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1, name="op")
+        out = [1, 4]
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+                          [numpy_helper.from_array((w * w_scale).astype(np.float32), "w"),
+                           numpy_helper.from_array(np.array(bias, np.float32), "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("op", ["Conv", "Gemm"])
+@pytest.mark.parametrize("preset", ["A8W8", "U8S8", "XINT8"])
+def test_an_8bit_bias_beyond_int32_keeps_its_value_in_onnxruntimes_fused_kernels(op, preset):
+    """Weights ~1e-3, inputs ~1e-2 and a bias of 40: the bias overflows int32 at input scale x
+    weight scale. A 2**k bias scale is right in the QDQ semantics, but onnxruntime's fused
+    QLinearConv / QGemm read the codes at the product and lose 3/4 of the bias; the weight
+    grid is widened instead."""
+    m = _conv_or_gemm(op, 1e-3, [40.0, -30.0, 25.0, 0.1])
+    shape = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+    rng = np.random.default_rng(1)
+    data = [{"x": (rng.standard_normal(shape) * 1e-2).astype(np.float32)} for _ in range(4)]
+    res = mixq.quantize(m, preset, data)
+    assert any("so that bias b fits int32" in n for n in res.rewrite.notes), res.rewrite.notes
+    from tests.graphs import run
+
+    ref = run(m, data[0])[0]
+    step = 40.0 / 127 * 2  # two steps of the output's 8-bit grid
+    for optimize in (False, True):  # the QDQ semantics and the user's runtime
+        got = run(res.model, data[0], optimize=optimize)[0]
+        assert np.abs(got - ref).max() < step, (optimize, np.abs(got - ref).max())
+
+
+def test_a_bias_scale_that_underflows_float32_still_gets_codes():
+    """Activations near 1e-32 and weights near 1e-17: input scale x weight scale underflows
+    float32 to 0, and bias / 0 had no int32 code (NaN cast to int32, the bias lost)."""
+    import warnings
+
+    m = _conv_or_gemm("Conv", 1e-15, [0.1, 0.5, -0.2, 0.0])
+    rng = np.random.default_rng(1)
+    data = [{"x": (rng.standard_normal((1, 3, 8, 8)) * 1e-30).astype(np.float32)} for _ in range(4)]
+    from tests.graphs import run
+
+    for preset in ("A8W8", "A16W8"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no invalid value in a divide or a cast
+            res = mixq.quantize(m, preset, data)
+        for optimize in (False, True):
+            got = run(res.model, data[0], optimize=optimize)[0]
+            np.testing.assert_allclose(got, run(m, data[0])[0], atol=0.5 / 127 * 2)
+
+
+def test_the_guard_checks_the_model_in_onnxruntimes_default_optimizations(tmp_path):
+    """The guard scores the QDQ semantics; it also runs the model as users do (default
+    optimizations, fused 8-bit kernels) and warns when that scores far worse. Shown on the
+    2**k bias scale mixq used to emit: right in the QDQ graph, lost in QLinearConv."""
+    from onnx import numpy_helper
+
+    from mixq.fidelity import check_fidelity
+
+    m = _conv_or_gemm("Conv", 1e-3, [40.0, -30.0, 25.0, 0.1])
+    rng = np.random.default_rng(1)
+    data = [{"x": (rng.standard_normal((1, 3, 8, 8)) * 1e-2).astype(np.float32)} for _ in range(4)]
+    res = mixq.quantize(m, "A8W8", data, output_path=tmp_path / "q.onnx", strict=True)
+    rep = res.fidelity
+    assert rep.runtime_sqnr_db is not None and not rep.runtime_disagrees
+    assert abs(rep.runtime_sqnr_db - rep.runtime_qdq_sqnr_db) < 3
+    # the bias codes / 4 at a scale x 4: the same values in the QDQ semantics
+    q = res.model
+    inits = {t.name: t for t in q.graph.initializer}
+    dq = next(n for n in q.graph.node if n.op_type == "DequantizeLinear"
+              and numpy_helper.to_array(inits[n.input[0]]).dtype == np.int32)
+    codes, scale = (numpy_helper.to_array(inits[n]) for n in dq.input[:2])
+    inits[dq.input[0]].CopyFrom(numpy_helper.from_array((codes // 4).astype(np.int32), dq.input[0]))
+    inits[dq.input[1]].CopyFrom(numpy_helper.from_array((scale * 4).astype(np.float32), dq.input[1]))
+    bad = check_fidelity(m, q, data[2:], probe=False)
+    assert not bad.broken and bad.runtime_disagrees, bad.lines()
+    assert "default optimizations" in bad.lines()[-1]
+    # A16W8: onnxruntime fuses no 16-bit kernel, nothing to compare
+    assert mixq.quantize(m, "A16W8", data).fidelity.runtime_sqnr_db is None
+
+
+def test_a_conv_whose_input_stays_float_keeps_a_float_bias():
+    """The Conv's input is kept float by a numerics policy (a -1e35 sentinel in it), its weight
+    int8: the bias stays float with a reason (the bias-room pass once asked the format registry
+    for a format named 'float32' there, a FormatError found by the architecture sweep)."""
+    m = _conv_or_gemm("Conv", 1.0, [0.1, 0.2, 0.3, 0.4])
+    rng = np.random.default_rng(1)
+    data = []
+    for _ in range(4):
+        x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+        x[0, 0, 0, 0] = -1e35
+        data.append({"x": x})
+    res = mixq.quantize(m, "A8W8", data)
+    assert res.plan.tensors["x"].format is None
+    assert "not integer-quantized" in res.rewrite.biases_kept_float["b"]
+
+
+def test_nearly_uniform_softmax_rows_keep_their_codes_in_onnxruntimes_qlinearsoftmax():
+    """Attention over 50 keys with nearly uniform rows (largest probability under 1.7 / 50): the
+    calibrated uint8 scale is below 1 / (50 e^5), where onnxruntime's QLinearSoftmax overflows
+    float and writes 0 for the whole row (a Whisper encoder at U8S8 in the architecture sweep:
+    38.8 dB in the QDQ semantics, 26.8 dB as users run it). The scale is raised to that bound."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    n = 50
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+         helper.make_node("MatMul", ["p", "v"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", n, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", n, 16])],
+        [numpy_helper.from_array((rng.normal(0, 1, (16, n)) * 0.02).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.normal(0, 1, (n, 16)).astype(np.float32), "v")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    data = [{"x": rng.normal(0, 1, (2, n, 16)).astype(np.float32)} for _ in range(8)]
+    res = mixq.quantize(m, "U8S8", data)
+    assert any("QLinearSoftmax" in note for note in res.rewrite.notes), res.rewrite.notes
+    rep = res.fidelity
+    assert abs(rep.runtime_sqnr_db - rep.runtime_qdq_sqnr_db) < 1.0 and rep.runtime_qdq_sqnr_db > 30

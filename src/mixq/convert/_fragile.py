@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, numpy_helper
 
-__all__ = ["FragileRegion", "find_fragile", "REASON_CANCEL", "REASON_NORM", "REASON_RMS"]
+__all__ = ["FragileRegion", "find_fragile", "find_sentinels", "REASON_CANCEL", "REASON_NORM", "REASON_RMS"]
 
 REASON_CANCEL = ("numerically fragile: variance computed as E[x^2]-E[x]^2 (cancels catastrophically "
                  "in bfloat16); its normalization is kept in float")
@@ -224,3 +224,59 @@ def find_fragile(g: onnx.GraphProto) -> list[FragileRegion]:
             taken |= region
             regions.append(FragileRegion(region, reason))
     return regions
+
+
+#: Ops that carry a mask's sentinel values to their output unchanged or combined (a mask built as
+#: (1 - m) * lowest, Where(m, 0, lowest), added to the scores, broadcast, moved).
+_CARRIERS = frozenset({"Where", "Add", "Sub", "Mul", "Neg", "Expand", "Reshape", "Unsqueeze", "Squeeze",
+                       "Transpose", "Concat", "Slice", "Gather", "Tile", "Cast", "Identity", "Max",
+                       "Min", "Flatten"})
+
+
+def _sentinel_constants(v: _View, limit: float) -> list[str]:
+    """Float constants (initializers, Constant outputs) holding a finite value beyond `limit`."""
+    out = []
+    tensors = [(t.name, t) for t in v.g.initializer]
+    tensors += [(n.output[0], a.t) for n in v.g.node if n.op_type == "Constant"
+                for a in n.attribute if a.name == "value" and a.type == AttributeProto.TENSOR]
+    for name, t in tensors:
+        if t.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+            continue
+        vals = numpy_helper.to_array(t)
+        vals = vals[np.isfinite(vals)]
+        if vals.size and float(np.abs(vals).max()) > limit:
+            out.append(name)
+    for n in v.g.node:
+        if n.op_type == "Constant":
+            for attr in n.attribute:
+                if (attr.name == "value_float" and abs(attr.f) > limit) or \
+                        (attr.name == "value_floats" and any(abs(x) > limit for x in attr.floats)):
+                    out.append(n.output[0])
+    return out
+
+
+def find_sentinels(g: onnx.GraphProto, limit: float, target: str) -> list[FragileRegion]:
+    """The nodes that read values past the target type's largest finite value `limit`: from
+    every constant holding one (an attention mask of float32's lowest value), through the ops
+    that carry it (`_CARRIERS`), to the first node that consumes it otherwise (the Softmax).
+    Cast to the target those values become +-inf, and a fully masked row's Softmax NaN; the
+    nodes stay float and the Softmax reads the float32 scores."""
+    v = _View(g)
+    region: set[int] = set()
+    frontier = _sentinel_constants(v, limit)
+    seen = set(frontier)
+    while frontier:
+        nxt: list[str] = []
+        for t in frontier:
+            for k in v.consumers.get(t, ()):
+                n = v.g.node[k]
+                region.add(k)
+                if n.op_type in _CARRIERS:
+                    nxt += [o for o in n.output if o and o not in seen]
+                    seen.update(n.output)
+        frontier = nxt
+    if not region:
+        return []
+    return [FragileRegion(region, f"reads values past {target}'s largest finite value {limit:.4g} (a mask "
+                                  f"of float32's lowest value): cast to {target} they become inf, and a "
+                                  "fully masked row's Softmax NaN; kept in float")]

@@ -25,8 +25,8 @@ from onnx import AttributeProto, TensorProto, helper
 from ..errors import ModelError
 from ..formats.base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION
 from . import _graph as G
-from ._rounding import element_type_name, round_tensor_inplace, tensor_to_target
-from ._fragile import find_fragile
+from ._rounding import BF16_MAX, FP16_MAX, element_type_name, round_tensor_inplace, tensor_to_target
+from ._fragile import find_fragile, find_sentinels
 from .probe import probe_kernel, short_error
 
 __all__ = ["RewriteResult", "KeptFloat", "simulate", "qdq", "native", "QUANTIZE_FN", "DEQUANTIZE_FN"]
@@ -244,9 +244,11 @@ def _isolate_constants(m: onnx.ModelProto, keep: set[int], F: int, names: _Names
 
 
 def _prepare(model: onnx.ModelProto, F: int, *, lift: bool, fragile: bool = False,
+             target: int | None = None,
              ) -> tuple[onnx.ModelProto, G.GraphInfo, _Names, list[str], dict[int, str]]:
     """Copy the model, lift constants (`lift`), split shared parameters and, with `fragile`,
-    find the numerically fragile nodes to keep float: returns (model, info, names, notes,
+    find the numerically fragile nodes to keep float; with a `target` type, also the nodes that
+    read constants past its range (`find_sentinels`): returns (model, info, names, notes,
     {node index: reason})."""
     m = _copy(model)
     notes: list[str] = []
@@ -261,17 +263,20 @@ def _prepare(model: onnx.ModelProto, F: int, *, lift: bool, fragile: bool = Fals
         notes.append(f"{n} initializer(s) used both as data and as a parameter (e.g. Resize scales) duplicated")
         info = G.analyze(m)
     keep: dict[int, str] = {}
-    if fragile:
-        for region in find_fragile(m.graph):
-            for k in region.nodes:
-                keep[k] = region.reason
-        if keep:
-            ks = set(keep)
-            before = sorted(keep)
-            if _isolate_constants(m, ks, F, names):
-                shift = min(ks) - before[0]
-                keep = {k + shift: keep[k] for k in before}
-                info = G.analyze(m)
+    regions = find_fragile(m.graph) if fragile else []
+    if target is not None:
+        limit, tname = (BF16_MAX, "bfloat16") if target == TensorProto.BFLOAT16 else (FP16_MAX, "float16")
+        regions += find_sentinels(m.graph, limit, tname)
+    for region in regions:
+        for k in region.nodes:
+            keep.setdefault(k, region.reason)
+    if keep:
+        ks = set(keep)
+        before = sorted(keep)
+        if _isolate_constants(m, ks, F, names):
+            shift = min(ks) - before[0]
+            keep = {k + shift: keep[k] for k in before}
+            info = G.analyze(m)
     sub_only = [k for k, t in info.initializers.items()
                 if t.data_type == F and k in info.outer_refs and not info.consumers.get(k)]
     if sub_only:
@@ -284,7 +289,8 @@ def _overflow_note(over: int, target: int) -> list[str]:
     if not over:
         return []
     if target == TensorProto.BFLOAT16:
-        return [f"{over} finite weight value(s) overflowed to +-inf in bfloat16"]
+        return [f"{over} weight value(s) beyond the bfloat16 range saturated to +-3.39e38 (as +-inf, a "
+                "float32-lowest mask would make a fully masked Softmax row NaN)"]
     return [f"{over} weight value(s) beyond the float16 range saturated to +-65504"]
 
 
@@ -294,7 +300,7 @@ def simulate(model: onnx.ModelProto, F: int, target: int, *, fragile: bool = Fal
     """Round every F weight used as data to `target` values, stored as F. Nothing else changes
     (no node is added or removed). With `fragile`, weights read only by numerically fragile
     nodes (`_fragile`) stay exact."""
-    m, info, _, notes, keep = _prepare(model, F, lift=False, fragile=fragile)
+    m, info, _, notes, keep = _prepare(model, F, lift=False, fragile=fragile, target=target)
     res = RewriteResult(m, notes=notes, kept_float=_kept_records(m, keep))
     over = scalars = 0
     for name, t in info.initializers.items():
@@ -368,7 +374,7 @@ def qdq(model: onnx.ModelProto, F: int, target: int, *, functions: bool, fragile
     node pair per activation; weights stored as bfloat16 initializers feeding a BFloat16Dequantize.
     With `fragile`, numerically fragile nodes (`_fragile`) read and write float: no pair between
     two of them, and they read the unrounded version of what they share with other nodes."""
-    m, info, names, notes, keep = _prepare(model, F, lift=True, fragile=fragile)
+    m, info, names, notes, keep = _prepare(model, F, lift=True, fragile=fragile, target=target)
     g = m.graph
     res = RewriteResult(m, notes=notes, kept_float=_kept_records(m, keep))
     if functions:
@@ -564,7 +570,7 @@ def _plan_node(node: onnx.NodeProto, info: G.GraphInfo, F: int, target: int, pro
 
 def _native_once(model: onnx.ModelProto, F: int, target: int, provider: str,
                  forced: dict[str, str], fragile: bool = False) -> RewriteResult:
-    m, info, names, notes, keep = _prepare(model, F, lift=True, fragile=fragile)
+    m, info, names, notes, keep = _prepare(model, F, lift=True, fragile=fragile, target=target)
     g = m.graph
     res = RewriteResult(m, notes=notes)
     tname = element_type_name(target)

@@ -15,9 +15,11 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 __all__ = ["bf16_bits", "round_to_bf16", "round_to_fp16", "round_like", "tensor_to_target",
-           "round_tensor_inplace", "FP16_MAX"]
+           "round_tensor_inplace", "FP16_MAX", "BF16_MAX"]
 
 FP16_MAX = 65504.0
+#: the largest finite bfloat16 (0x7F7F); weights beyond it saturate here (see `round_like`)
+BF16_MAX = float(np.uint32(0x7F7F0000).view(np.float32))
 _NP_OF = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
 
 
@@ -69,8 +71,14 @@ def round_to_fp16(x: np.ndarray, *, saturate: bool = False) -> np.ndarray:
 
 
 def round_like(x: np.ndarray, target: int) -> np.ndarray:
-    """Round `x` to the values of ONNX element type `target` (BFLOAT16 or FLOAT16), keep dtype."""
+    """Round the weight values `x` to the values of ONNX element type `target` (BFLOAT16 or
+    FLOAT16), keep dtype. Finite values past the range saturate to the largest finite value:
+    past float32's range only sentinels live (a mask of float32's lowest value), and as +-inf
+    a fully masked row's Softmax turns NaN."""
     if target == TensorProto.BFLOAT16:
+        x = np.asarray(x)
+        if x.dtype == np.float32:  # float16 values are all within bfloat16's range
+            x = np.where(np.isfinite(x), np.clip(x, -BF16_MAX, BF16_MAX), x).astype(np.float32)
         return round_to_bf16(x)
     return round_to_fp16(x, saturate=True)
 
@@ -82,8 +90,8 @@ def _array(t: TensorProto) -> np.ndarray:
 def tensor_to_target(t: TensorProto, target: int, name: str | None = None) -> tuple[TensorProto, int]:
     """A copy of the float32/float16 tensor `t` stored as `target` (BFLOAT16 or FLOAT16).
 
-    Returns the new tensor and the number of finite values that overflowed (bfloat16: became
-    inf; float16: saturated to +-65504)."""
+    Returns the new tensor and the number of finite values past the target's range, saturated
+    to its largest finite value (as `round_like`)."""
     arr = _array(t)
     out = TensorProto()
     out.name = t.name if name is None else name
@@ -91,7 +99,10 @@ def tensor_to_target(t: TensorProto, target: int, name: str | None = None) -> tu
     out.data_type = target
     if target == TensorProto.BFLOAT16:
         bits = bf16_bits(arr)
-        over = int(np.count_nonzero(np.isinf(_bits_to_f32(bits)) & np.isfinite(arr)))
+        past = np.isinf(_bits_to_f32(bits)) & np.isfinite(arr)
+        over = int(np.count_nonzero(past))
+        if over:
+            bits[past] = (bits[past] & np.uint16(0x8000)) | np.uint16(0x7F7F)
         out.raw_data = bits.astype("<u2").tobytes()
     elif target == TensorProto.FLOAT16:
         over = int(np.count_nonzero(np.isfinite(arr) & (np.abs(arr) > FP16_MAX)))
@@ -109,7 +120,8 @@ def round_tensor_inplace(t: TensorProto, target: int) -> int:
     arr = _array(t)
     r = round_like(arr, target)
     with np.errstate(invalid="ignore"):
-        over = int(np.count_nonzero(np.isfinite(arr) & ~np.isfinite(r))) if target == TensorProto.BFLOAT16 \
+        over = int(np.count_nonzero(np.isfinite(arr) & ~np.isfinite(round_to_bf16(arr)))) \
+            if target == TensorProto.BFLOAT16 \
             else int(np.count_nonzero(np.isfinite(arr) & (np.abs(arr.astype(np.float32)) > FP16_MAX)))
     new = numpy_helper.from_array(np.ascontiguousarray(r.astype(arr.dtype)), t.name)
     keep_doc = t.doc_string

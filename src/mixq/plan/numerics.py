@@ -17,9 +17,14 @@ Each detector is a pure function returning {tensor: reason}:
   outlier features in its residual stream and FFN outputs): on the planned integer grid the
   99th percentile of the magnitudes gets fewer than a few codes. Clipping the outliers is no
   remedy: the model computes with them.
+- `overflow_tensors` (g): activations cast to a float format (bf16, fp16) whose calibrated
+  range passes the format's largest finite value (a -3.4e38 mask in bf16, 1e5 in fp16): the
+  cast makes them inf, and a Softmax over a fully masked row NaN. `overflow_constants` the same
+  for weights and constants. Only these two policies read the casts' statistics (collected when
+  calibration data is given); (a)-(d) and (f) judge scaled formats.
 - `op_scope_notes` (e): quantized nodes that no integer kernel executes (informational).
 
-`apply_numerics` applies (a)-(d) and (f) to a plan.
+`apply_numerics` applies (a)-(d), (f) and (g) to a plan.
 """
 from __future__ import annotations
 
@@ -59,7 +64,68 @@ OUTLIER_QUANTILE = 0.99
 #: bell-shaped tensor already leaves its 99th percentile under 5 codes without any outlier
 OUTLIER_MIN_RATIO = 8.0
 
-POLICIES = ("sentinel", "small_values", "cancellation", "concat", "outliers")
+POLICIES = ("sentinel", "small_values", "cancellation", "concat", "outliers", "overflow")
+
+
+def cast_limit(fmt: str) -> float | None:
+    """The largest finite value of a float format applied as a plain cast (bf16, fp16), where
+    it is below float32's; None for every other format (scaled formats have a scale for that)."""
+    f = get_format(fmt)
+    if f.kind != "float" or f.needs_qparams:
+        return None
+    limit = float(getattr(f, "max_normal", math.inf))
+    return limit if limit < float(np.finfo(np.float32).max) else None
+
+
+def _cast_limits(tp: TensorPrecision) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    for f in dict.fromkeys([tp.format, *tp.consumer_formats.values()]):
+        limit = cast_limit(f) if f is not None else None
+        if f is not None and limit is not None:
+            out.append((f, limit))
+    return out
+
+
+def overflow_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats]) -> dict[str, str]:
+    """(g) Activations cast to bf16 / fp16 whose finite calibrated values pass the format's
+    largest finite value. Infinities already in float stay infinities in the cast: not flagged."""
+    out: dict[str, str] = {}
+    for name, st in stats.items():
+        tp = plan.tensors.get(name)
+        if tp is None or tp.role != "activation" or not st.count:
+            continue
+        absmax = max(abs(st.min), abs(st.max))
+        for fmt, limit in _cast_limits(tp):
+            if math.isfinite(absmax) and absmax > limit:
+                out[name] = (f"beyond {fmt}'s range: |x| reaches {absmax:.4g}, over its largest finite "
+                             f"value {limit:.4g}; the cast makes it inf (a fully masked row's Softmax "
+                             "then gives NaN)")
+                break
+    return out
+
+
+def overflow_constants(plan: PrecisionPlan, model: onnx.ModelProto) -> dict[str, str]:
+    """(g) Weights and constants cast to bf16 / fp16 holding finite values past the format's
+    largest finite value (a mask constant of float32's lowest value); data on disk is not read."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out: dict[str, str] = {}
+    for name, tp in plan.tensors.items():
+        if tp.role not in ("weight", "constant") or name not in inits or tp.reason == "tensor override":
+            continue
+        limits = _cast_limits(tp)
+        if not limits or inits[name].data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        v = onnx.numpy_helper.to_array(inits[name])
+        if v.dtype.kind != "f" or not v.size:
+            continue
+        finite = np.abs(v[np.isfinite(v)]).astype(np.float64)
+        big = float(finite.max(initial=0.0))
+        fmt, limit = limits[0]
+        if big > limit:
+            out[name] = (f"beyond {fmt}'s range: the constant holds {int(np.count_nonzero(finite > limit))} "
+                         f"value(s) up to {big:.4g}, over its largest finite value {limit:.4g}; the cast "
+                         "makes them inf")
+    return out
 
 
 @dataclass(frozen=True)
@@ -371,16 +437,23 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
 
         raise ConfigError(f"unknown numerics policy {sorted(unknown)[0]!r}; choose from {', '.join(POLICIES)}")
     acts = {n: tp for n, tp in plan.tensors.items() if tp.role == "activation"}
-    cal = {n: s for n, s in stats.items() if n in acts}
+    every = {n: s for n, s in stats.items() if n in acts}
+    # (a)-(d), (f) judge the grids of scaled formats; the statistics of casts are for (g)
+    cal = {n: s for n, s in every.items()
+           if any(get_format(f).needs_qparams for f in [acts[n].format, *acts[n].consumer_formats.values()] if f)}
     found: dict[str, Finding] = {}
     if "sentinel" in policies:
         found.update((t, Finding(t, "sentinel", why)) for t, why in nonfinite_constants(plan, model, nonfinite).items())
+    if "overflow" in policies:
+        found.update((t, Finding(t, "overflow", why)) for t, why in overflow_constants(plan, model).items()
+                     if t not in found)
     detectors = {
         "sentinel": lambda: sentinel_tensors(cal),
         "small_values": lambda: small_value_inputs(model, cal),
         "cancellation": lambda: cancellation_inputs(model, cal),
         "concat": lambda: concat_range_outputs(model, cal),
         "outliers": lambda: outlier_tensors(plan, cal),
+        "overflow": lambda: overflow_tensors(plan, every),
     }
     for pol in POLICIES:
         if pol not in policies:
