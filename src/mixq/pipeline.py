@@ -175,16 +175,21 @@ class Pipeline:
         from .check import custom_op_problems
 
         needed = plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
+        ranged: list[str] = []
         if data is not None:  # casts to bf16 / fp16: their range is checked (numerics policy g)
             from .plan.numerics import cast_limit
 
             have = set(needed)
-            needed += [n for n in plan.calibrated_tensors(lambda f: cast_limit(f) is not None) if n not in have]
-        missing = [n for n in needed if n not in self.stats and n not in self.calib_skipped]
+            ranged = [n for n in plan.calibrated_tensors(lambda f: cast_limit(f) is not None) if n not in have]
+        missing = [n for n in needed + ranged if n not in self.stats and n not in self.calib_skipped]
         if not missing:
             return self.stats
         unknown_ops = {d: why for d, why in custom_op_problems(self.model).items()
                        if "custom op library" in why}
+        if unknown_ops and not set(missing) - set(ranged):  # only the casts' range check: skip it, said
+            self.calib_skipped["bf16/fp16 casts"] = (f"{len(missing)} activations not checked against the "
+                                                     f"format's range: {next(iter(unknown_ops.values()))}")
+            return self.stats
         if unknown_ops:
             raise ModelError(f"calibration runs the model in onnxruntime, but "
                              f"{next(iter(unknown_ops.values()))}. Replace the op with standard "

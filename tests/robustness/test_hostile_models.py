@@ -226,6 +226,17 @@ def test_unknown_custom_op_with_calibration_is_a_clear_error():
     assert "BF16" in str(res)
 
 
+def test_unknown_custom_op_bf16_with_calibration_data_still_converts():
+    """BF16 needs no calibration; given data it checks its casts' range in onnxruntime, which
+    cannot run a custom op: the check is skipped and the summary says so (not an error that
+    names BF16 as the way out)."""
+    m = M.unknown_domain_model()
+    res = outcome(lambda: mixq.quantize(m, "BF16", M.feeds(m, 2)), runs=False)
+    assert res.rewrite.activations_quantized > 0
+    assert "custom op library" in res.skipped["bf16/fp16 casts"]
+    assert "not calibrated: bf16/fp16 casts" in res.summary()
+
+
 @pytest.mark.parametrize("preset", ["BF16", "MXFP4", "MX6"])
 def test_unknown_custom_op_without_calibration_warns(preset):
     m = M.unknown_domain_model()
