@@ -139,9 +139,10 @@ MODELS = [
 ]
 
 
-def build(name: str, spec: Callable[[], Any], kind: str, d: Path, half: bool = False
+def build(name: str, spec: Callable[[], Any], kind: str, d: Path, half: bool = False, opset: int = 17
           ) -> tuple[str, list[dict[str, np.ndarray]]]:
-    """Export the model to d/NAME.onnx (float16 with `half`); returns (path, calibration feeds)."""
+    """Export the model to d/NAME.onnx (float16 with `half`, at `opset`); returns (path,
+    calibration feeds)."""
     import warnings
 
     import torch
@@ -210,7 +211,7 @@ def build(name: str, spec: Callable[[], Any], kind: str, d: Path, half: bool = F
         model = model.half()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(wrapped, args, path, opset_version=17, dynamo=False, input_names=names,
+        torch.onnx.export(wrapped, args, path, opset_version=opset, dynamo=False, input_names=names,
                           output_names=["out"], dynamic_axes={**dyn, "out": {0: "N"}} if dyn else None)
     return path, feeds
 
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(m[0] for m in MODELS))
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--half", action="store_true", help="export float16 models")
+    ap.add_argument("--opset", type=int, default=17, help="export opset (default 17)")
     ap.add_argument("--auto", action="store_true", help="run mixq auto (cosine drop 0.01) instead of the presets")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     args = ap.parse_args(argv)
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             if name not in want:
                 continue
             try:
-                path, feeds = build(name, spec, kind, d, half=args.half)
+                path, feeds = build(name, spec, kind, d, half=args.half, opset=args.opset)
             except Exception as exc:  # noqa: BLE001 - an architecture this torch cannot export
                 rows[name] = {"build": f"{type(exc).__name__}: {str(exc)[:200]}"}
                 print(f"{name}: not built ({type(exc).__name__}: {str(exc)[:120]})", flush=True)

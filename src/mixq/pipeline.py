@@ -126,6 +126,21 @@ class Pipeline:
         """A pipeline over a model that is already prepared (a search's sub-model)."""
         return cls(model, PrepareReport(), stats=dict(stats or {}))
 
+    def _source_load_error(self) -> str | None:
+        """Why onnxruntime refuses the input file itself (None: it loads, or there is none)."""
+        if self.source is None:
+            return None
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.log_severity_level = 3
+        try:
+            ort.InferenceSession(str(self.source), sess_options=so, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+            return str(exc)
+        return None
+
     # -- views -----------------------------------------------------------------------------
     @property
     def index(self) -> GraphIndex:
@@ -199,16 +214,24 @@ class Pipeline:
             raise ConfigError(f"the plan's formats need calibration data for {len(missing)} "
                               "activations; pass calibration_data (a data reader, feeds, a "
                               ".npz/.npy file or a folder).")
-        if executor is not None:
-            from .calibration.sharded import calibrate_sharded
+        from .calibration.collect import LOAD_FAILED, collect_stats
 
-            res = calibrate_sharded(self.model, missing, data, executor, progress=progress,
+        try:
+            if executor is not None:
+                from .calibration.sharded import calibrate_sharded
+
+                res = calibrate_sharded(self.model, missing, data, executor, progress=progress,
+                                        base_dir=self.base_dir)
+            else:
+                res = collect_stats(self.model, missing, data, progress=progress,
                                     base_dir=self.base_dir)
-        else:
-            from .calibration.collect import collect_stats
-
-            res = collect_stats(self.model, missing, data, progress=progress,
-                                base_dir=self.base_dir)
+        except ModelError as exc:
+            why = self._source_load_error() if str(exc).startswith(LOAD_FAILED) else None
+            if why:  # the user's file itself: say so, not mixq's prepared copy
+                raise ModelError(f"{self.source} does not load in onnxruntime as given, before mixq changes "
+                                 f"anything: {why}. Check it with onnxruntime.InferenceSession and fix or "
+                                 "re-export it (for example at a newer opset).") from exc
+            raise
         self.stats.update(res.stats)
         self.calib_skipped.update(res.skipped)
         return self.stats

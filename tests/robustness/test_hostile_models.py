@@ -226,6 +226,27 @@ def test_unknown_custom_op_with_calibration_is_a_clear_error():
     assert "BF16" in str(res)
 
 
+def test_a_file_onnxruntime_refuses_is_named_as_the_users(tmp_path):
+    """An exported model onnxruntime cannot load (a Clip of an int64 tensor with float bounds,
+    what torch writes for DeBERTa-v2 at opset 11): the error says the file as given does not
+    load, before mixq changes anything, rather than that mixq's calibration copy does not."""
+    nodes = [helper.make_node("Cast", ["x"], ["xi"], to=onnx.TensorProto.INT64),
+             helper.make_node("Clip", ["xi", "lo", "hi"], ["ci"]),
+             helper.make_node("Cast", ["ci"], ["cf"], to=onnx.TensorProto.FLOAT),
+             helper.make_node("MatMul", ["cf", "w"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])],
+                          [numpy_helper.from_array(np.array(-2, np.float32), "lo"),
+                           numpy_helper.from_array(np.array(2, np.float32), "hi"),
+                           numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)], ir_version=7)
+    path = tmp_path / "bad.onnx"
+    onnx.save(m, path)
+    feeds = [{"x": np.random.default_rng(0).normal(0, 3, (2, 4)).astype(np.float32)}]
+    with pytest.raises(ModelError, match="does not load in onnxruntime as given, before mixq"):
+        mixq.quantize(str(path), "A8W8", feeds)
+
+
 def test_unknown_custom_op_bf16_with_calibration_data_still_converts():
     """BF16 needs no calibration; given data it checks its casts' range in onnxruntime, which
     cannot run a custom op: the check is skipped and the summary says so (not an error that

@@ -199,6 +199,11 @@ def _all_initializers(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
     return out
 
 
+#: how a calibration session that onnxruntime refuses to build is reported (the caller may then
+#: tell whether the model as given loads at all)
+LOAD_FAILED = "onnxruntime cannot load the model for calibration"
+
+
 def _session(model_bytes_or_path: bytes | str, providers: Sequence[Any] | None,
              intra_op_threads: int | None, external: tuple[list[str], list[np.ndarray]] | None = None,
              external_dir: str | os.PathLike | None = None, prepack: bool = True):
@@ -226,7 +231,7 @@ def _session(model_bytes_or_path: bytes | str, providers: Sequence[Any] | None,
     try:
         return ort.InferenceSession(model_bytes_or_path, sess_options=so, providers=prov)
     except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
-        raise ModelError(f"onnxruntime cannot load the model for calibration: {e}") from e
+        raise ModelError(f"{LOAD_FAILED}: {e}") from e
 
 
 def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iterable[str],
