@@ -140,15 +140,18 @@ def _pass_opset(rw: _Rewrite) -> PassResult:
     return res
 
 
+def _bias_owner(rw: _Rewrite, bias: str) -> onnx.NodeProto | None:
+    """The Conv/ConvTranspose/Gemm that adds `bias` (its third input), if any."""
+    return next((n for n in rw.index.consumers(bias)
+                 if n.op_type in ("Conv", "ConvTranspose", "Gemm") and len(n.input) > 2
+                 and n.input[2] == bias), None)
+
+
 def _bias_owners(rw: _Rewrite) -> list[tuple[str, onnx.NodeProto]]:
     """(bias, the Conv/ConvTranspose/Gemm that adds it) for every bias planned on a grid."""
     out = []
     for name, tp in rw.plan.tensors.items():
-        if tp.role != "bias" or tp.format is None:
-            continue
-        owner = next((n for n in rw.index.consumers(name)
-                      if n.op_type in ("Conv", "ConvTranspose", "Gemm") and len(n.input) > 2
-                      and n.input[2] == name), None)
+        owner = _bias_owner(rw, name) if tp.role == "bias" and tp.format is not None else None
         if owner is not None:
             out.append((name, owner))
     return out
@@ -287,9 +290,7 @@ def _pass_biases(rw: _Rewrite) -> PassResult:
         if tp.format is None:
             rw.report.biases_kept_float[name] = tp.reason
             continue
-        owner = next((n for n in rw.index.consumers(name)
-                      if n.op_type in ("Conv", "ConvTranspose", "Gemm") and len(n.input) > 2
-                      and n.input[2] == name), None)
+        owner = _bias_owner(rw, name)
         scale: np.ndarray | None
         scale, why = _bias_qparams(owner, rw.plan, rw.qparams) if owner is not None else (None, "no owner")
         b = tensor_array(inits[name], rw.base_dir).astype(np.float64)
