@@ -421,3 +421,35 @@ def test_nearly_uniform_softmax_rows_keep_their_codes_in_onnxruntimes_qlinearsof
     assert any("QLinearSoftmax" in note for note in res.rewrite.notes), res.rewrite.notes
     rep = res.fidelity
     assert abs(rep.runtime_sqnr_db - rep.runtime_qdq_sqnr_db) < 1.0 and rep.runtime_qdq_sqnr_db > 30
+
+
+def test_a_softmax_axis_only_symbolic_inference_sizes_still_gets_its_bound():
+    """The key length comes from a Reshape whose shape is computed at run time (Shape -> Gather ->
+    Concat, as exporters write attention): ONNX shape inference leaves the softmax axis unknown,
+    onnxruntime's symbolic shape inference sizes it (50), and the QLinearSoftmax bound applies
+    (before: the pass declined and the fused kernel wrote 0 for every row)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    n = 50
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("MatMul", ["x", "wk"], ["k"]),
+             helper.make_node("Shape", ["x"], ["shp"]), helper.make_node("Gather", ["shp", "i0"], ["b"], axis=0),
+             helper.make_node("Concat", ["b", "m1", "d"], ["kshape"], axis=0),
+             helper.make_node("Reshape", ["k", "kshape"], ["k2"]),
+             helper.make_node("Transpose", ["k2"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "k2"], ["y"])]
+    w = lambda: numpy_helper.from_array((rng.normal(0, 1, (16, 16)) * 0.005).astype(np.float32))  # noqa: E731
+    wq, wk = w(), w()
+    wq.name, wk.name = "wq", "wk"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", n, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", n, 16])],
+                          [wq, wk, numpy_helper.from_array(np.array([0], np.int64), "i0"),
+                           numpy_helper.from_array(np.array([-1], np.int64), "m1"),
+                           numpy_helper.from_array(np.array([16], np.int64), "d")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    data = [{"x": rng.normal(0, 1, (2, n, 16)).astype(np.float32)} for _ in range(8)]
+    res = mixq.quantize(m, "U8S8", data)
+    assert any("QLinearSoftmax" in note and "50 e^5" in note for note in res.rewrite.notes), res.rewrite.notes
+    rep = res.fidelity
+    assert not rep.runtime_disagrees and abs(rep.runtime_sqnr_db - rep.runtime_qdq_sqnr_db) < 1.0

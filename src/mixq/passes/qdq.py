@@ -212,16 +212,37 @@ def _pass_bias_room(rw: _Rewrite) -> PassResult:
 _SOFTMAX_TABLE_HEADROOM = math.exp(5.0)
 
 
+def _symbolic_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
+    """Tensor shapes by onnxruntime's symbolic shape inference (None where a dim stays
+    symbolic); {} where it fails. It follows shapes computed at run time from static dims
+    (Shape -> Gather -> Concat -> Reshape) that ONNX's own inference leaves unknown."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except Exception:  # noqa: BLE001 - a best effort: without it the axis stays unknown
+        return {}
+    out: dict[str, tuple[int | None, ...]] = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.output]:
+        dims = static_shape(vi.type)
+        if dims is not None:
+            out[vi.name] = tuple(d or None for d in dims)
+    return out
+
+
 def _pass_softmax_room(rw: _Rewrite) -> PassResult:
     """8-bit Softmax outputs whose calibrated scale is below 1 / (D e^5) (D the softmax axis's
     length: nearly uniform rows, a largest probability under 1.7 / D) get that scale instead.
 
     Exact in the QDQ semantics (a coarser grid over the same values) and keeps onnxruntime's
-    QLinearSoftmax finite: below it, every code of the row is 0 in the user's runtime. Needs a
-    static axis length (a symbolic one is sized at run time; the guard's runtime check then
-    shows the failure). Not in place on `rw.qparams`."""
+    QLinearSoftmax finite: below it, every code of the row is 0 in the user's runtime. Needs the
+    axis length: ONNX shape inference's, else (only for a scale that some length >= 2 would
+    break) onnxruntime's symbolic shape inference, which follows computed Reshape shapes; an
+    axis still symbolic is sized at run time, and the guard's runtime check then shows the
+    failure. Not in place on `rw.qparams`."""
     res = PassResult("softmax room")
     widened: dict[str, QParams] = {}
+    symbolic: dict[str, tuple[int | None, ...]] | None = None
     for node in rw.model.graph.node:
         if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx") or not node.output:
             continue
@@ -236,6 +257,10 @@ def _pass_softmax_room(rw: _Rewrite) -> PassResult:
         if qp is None or qp.scale.size != 1 or not shape or not -len(shape) <= axis < len(shape):
             continue
         d = shape[axis]
+        if d is None and float(qp.scale.reshape(())) < 1.0 / (2 * _SOFTMAX_TABLE_HEADROOM):
+            symbolic = _symbolic_shapes(rw.model) if symbolic is None else symbolic
+            sym = symbolic.get(y)
+            d = sym[axis] if sym is not None and len(sym) == len(shape) else None
         if d is None:
             res.decline(y, "the softmax axis has no static length")
             continue
