@@ -140,6 +140,15 @@ def _pass_opset(rw: _Rewrite) -> PassResult:
     return res
 
 
+def _int8_grid(fmt: str | None) -> bool:
+    """Whether `fmt` is an integer format of at most 8 bits: what onnxruntime's fused integer
+    kernels (QLinearConv, QGemm, QLinearSoftmax ...) are built from."""
+    if fmt is None:
+        return False
+    f = get_format(fmt)
+    return f.kind == "int" and f.bits <= 8
+
+
 def _bias_owner(rw: _Rewrite, bias: str) -> onnx.NodeProto | None:
     """The Conv/ConvTranspose/Gemm that adds `bias` (its third input), if any."""
     return next((n for n in rw.index.consumers(bias)
@@ -176,10 +185,7 @@ def _pass_bias_room(rw: _Rewrite) -> PassResult:
         tx, tw = rw.plan.tensors.get(x), rw.plan.tensors.get(w)
         if tx is None or tw is None or tw.format is None:
             continue
-        read_as = tx.consumer_formats.get(owner.name, tx.format)
-        xf = get_format(read_as) if read_as is not None else None
-        if xf is None or xf.kind != "int" or xf.bits > 8 or get_format(tw.format).kind != "int" \
-                or get_format(tw.format).bits > 8:
+        if not (_int8_grid(tx.consumer_formats.get(owner.name, tx.format)) and _int8_grid(tw.format)):
             res.decline(name, "not an 8-bit integer Conv/Gemm: the 2**k bias scale stands")
             continue
         scales, _ = _operand_scales(owner, rw.plan, {**rw.qparams, **widened})
@@ -248,7 +254,7 @@ def _pass_softmax_room(rw: _Rewrite) -> PassResult:
             continue
         y = node.output[0]
         tp = rw.plan.tensors.get(y)
-        if tp is None or tp.format is None or get_format(tp.format).kind != "int" or get_format(tp.format).bits > 8:
+        if tp is None or not _int8_grid(tp.format):
             continue
         key = tp.group or y
         qp = widened.get(key, rw.qparams.get(key))
@@ -256,8 +262,9 @@ def _pass_softmax_room(rw: _Rewrite) -> PassResult:
         axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
         if qp is None or qp.scale.size != 1 or not shape or not -len(shape) <= axis < len(shape):
             continue
+        scale = float(qp.scale.reshape(()))
         d = shape[axis]
-        if d is None and float(qp.scale.reshape(())) < 1.0 / (2 * _SOFTMAX_TABLE_HEADROOM):
+        if d is None and scale < 1.0 / (2 * _SOFTMAX_TABLE_HEADROOM):
             symbolic = _symbolic_shapes(rw.model) if symbolic is None else symbolic
             sym = symbolic.get(y)
             d = sym[axis] if sym is not None and len(sym) == len(shape) else None
@@ -265,10 +272,10 @@ def _pass_softmax_room(rw: _Rewrite) -> PassResult:
             res.decline(y, "the softmax axis has no static length")
             continue
         floor = np.float32(1.0 / (d * _SOFTMAX_TABLE_HEADROOM) * 1.01)
-        if float(qp.scale.reshape(())) >= floor:
+        if scale >= floor:
             continue
         widened[key] = QParams(np.asarray(floor, np.float32), qp.zero_point, qp.axis)
-        rw.report.notes.append(f"{y}: scale {float(qp.scale.reshape(())):.3g} -> {float(floor):.3g} (onnxruntime's "
+        rw.report.notes.append(f"{y}: scale {scale:.3g} -> {float(floor):.3g} (onnxruntime's "
                                f"QLinearSoftmax overflows below 1 / ({d} e^5): nearly uniform rows)")
         res.changed += 1
     if widened:
