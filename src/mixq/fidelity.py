@@ -676,10 +676,10 @@ def _fusable(q: onnx.ModelProto) -> bool:
     for n in q.graph.node:
         if n.op_type != "QuantizeLinear" or n.domain not in ("", "ai.onnx"):
             continue
-        odt = next((a.i for a in n.attribute if a.name == "output_dtype"), 0)
-        if len(n.input) < 3 or not n.input[2]:
-            return odt in (0, *eight)  # no zero point: output_dtype, uint8 by default
-        if inits.get(n.input[2], consts.get(n.input[2])) in eight:
+        if len(n.input) < 3 or not n.input[2]:  # no zero point: output_dtype, uint8 by default
+            if next((a.i for a in n.attribute if a.name == "output_dtype"), 0) in (0, *eight):
+                return True
+        elif inits.get(n.input[2], consts.get(n.input[2])) in eight:
             return True
     return False
 

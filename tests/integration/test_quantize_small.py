@@ -453,3 +453,25 @@ def test_a_softmax_axis_only_symbolic_inference_sizes_still_gets_its_bound():
     assert any("QLinearSoftmax" in note and "50 e^5" in note for note in res.rewrite.notes), res.rewrite.notes
     rep = res.fidelity
     assert not rep.runtime_disagrees and abs(rep.runtime_sqnr_db - rep.runtime_qdq_sqnr_db) < 1.0
+
+
+def test_the_runtime_check_looks_past_a_16bit_quantizelinear_without_zero_point():
+    """_fusable reads every QuantizeLinear: a first one without a zero point and a 16-bit
+    output_dtype says nothing about the 8-bit ones after it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mixq.fidelity import _fusable
+
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["q16"], output_dtype=TensorProto.INT16),
+             helper.make_node("DequantizeLinear", ["q16", "s"], ["d16"]),
+             helper.make_node("QuantizeLinear", ["d16", "s", "z8"], ["q8"]),
+             helper.make_node("DequantizeLinear", ["q8", "s", "z8"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+                          [numpy_helper.from_array(np.float32(0.1), "s"),
+                           numpy_helper.from_array(np.array(0, np.int8), "z8")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    assert _fusable(m)
+    del m.graph.node[2:]
+    m.graph.node[1].output[0] = "y"
+    assert not _fusable(m)
