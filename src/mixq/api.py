@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from ._io import check_output_path, load_deferred, model_size, save_model
@@ -45,6 +46,7 @@ class QuantizeResult:
     numerics: list = field(default_factory=list)  # mixq.plan.numerics.Finding: tensors kept float
     fidelity: Any = None  # mixq.fidelity.FidelityReport: quantized vs float on held-back samples
     bias_correction: Any = None  # mixq.passes.bias_correction.BiasCorrectionReport when asked for
+    weight_rounding: Any = None  # mixq.passes.gptq.WeightRoundingReport with weight_rounding='gptq'
 
     def summary(self) -> str:
         """A short Markdown report."""
@@ -76,6 +78,7 @@ class QuantizeResult:
         lines += [f"- written-out {k} fused into the native op: {n}"
                   for k, n in self.prepare.recognized.counts().items()]
         lines += [f"- kept float ({f.policy}): {f.tensor}: {f.reason}" for f in self.numerics]
+        lines += [f"- {ln}" for ln in (self.weight_rounding.lines() if self.weight_rounding is not None else [])]
         lines += [f"- {ln}" for ln in (self.bias_correction.lines() if self.bias_correction is not None else [])]
         lines += [f"- {ln}" for ln in (self.fidelity.lines() if self.fidelity is not None else [])]
         for w in [*self.prepare.notes, *self.rewrite.notes, *self.warnings,
@@ -149,7 +152,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     timings["plan"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    pipe.calibrate(the_plan, calibration_data, progress=progress, executor=executor)
+    tap, nearest_why = _gram_tap(pipe, the_plan, calibration_data, cfg, ft_config)
+    pipe.calibrate(the_plan, calibration_data, progress=progress, executor=executor, tap=tap)
     # numerics policies read the statistics: tensors whose range or role makes a uniform grid
     # wrong stay float, each with its reason in the plan (tensor overrides are left as set);
     # applied to replayed plans too, so that a plan replays to the bytes its config gives
@@ -160,7 +164,11 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     t = time.perf_counter()
     qparams = pipe.qparams(the_plan, cfg)
     float_ref = float_reference(model, pipe.model, pipe.base_dir)  # before the rewrite changes it
-    bias_rep = _correct_biases(pipe, the_plan, qparams, calibration_data) if cfg.bias_correction else None
+    round_rep = _round_weights(pipe, the_plan, qparams, calibration_data, cfg, tap, nearest_why)
+    del tap
+    bias_rep = _correct_biases(pipe, the_plan, qparams, calibration_data,
+                               None if round_rep is None else round_rep.original) \
+        if cfg.bias_correction else None
     ft_report = None
     target = pipe.model
     if ft_config is not None:  # AdaRound / AdaQuant: adjusted weights, same qparams (mixq.finetune)
@@ -213,7 +221,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         warnings.insert(0, _nothing_quantized(the_plan, cfg.name))
 
     result = QuantizeResult(numerics=numerics, fidelity=fid, warnings=warnings, finetune=ft_report,
-                            bias_correction=bias_rep,
+                            bias_correction=bias_rep, weight_rounding=round_rep,
                             model=qmodel, plan=the_plan, config=cfg, prepare=pipe.prepare_report,
                             rewrite=rew, calibrated=len(pipe.stats), skipped=dict(pipe.calib_skipped),
                             timings=timings, float_bytes=float_bytes, quant_bytes=quant_bytes)
@@ -234,21 +242,91 @@ def _nothing_quantized(plan: PrecisionPlan, preset: str) -> str:
                                "`mixq plan` lists every reason)" if top else ""))
 
 
-def _correct_biases(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, data: Any) -> Any:
-    """Bias correction from the input means over the calibration data (a second, streaming
-    float pass); an error where the data cannot be read again, since the option would
-    otherwise change nothing."""
+def _has_integer_weights(cfg: QuantConfig) -> bool:
+    """Whether any weight format `cfg` can give is an integer grid."""
+    from .formats.integer import IntFormat
+
+    names = {cfg.weight, *(r.weight for r in cfg.layer_rules), *(f for _, f in cfg.tensor_formats)}
+    return any(isinstance(get_format(n), IntFormat) for n in names if n is not None)
+
+
+def _second_pass_data(pipe: Pipeline, data: Any, option: str) -> Any:
+    """Calibration feeds for a second float pass (bias correction, GPTQ); an error where the
+    data cannot be read again, since the option would otherwise change nothing."""
     from .calibration.data import as_feeds
-    from .passes.bias_correction import correct_biases
 
     if pipe.base_dir is not None:
-        raise ConfigError("bias_correction=True: the model's weights stay in their external data "
-                          "file (a model over 2 GiB), which the correction does not read; drop the option.")
+        raise ConfigError(f"{option}: the model's weights stay in their external data file (a model "
+                          "over 2 GiB), which this pass does not read; drop the option.")
+    if not _readable_twice(data):
+        raise ConfigError(f"{option} needs calibration data it can read a second time (a list of "
+                          "feeds, a file or a folder), not a one-shot data reader.")
+    return as_feeds(data, pipe.model, batch_size=8)
+
+
+def _correct_biases(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, data: Any,
+                    original: dict | None = None) -> Any:
+    """Bias correction from the input means over the calibration data (a second, streaming
+    float pass); `original`: float weights a pass before replaced (GPTQ), measured against."""
+    from .passes.bias_correction import correct_biases
+
+    feeds = _second_pass_data(pipe, data, "bias_correction=True")
+    return correct_biases(pipe.model, plan, qparams, feeds, original=original)
+
+
+def _gram_tap(pipe: Pipeline, plan: PrecisionPlan, data: Any, cfg: QuantConfig,
+              finetune: Any) -> tuple[Any, str | None]:
+    """(the GramTap that collects GPTQ's statistics during calibration, or None; why weights are
+    rounded to nearest instead where `cfg.weight_rounding` is 'auto'). 'gptq' where it cannot
+    run is an error; None, None: nearest as asked, or no integer weight at all."""
+    from .passes.gptq import GramTap
+
+    if cfg.weight_rounding == "nearest" or (cfg.weight_rounding == "auto" and not _has_integer_weights(cfg)):
+        return None, None
+    why = None
+    if not _has_integer_weights(cfg):
+        why = (f"it chooses integer weight codes, but the config's weights are {cfg.weight} (no layer "
+               "rule or tensor format gives an integer one)")
+    elif finetune is not None:
+        why = "finetuning (AdaRound / AdaQuant) chooses the weights' rounding itself"
+    elif pipe.base_dir is not None:
+        why = "the model's weights stay in their external data file (a model over 2 GiB)"
+    elif data is None:
+        why = "there is no calibration data to measure the layers' inputs on"
+    if why is not None:
+        if cfg.weight_rounding == "gptq":
+            raise ConfigError(f"weight_rounding='gptq': {why}; drop the option.")
+        return None, why
+    return GramTap(pipe.model, plan), None
+
+
+def _round_weights(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, data: Any, cfg: QuantConfig,
+                   tap: Any, why: str | None) -> Any:
+    """GPTQ rounding of the integer weights from the grams `tap` collected during calibration
+    (or in a float pass of its own where calibration did not run here: statistics known from
+    before, calibration on workers); the report, or None (nearest as asked)."""
+    from .passes.gptq import WeightRoundingReport, gptq_round
+
+    if why is not None:
+        return WeightRoundingReport(nearest_because=why)
+    if tap is None:
+        return None
+    if not tap.complete:
+        if not _readable_twice(data):
+            why = ("calibration did not run in this process and the data is a one-shot reader GPTQ "
+                   "cannot read again (give a list of feeds, a file or a folder)")
+            if cfg.weight_rounding == "gptq":
+                raise ConfigError(f"weight_rounding='gptq': {why}.")
+            return WeightRoundingReport(nearest_because=why)
+        tap.run(pipe.model, _second_pass_data(pipe, data, "weight_rounding='gptq'"))
+    return gptq_round(pipe.model, plan, qparams, tap, damp=cfg.gptq_damp, act_order=cfg.gptq_act_order)
+
+
+def _readable_twice(data: Any) -> bool:
+    """Whether `data` gives the same feeds when read again (containers, arrays and files do; a
+    data reader or a generator is read once)."""
     raw = data.data if isinstance(data, CalibData) else data
-    if not isinstance(raw, (list, tuple, str, os.PathLike)):
-        raise ConfigError("bias_correction=True needs calibration data it can read a second time (a "
-                          "list of feeds, a file or a folder), not a one-shot data reader.")
-    return correct_biases(pipe.model, plan, qparams, as_feeds(data, pipe.model, batch_size=8))
+    return isinstance(raw, (list, tuple, dict, np.ndarray, str, os.PathLike))
 
 
 def cpu_has_vnni() -> bool | None:

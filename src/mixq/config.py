@@ -18,6 +18,7 @@ CALIB_METHODS = ("minmax", "percentile", "entropy", "minmse")
 WEIGHT_CALIB_METHODS = ("minmax", "minmse")
 POF2_METHODS = ("nonoverflow", "minmse")
 BIAS_MODES = ("auto", "int32", "float")
+WEIGHT_ROUNDINGS = ("auto", "nearest", "gptq")
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,15 @@ class QuantConfig:
         quantized weight adds to the output, (Wq - W) E[x], with E[x] measured in a second float
         pass over the calibration data (mixq.passes.bias_correction; not with finetuning, which
         fits the layers itself).
+    weight_rounding: how integer weights of Conv/Gemm/MatMul are rounded onto their grid:
+        'nearest' (each weight to its nearest code), 'gptq' (codes chosen to minimise the
+        layer's output error on the calibration data, from its inputs' second moments measured
+        in a second float pass; mixq.passes.gptq) or 'auto' (the default: gptq where it can run,
+        nearest where not, with the reason in the summary: no calibration data it can read
+        twice, weights left in their external data file, finetuning). The scales are the same.
+    gptq_damp: with 'gptq', the dampening added to the input second moments' diagonal, as a
+        fraction of its mean (0.01; larger is closer to nearest rounding).
+    gptq_act_order: with 'gptq', round the inputs with the most energy first.
     dual_quant_nodes: at a precision boundary, the consumers in another format read both
         quantization nodes in series (producer's then consumer's format), so that backend
         compilers see both; otherwise they read one conversion node from the float tensor.
@@ -128,6 +138,9 @@ class QuantConfig:
     dual_quant_nodes: bool = False
     numerics_policies: bool = True
     bias_correction: bool = False
+    weight_rounding: str = "auto"
+    gptq_damp: float = 0.01
+    gptq_act_order: bool = True
     name: str = "custom"
     per_channel: InitVar[bool | None] = None
 
@@ -139,7 +152,7 @@ class QuantConfig:
         object.__setattr__(self, "granularity", granularity_from(self.granularity))
         for opt in ("reduce_range", "share_concat_scales", "quantize_outputs", "fuse_activations",
                     "dual_quant_nodes", "activation_symmetric", "weight_symmetric",
-                    "numerics_policies", "bias_correction"):
+                    "numerics_policies", "bias_correction", "gptq_act_order"):
             if not isinstance(getattr(self, opt), bool):
                 raise ConfigError(f"{opt}={getattr(self, opt)!r} must be True or False.")
         if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)):
@@ -151,6 +164,12 @@ class QuantConfig:
                               "clips whenever it lowers the expected error; for no clipping at all, "
                               "calibration='minmax').")
         object.__setattr__(self, "minmse_min_gain", float(g))
+        d = self.gptq_damp
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 < float(d) <= 1.0:
+            raise ConfigError(f"gptq_damp={d!r} must be a number in (0, 1], e.g. 0.01.")
+        object.__setattr__(self, "gptq_damp", float(d))
+        object.__setattr__(self, "weight_rounding",
+                           _choice("weight_rounding", self.weight_rounding, WEIGHT_ROUNDINGS))
         # canonicalize names so that equal configs compare equal
         object.__setattr__(self, "activation", get_format(self.activation).name)
         object.__setattr__(self, "weight", get_format(self.weight).name)

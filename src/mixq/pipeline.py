@@ -182,11 +182,12 @@ class Pipeline:
 
     def calibrate(self, plan: PrecisionPlan, data: Any, *,
                   progress: Callable[[int], None] | None = None,
-                  executor: Executor | None = None) -> dict[str, TensorStats]:
+                  executor: Executor | None = None, tap: Any = None) -> dict[str, TensorStats]:
         """Statistics of every tensor `plan` calibrates, collected in one onnxruntime pass over
         `data` (tensors collected before are not collected again). With an `executor`
         (mixq.distributed) the data is cut into one shard per worker and the shards' statistics
-        are merged: the same statistics, to the bit."""
+        are merged: the same statistics, to the bit. `tap` (mixq.passes.gptq.GramTap) watches
+        the same pass where one runs in this process (`tap.complete` then)."""
         from .check import custom_op_problems
 
         needed = plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
@@ -224,7 +225,7 @@ class Pipeline:
                                         base_dir=self.base_dir)
             else:
                 res = collect_stats(self.model, missing, data, progress=progress,
-                                    base_dir=self.base_dir)
+                                    base_dir=self.base_dir, tap=tap)
         except ModelError as exc:
             why = self._source_load_error() if str(exc).startswith(LOAD_FAILED) else None
             if why:  # the user's file itself: say so, not mixq's prepared copy

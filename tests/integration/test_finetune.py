@@ -12,7 +12,8 @@ import mixq  # noqa: E402
 from mixq.errors import ConfigError, DataError  # noqa: E402
 from mixq.finetune import AdaQuantConfig, AdaRoundConfig, EarlyStop, quantize_with_finetune  # noqa: E402
 
-INT8_PT = mixq.QuantConfig(activation="int8", weight="int8", per_channel=False, activation_symmetric=True)
+INT8_PT = mixq.QuantConfig(activation="int8", weight="int8", per_channel=False, activation_symmetric=True,
+                           weight_rounding="nearest")  # the baseline finetuning starts from
 
 
 def _model() -> onnx.ModelProto:

@@ -22,7 +22,8 @@ from mixq.finetune import AdaQuantConfig, AdaRoundConfig, quantize_with_finetune
 data = pytest.importorskip("mixq.data")
 
 HALF_THE_NOISE_DB = 10 * math.log10(2.0)
-INT8_PER_TENSOR = mixq.QuantConfig(activation="int8", weight="int8", per_channel=False, activation_symmetric=True)
+INT8_PER_TENSOR = mixq.QuantConfig(activation="int8", weight="int8", per_channel=False, activation_symmetric=True,
+                                   weight_rounding="nearest")  # the baseline finetuning starts from
 
 
 @pytest.fixture(scope="module")

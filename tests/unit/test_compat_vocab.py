@@ -288,7 +288,13 @@ def test_qconfig_preset(name):
     (lambda: QuantizationConfig(activation_type=QuantType.QInt8, quant_format=VitisQuantFormat.BFPFixNeuron,
                                 weight_type=QuantType.QInt16), "contradicts"),
     (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=[SmoothQuantConfig(alpha=0.7)]), "SmoothQuant"),
-    (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=[GPTQConfig()]), "GPTQ"),
+    (lambda: Config(global_quant_config=QuantizationConfig(include_cle=False),
+                    algo_config=[GPTQConfig(bits=4)]).to_mixq(), r"GPTQConfig\(bits=4\) disagrees"),
+    (lambda: QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec()),
+                     algo_config=[GPTQConfig(weight_symmetric=False)]).to_mixq(), "weight_symmetric=False"),
+    (lambda: GPTQConfig(perc_damp=0), r"\(0, 1\]"),
+    (lambda: GPTQConfig(act_order="yes"), "must be True or False"),
+    (lambda: GPTQConfig(group_size=0), "no groups"),
     (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=[QuarotConfig()]), "QuaRot"),
     (lambda: Config(global_quant_config=QuantizationConfig(), algo_config=AdaQuantConfig()), "must be a list"),
     (lambda: Config(global_quant_config=QuantizationConfig(include_fast_ft=True), algo_config=[AdaQuantConfig()]),
@@ -390,6 +396,19 @@ def test_qconfig_weight_calibration_method_maps_as_the_vendor_reads_it():
     mse = QConfig(global_config=QLayerConfig(act, Int8Spec(calibration_method=CalibMethod.MinMSE))).to_mixq()
     assert (plain.calibration, plain.weight_method) == ("minmse", "minmax")
     assert (mse.calibration, mse.weight_method) == ("minmse", "minmse")
+
+
+def test_gptq_config_maps_to_mixq_weight_rounding():
+    """GPTQConfig in a Config's or a QConfig's algo_config sets weight_rounding='gptq' with the
+    vendor's defaults (act_order False, perc_damp 0.01); its grid arguments, when given, agree
+    with the weight spec (it was refused as not implemented)."""
+    base = dict(include_cle=False)
+    a = Config(global_quant_config=QuantizationConfig(**base), algo_config=[GPTQConfig()]).to_mixq()
+    assert (a.weight_rounding, a.gptq_damp, a.gptq_act_order) == ("gptq", 0.01, False)
+    b = QConfig(global_config=QLayerConfig(Int8Spec(), Int8Spec()),
+                algo_config=[GPTQConfig(bits=8, perc_damp=0.05, act_order=True, mse=True)]).to_mixq()
+    assert (b.weight_rounding, b.gptq_damp, b.gptq_act_order, b.weight_method) == ("gptq", 0.05, True, "minmse")
+    assert QuantizationConfig(**base).to_mixq().weight_rounding == "auto"  # mixq's default
 
 
 def test_bias_correction_is_asked_for_in_all_three_documented_ways():

@@ -239,7 +239,7 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
                   progress: Callable[[int], Any] | None = None,
                   intra_op_threads: int | None = None, batch_size: int = 1,
                   axes: dict[str, int] | None = None,
-                  base_dir: str | os.PathLike | None = None) -> CollectResult:
+                  base_dir: str | os.PathLike | None = None, tap: Any = None) -> CollectResult:
     """Statistics of `tensor_names` over all of `data`, in one streaming onnxruntime pass.
 
     Parameters
@@ -255,6 +255,9 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
     axes: optional ``{name: axis}`` to also collect per-channel min/max of those tensors.
     base_dir: the directory deferred initializers of `model` (external data left on disk by
         mixq._io.load_model_deferred) are read from; onnxruntime maps them from there.
+    tap: an observer of the same pass (mixq.passes.gptq.GramTap): its `names` are fetched too
+        (no statistics), `tap.update(values, rows)` sees them per batch, `tap.finish()` after
+        the last one.
 
     Returns a :class:`CollectResult` (a dict ``{name: TensorStats}`` with ``.skipped``).
     Raises DataError for bad data, ModelError when the model cannot be read or run.
@@ -292,7 +295,9 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
             known = list(produced | graph_inputs | set(inits))
             result.skipped[name] = f"no tensor of this name in the model graph.{did_you_mean(name, known)}"
 
-    if not to_fetch and not from_feed:
+    tap_names = [n for n in (tap.names if tap is not None else []) if n in produced or n in graph_inputs]
+    to_fetch += [n for n in tap_names if n in produced and n not in to_fetch]
+    if not to_fetch and not from_feed and not tap_names:
         return result
 
     # decided as if deferred weights were loaded: deferring them never changes the session
@@ -316,7 +321,7 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
                                         "is not a float tensor")
             else:
                 fetch.append(name)
-        if not fetch and not from_feed:
+        if not fetch and not from_feed and not tap_names:
             return result
         sess, restore = _augmented_session(m, fetch, graph_outputs, vis, in_memory, Path(tmp), providers,
                                            intra_op_threads, base_dir, prepack=prepack
@@ -325,7 +330,8 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
         if callable(set_total):
             set_total(_bounded_count(data, input_specs_from_model(m), batch_size))
         try:
-            _run(result, m, sess, fetch, from_feed, data, batch_size, axes, progress)
+            _run(result, m, sess, fetch, from_feed, data, batch_size, axes, progress,
+                 tap=tap, stat_names=set(names))
         finally:
             del sess
             import gc
@@ -333,8 +339,8 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
             gc.collect()  # the session (and the weights it was handed) must go before restore()
             restore()
     # keep the requested order
-    return CollectResult({n: result[n] for n in names if n in result}, result.skipped,
-                         result.num_batches)
+    return CollectResult({n: result[n] for n in names if n in result},
+                         {n: why for n, why in result.skipped.items() if n in names}, result.num_batches)
 
 
 def _array_shape(path: Path, member: str | None = None) -> tuple[int, ...] | None:
@@ -422,14 +428,19 @@ def count_batches(data: Any, specs: Sequence[Any], batch_size: int = 1) -> int |
 
 def _run(result: CollectResult, m: onnx.ModelProto, sess: Any, fetch: list[str],
          from_feed: list[str], data: Any, batch_size: int, axes: dict[str, int],
-         progress: Callable[[int], Any] | None) -> None:
-    """The calibration pass: statistics of `fetch` (run) and `from_feed` (fed) into `result`."""
+         progress: Callable[[int], Any] | None, *, tap: Any = None,
+         stat_names: set[str] | None = None) -> None:
+    """The calibration pass: statistics of `fetch` (run) and `from_feed` (fed) into `result`
+    (only those in `stat_names`, when given); the tap's tensors to `tap` per batch."""
     out_names = [o.name for o in sess.get_outputs()] if sess is not None else []
     missing = [n for n in fetch if n not in out_names]
     for n in missing:
-        result.skipped[n] = "onnxruntime does not expose this tensor as an output"
+        if stat_names is None or n in stat_names:
+            result.skipped[n] = "onnxruntime does not expose this tensor as an output"
     fetch = [n for n in fetch if n not in missing]
-    stats = {n: TensorStats(axis=axes.get(n)) for n in fetch + from_feed}
+    tapped = set(tap.names) if tap is not None else set()
+    stats = {n: TensorStats(axis=axes.get(n)) for n in fetch + from_feed
+             if stat_names is None or n in stat_names}
     specs = input_specs_from_model(m)
     feed_names = {s.name for s in specs}
     non_float: dict[str, str] = {}
@@ -437,6 +448,7 @@ def _run(result: CollectResult, m: onnx.ModelProto, sess: Any, fetch: list[str],
     for i_batch, feed in enumerate(FeedSource(data, specs, batch_size=batch_size)):
         for n in from_feed:
             _update(stats, non_float, n, feed[n])
+        values = {n: feed[n] for n in tapped if n in feed}
         if fetch:
             try:
                 outs = sess.run(fetch, {k: v for k, v in feed.items() if k in feed_names})
@@ -446,12 +458,20 @@ def _run(result: CollectResult, m: onnx.ModelProto, sess: Any, fetch: list[str],
                                                       for k, v in feed.items())
                                 + f"): {e}") from e
             for n, arr in zip(fetch, outs):
-                _update(stats, non_float, n, arr)
+                if n in stats:
+                    _update(stats, non_float, n, arr)
+                if n in tapped:
+                    values[n] = arr
             del outs
-        del feed
+        if tap is not None:
+            f0 = next(iter(feed.values()), None)
+            tap.update(values, int(f0.shape[0]) if f0 is not None and np.ndim(f0) else 1)
+        del feed, values
         if progress is not None:
             progress(i_batch)
     result.num_batches = i_batch + 1
+    if tap is not None:
+        tap.finish()
     for n in list(stats):
         if n in non_float:
             result.skipped[n] = non_float[n]

@@ -43,6 +43,12 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bias-correction", action="store_true", default=None,
                    help="Conv/Gemm biases absorb the mean error of their quantized weights (a second "
                         "float pass over the calibration data)")
+    p.add_argument("--weight-rounding", choices=("auto", "nearest", "gptq"), default=None,
+                   help="how integer Conv/Gemm/MatMul weights are rounded: nearest, gptq (codes that "
+                        "minimise each layer's output error on the calibration data; a second float "
+                        "pass), or auto (the default: gptq where it can run, the summary says why not)")
+    p.add_argument("--gptq-damp", type=float, default=None, metavar="X",
+                   help="GPTQ's dampening, a fraction of the mean input energy (default 0.01)")
 
 
 #: A --config file is a few hundred bytes; anything far larger is not one.
@@ -63,6 +69,7 @@ def _config_given(args: argparse.Namespace) -> bool:
     """Whether any config flag was given (a replayed plan carries its own config)."""
     return bool(args.config or args.preset or args.activation or args.weight or args.calib_method
                 or args.minmse_min_gain is not None or args.weight_calib_method or args.bias_correction
+                or args.weight_rounding or args.gptq_damp is not None
                 or args.per_channel is not None or args.reduce_range or args.exclude_op_types
                 or getattr(args, "numerics_policies", None) is False)
 
@@ -162,6 +169,12 @@ def _config_from_args(args: argparse.Namespace):
         changes["reduce_range"] = True
     if args.bias_correction:
         changes["bias_correction"] = True
+    if args.weight_rounding:
+        changes["weight_rounding"] = args.weight_rounding
+    if args.gptq_damp is not None:
+        if (args.weight_rounding or cfg.weight_rounding) == "nearest":
+            raise ConfigError("--gptq-damp applies to GPTQ rounding, not to --weight-rounding nearest.")
+        changes["gptq_damp"] = args.gptq_damp
     if getattr(args, "numerics_policies", None) is False:
         changes["numerics_policies"] = False
     if args.exclude_op_types:

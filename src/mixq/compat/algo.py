@@ -1,20 +1,23 @@
 """The vendor's algorithm configs for `algo_config=[...]`, with its argument names and defaults.
 
 AdaRoundConfig / AdaQuantConfig become mixq finetune configs; AutoMixprecisionConfig becomes the
-AutoMixprecision options; BiasCorrectionConfig (mixq's bias_correction); CLEConfig,
-SmoothQuantConfig, GPTQConfig and
+AutoMixprecision options; BiasCorrectionConfig (mixq's bias_correction); GPTQConfig (mixq's
+weight_rounding='gptq'); CLEConfig, SmoothQuantConfig and
 QuarotConfig are accepted as objects (the vendor's signatures) and raise "unsupported" with the
 reason when a config that holds them is translated.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, did_you_mean
 from ..finetune.config import AdaQuantConfig as MixqAdaQuant
 from ..finetune.config import AdaRoundConfig as MixqAdaRound
 from .finetune_vocab import finetune_from_vendor
 from .table import FF_ALIASES
+
+if TYPE_CHECKING:
+    from ..config import QuantConfig
 
 
 class AlgoConfig:
@@ -106,10 +109,59 @@ class BiasCorrectionConfig(AlgoConfig):
     _ARGS: dict[str, Any] = {}
 
 
-class GPTQConfig(_Unsupported):
+class GPTQConfig(AlgoConfig):
+    """GPTQ weight rounding (mixq.passes.gptq): `weight_rounding='gptq'`, perc_damp ->
+    `gptq_damp`, act_order -> `gptq_act_order` (the vendor's default False), mse=True ->
+    `weight_calibration='minmse'`; block_size changes only how many columns are updated at once.
+    bits, group_size, per_channel and weight_symmetric describe the weight grid, which mixq takes
+    from the quantization config: given, they must agree with it (see `apply_gptq`)."""
+
     _ARGS = {"bits": 8, "block_size": 128, "group_size": -1, "perc_damp": 0.01, "act_order": False,
              "per_channel": False, "mse": False, "weight_symmetric": True}
-    why = "GPTQ is not implemented (use AdaRoundConfig / AdaQuantConfig)."
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        p = self.params
+        for k in ("act_order", "per_channel", "mse", "weight_symmetric"):
+            if k in p and not isinstance(p[k], bool):
+                raise ConfigError(f"GPTQConfig({k}={p[k]!r}) must be True or False.")
+        for k, low in (("bits", 2), ("block_size", 1), ("group_size", -1)):
+            v = p.get(k, self._ARGS[k])
+            if isinstance(v, bool) or not isinstance(v, int) or v < low or (k == "group_size" and v == 0):
+                raise ConfigError(f"GPTQConfig({k}={v!r}) must be an integer >= {low}"
+                                  + (" (-1: no groups)" if k == "group_size" else "") + ".")
+        d = p.get("perc_damp", 0.01)
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 < d <= 1:
+            raise ConfigError(f"GPTQConfig(perc_damp={d!r}) must be a number in (0, 1], e.g. 0.01.")
+
+
+def apply_gptq(algos: Any, cfg: "QuantConfig") -> "QuantConfig":
+    """`cfg` with the GPTQ options of a (checked) algo_config list; a GPTQConfig whose grid
+    arguments disagree with `cfg`'s weights raises, naming both."""
+    from ..formats import get_format
+    from ..formats.integer import IntFormat
+    from ..granularity import PerBlock
+
+    g = next((a for a in (algos or ()) if isinstance(a, GPTQConfig)), None)
+    if g is None:
+        return cfg
+    p = g.params
+    fmt = get_format(cfg.weight)
+    block = cfg.granularity.size if isinstance(cfg.granularity, PerBlock) else -1
+    have = {"bits": fmt.int_bits if isinstance(fmt, IntFormat) else None,
+            "weight_symmetric": cfg.weight_symmetric,
+            "per_channel": cfg.per_channel_weights, "group_size": block}
+    for k, v in have.items():
+        if k in p and p[k] != v:
+            raise ConfigError(f"GPTQConfig({k}={p[k]!r}) disagrees with the config's weights ({cfg.weight}, "
+                              f"{cfg.granularity}, symmetric={cfg.weight_symmetric}): mixq rounds on the grid "
+                              "the quantization config gives; set the weight spec there and drop "
+                              f"{k} (or give {k}={v!r}).")
+    changes: dict[str, Any] = {"weight_rounding": "gptq", "gptq_damp": float(p.get("perc_damp", 0.01)),
+                               "gptq_act_order": bool(p.get("act_order", False))}
+    if p.get("mse"):
+        changes["weight_calibration"] = "minmse"
+    return cfg.with_options(**changes)
 
 
 class QuarotConfig(_Unsupported):
@@ -197,7 +249,7 @@ def split_algo_config(algos: Any, scope: str = "algo_config") -> tuple[Any, dict
         elif isinstance(a, _Unsupported):
             a.reject()
             continue
-        elif isinstance(a, (CLEConfig, BiasCorrectionConfig)):  # see cle_steps, wants_bias_correction
+        elif isinstance(a, (CLEConfig, BiasCorrectionConfig, GPTQConfig)):  # cle_steps, wants_bias_correction, apply_gptq
             continue
         else:
             raise ConfigError(f"{scope}: {type(a).__name__} is not an algorithm config; use "

@@ -279,12 +279,13 @@ class Config:
         self.translate()
 
     def translate(self) -> Translation:
-        from .algo import cle_steps, split_algo_config, wants_bias_correction
+        from .algo import apply_gptq, cle_steps, split_algo_config, wants_bias_correction
 
         ft, amp = split_algo_config(self.algo_config)
         tr = translate_legacy(self.global_quant_config, ft, amp)
         if wants_bias_correction(self.algo_config):
             tr.config = tr.config.with_options(bias_correction=True)
+        tr.config = apply_gptq(self.algo_config, tr.config)
         steps = cle_steps(self.algo_config)
         if steps:
             tr.flags["cle"], tr.flags["cle_steps"] = True, steps

@@ -7,7 +7,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..finetune.compat import QConfig, QLayerConfig, layer_rule_of
 from ..formats import get_format
-from .algo import cle_steps, split_algo_config, wants_bias_correction
+from .algo import apply_gptq, cle_steps, split_algo_config, wants_bias_correction
 from .amp import build_request, layer_wise_changes
 from .legacy import (Translation, _amp_type_names, _block_attrs_used, _finish, _npu_cnn_constraints,
                      _op_type_changes, _tensor_precision)
@@ -102,4 +102,6 @@ def translate_qconfig(q: QConfig) -> Translation:
         ctx.flags["cle"], ctx.flags["cle_steps"] = True, steps
     if wants_bias_correction(q.algo_config):
         ch["bias_correction"] = True
-    return _finish(ctx, ft, amp)
+    tr = _finish(ctx, ft, amp)
+    tr.config = apply_gptq(q.algo_config, tr.config)
+    return tr

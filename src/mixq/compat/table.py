@@ -700,7 +700,7 @@ QCONFIG_API: list[Entry] = [
          "type; None excludes the op types (`exclude_op_types`); same restriction as above"),
     _doc("QConfig", "exclude", "node names: `exclude_nodes`; (start, end) subgraph tuples raise"),
     _doc("QConfig", "algo_config", "a list: AdaRoundConfig / AdaQuantConfig (one), "
-         "AutoMixprecisionConfig, CLEConfig, BiasCorrectionConfig; SmoothQuantConfig, GPTQConfig, "
+         "AutoMixprecisionConfig, CLEConfig, BiasCorrectionConfig, GPTQConfig; SmoothQuantConfig, "
          "QuarotConfig raise"),
     _doc("QConfig", "use_external_data_format", "unsupported: mixq writes external data itself above "
          "2 GB (remove it)"),
@@ -734,7 +734,10 @@ QCONFIG_API: list[Entry] = [
                       "at their defaults only)"),
         ("SmoothQuantConfig", "unsupported: SmoothQuant is not implemented (use 16-bit activations)"),
         ("BiasCorrectionConfig", "`bias_correction=True` (not together with AdaRound / AdaQuant)"),
-        ("GPTQConfig", "unsupported: GPTQ is not implemented (use AdaRoundConfig / AdaQuantConfig)"),
+        ("GPTQConfig", "`weight_rounding='gptq'`: perc_damp -> `gptq_damp`, act_order -> `gptq_act_order`, "
+                       "mse=True -> `weight_calibration='minmse'`, block_size: speed only; bits, group_size, "
+                       "per_channel, weight_symmetric must agree with the weight spec (else they raise); "
+                       "not together with AdaRound / AdaQuant"),
         ("QuarotConfig", "unsupported: QuaRot is not implemented (use 16-bit activations)"))],
 ]
 

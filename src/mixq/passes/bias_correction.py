@@ -114,10 +114,12 @@ def _input_means(model: onnx.ModelProto, names: list[str], feeds: Iterable[dict[
 
 
 def correct_biases(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QParams],
-                   feeds: Iterable[dict[str, np.ndarray]]) -> BiasCorrectionReport:
+                   feeds: Iterable[dict[str, np.ndarray]],
+                   original: dict[str, np.ndarray] | None = None) -> BiasCorrectionReport:
     """Correct, in place, the biases of `model`'s Conv / Gemm layers whose weights `plan`
     quantizes with `qparams` (see the module docstring); `feeds`: the samples whose input means
-    are used, streamed (one batch in memory at a time)."""
+    are used, streamed (one batch in memory at a time); `original`: the float weights of those
+    a pass before already moved onto their grid (GPTQ), which the error is measured against."""
     rep = BiasCorrectionReport()
     targets, rep.skipped = _targets(model, plan, qparams)
     if not targets:
@@ -126,10 +128,11 @@ def correct_biases(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[st
     means, rep.samples = _input_means(model, sorted({n.input[0] for n, _, _ in targets}), feeds)
     for node, w_name, b_name in targets:
         mean = means.get(node.input[0])
-        w = numpy_helper.to_array(inits[w_name]).astype(np.float32)
+        cur = numpy_helper.to_array(inits[w_name]).astype(np.float32)
+        w = (original or {}).get(w_name, cur)
         b = numpy_helper.to_array(inits[b_name]).astype(np.float64)
         fmt = get_format(str(plan.tensors[w_name].format))  # an integer format (see _targets)
-        err = (fmt.fake_quant(w, qparams[w_name]) - w).astype(np.float64)
+        err = (fmt.fake_quant(cur, qparams[w_name]) - w).astype(np.float64)
         if mean is None:
             rep.skipped[b_name] = f"the input {node.input[0]} has no channel axis"
             continue

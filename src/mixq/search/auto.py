@@ -145,6 +145,11 @@ class AutoConfig:
         if self.base.bias_correction:
             raise ConfigError("the base config has bias_correction=True: the search does not correct "
                               "biases (each plan would need its own float pass); drop the option.")
+        if self.base.weight_rounding == "gptq":
+            raise ConfigError("the base config has weight_rounding='gptq': the search rounds weights "
+                              "to nearest (each plan would need its own rounding); drop the option.")
+        if self.base.weight_rounding == "auto":  # its plans replay to the bytes the search measured
+            object.__setattr__(self, "base", self.base.with_options(weight_rounding="nearest"))
         if self.base.activation is not None and self.base.weight is not None:
             base = Candidate(get_format(self.base.activation).name, get_format(self.base.weight).name)
             for c in self.candidates:
