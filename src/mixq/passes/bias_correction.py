@@ -15,6 +15,7 @@ quantizes them (to int32 at input scale x weight scale when planned so).
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -60,10 +61,7 @@ def _targets(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QPa
     """(node, weight, bias) of every Conv / Gemm (transA=0) whose weight is planned on an
     integer grid and whose bias is an initializer read by that node alone; skip reasons."""
     inits = {t.name: t for t in model.graph.initializer}
-    readers: dict[str, int] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            readers[i] = readers.get(i, 0) + 1
+    readers = Counter(i for n in model.graph.node for i in n.input)
     out, skipped = [], {}
     for n in model.graph.node:
         if n.op_type not in ("Conv", "Gemm") or len(n.input) < 3 or not n.input[2]:

@@ -22,6 +22,7 @@ here). It returns the float weights it replaced, which bias correction then meas
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -102,10 +103,7 @@ def _str(node: onnx.NodeProto, name: str, default: str) -> str:
 def _targets(model: onnx.ModelProto, plan: PrecisionPlan) -> tuple[list[_Target], dict[str, str]]:
     """Every Conv / Gemm / MatMul whose constant weight the plan puts on an integer grid."""
     inits = {t.name: t for t in model.graph.initializer}
-    readers: dict[str, int] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            readers[i] = readers.get(i, 0) + 1
+    readers = Counter(i for n in model.graph.node for i in n.input)
     out, skipped = [], {}
     for n in model.graph.node:
         if n.op_type not in ("Conv", "Gemm", "MatMul") or len(n.input) < 2:
