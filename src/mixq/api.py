@@ -46,7 +46,7 @@ class QuantizeResult:
     numerics: list = field(default_factory=list)  # mixq.plan.numerics.Finding: tensors kept float
     fidelity: Any = None  # mixq.fidelity.FidelityReport: quantized vs float on held-back samples
     bias_correction: Any = None  # mixq.passes.bias_correction.BiasCorrectionReport when asked for
-    weight_rounding: Any = None  # mixq.passes.gptq.WeightRoundingReport with weight_rounding='gptq'
+    weight_rounding: Any = None  # mixq.passes.gptq.WeightRoundingReport: what GPTQ did, or why it did not run
 
     def summary(self) -> str:
         """A short Markdown report."""
@@ -281,10 +281,11 @@ def _gram_tap(pipe: Pipeline, plan: PrecisionPlan, data: Any, cfg: QuantConfig,
     run is an error; None, None: nearest as asked, or no integer weight at all."""
     from .passes.gptq import GramTap
 
-    if cfg.weight_rounding == "nearest" or (cfg.weight_rounding == "auto" and not _has_integer_weights(cfg)):
+    integer = _has_integer_weights(cfg)
+    if cfg.weight_rounding == "nearest" or (cfg.weight_rounding == "auto" and not integer):
         return None, None
     why = None
-    if not _has_integer_weights(cfg):
+    if not integer:
         why = (f"it chooses integer weight codes, but the config's weights are {cfg.weight} (no layer "
                "rule or tensor format gives an integer one)")
     elif finetune is not None:
