@@ -23,6 +23,7 @@ from onnx import helper
 
 from .config import QuantConfig
 from .evaluate import ErrorStats, OutputMetrics, make_session
+from .graph import with_outputs
 
 #: Below these the model is called broken.
 BROKEN_AGREEMENT = 0.90
@@ -291,21 +292,12 @@ def _worst_sqnr(model: onnx.ModelProto, names: list[str], refs: list[list[np.nda
     return min(o.sqnr_db for o in _score(names, refs, [s.run(names, f) for f in feeds]))
 
 
-def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    m.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
-                          for n in names if n not in have)
-    return m
-
-
 def _noise_db(pairs: dict[str, list[str]], qmodel: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]
               ) -> dict[str, float]:
     """Each quantized activation's own SQNR (float value vs its dequantized value), one run."""
     names = [t for t in pairs if pairs[t]]
     extra = [x for t in names for x in (t, pairs[t][0])]
-    sess = make_session(_with_outputs(qmodel, extra), optimize=False)
+    sess = make_session(with_outputs(qmodel, extra), optimize=False)
     accs = {t: ErrorStats() for t in names}
     for feed in feeds:
         vals = dict(zip(extra, sess.run(extra, feed)))

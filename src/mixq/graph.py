@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import onnx
+import onnx.helper
 
 __all__ = ["GraphIndex", "NameAllocator", "subgraphs", "walk_graphs", "outer_scope_reads",
-           "all_names", "tensor_type", "static_shape", "is_float_type", "PassResult"]
+           "all_names", "tensor_type", "static_shape", "is_float_type", "with_outputs", "PassResult"]
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
                          onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE})
@@ -131,6 +132,17 @@ class NameAllocator:
 
     def __contains__(self, name: object) -> bool:
         return name in self._taken
+
+
+def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """A copy of `model` that also outputs the float tensors `names` (those not outputs
+    already), for a run that reads intermediate values."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
+                          for n in names if n not in have)
+    return m
 
 
 def tensor_type(t: onnx.TypeProto | None) -> int:

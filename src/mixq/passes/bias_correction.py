@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from .._io import has_external_data
 from ..formats import QParams, get_format
+from ..graph import with_outputs
 from ..plan.plan import PrecisionPlan
 
 __all__ = ["BiasCorrectionReport", "correct_biases"]
@@ -89,12 +90,7 @@ def _input_means(model: onnx.ModelProto, names: list[str], feeds: Iterable[dict[
     """Per-channel (axis 1) means of `names` over the other axes, from one run of `model`."""
     from ..evaluate import make_session
 
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    m.graph.output.extend(helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None)
-                          for x in names if x not in have)
-    sess = make_session(m.SerializeToString())
+    sess = make_session(with_outputs(model, names).SerializeToString())
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
     samples = 0

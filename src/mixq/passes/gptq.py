@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from .._io import has_external_data
 from ..errors import MixqError
 from ..formats import QParams, get_format
 from ..formats.integer import IntFormat, expand_param
+from ..graph import with_outputs
 from ..plan.plan import PrecisionPlan
 
 __all__ = ["GPTQ_DAMP", "GPTQ_BLOCK", "MAX_ROWS", "GramTap", "WeightRoundingReport", "gptq_round"]
@@ -223,14 +224,9 @@ class GramTap:
         """A float run of `model` of its own over `feeds` (where no calibration run fed it)."""
         from ..evaluate import make_session
 
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
-        have = {o.name for o in m.graph.output}
-        inputs = {i.name for i in m.graph.input}
+        inputs = {i.name for i in model.graph.input}
         fetch = [x for x in self.names if x not in inputs]
-        m.graph.output.extend(helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None)
-                              for x in fetch if x not in have)
-        sess = make_session(m.SerializeToString())
+        sess = make_session(with_outputs(model, fetch).SerializeToString())
         for feed in feeds:
             values = dict(zip(fetch, sess.run(fetch, feed))) if fetch else {}
             values.update({k: v for k, v in feed.items() if k in self.names})
