@@ -178,7 +178,22 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
             pipe.model, the_plan, qparams, calibration_data, ft_config,
             lambda m: pipe.rewrite(the_plan, qparams, cfg, model=m)[0])
         timings["finetune"] = ft_report.total_seconds
+    from .check import custom_op_problems
+
+    custom_ops = [why for why in custom_op_problems(pipe.model).values() if "custom op library" in why]
+    # weight_rounding='auto': nearest rounding's twin, scored against GPTQ's model below
+    twin = _nearest_twin(target, round_rep) if (
+        cfg.weight_rounding == "auto" and ft_config is None and bias_rep is None and not custom_ops
+        and float_ref is not None and round_rep is not None and round_rep.rounded) else None
     qmodel, rew = pipe.rewrite(the_plan, qparams, cfg, model=target, copy=False)
+    if twin is not None and float_ref is not None:
+        t_check = time.perf_counter()
+        qmodel, rew = _keep_better_rounding(pipe, the_plan, qparams, cfg, (qmodel, rew), twin,
+                                            float_ref, calibration_data, round_rep)
+        if round_rep.nearest_because is not None:
+            target = twin  # what the chosen model was rewritten from
+        del twin
+        timings["rounding check"] = time.perf_counter() - t_check
     # weights left float: the result holds the whole model. A rewrite that returned a new model
     # (an opset conversion) rebuilt every tensor, and loaded ones would have lost their
     # data_location field on the way: so do these, for the bytes of a model loaded whole
@@ -189,11 +204,9 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         check_graph(qmodel, full_check=quant_bytes < 2**31 - 1, size=quant_bytes)
     except Exception as exc:
         raise ModelError(f"internal error: the quantized model fails the ONNX checker: {exc}") from exc
-    timings["rewrite"] = time.perf_counter() - t - timings.get("finetune", 0.0)
+    timings["rewrite"] = (time.perf_counter() - t - timings.get("finetune", 0.0)
+                          - timings.get("rounding check", 0.0))
 
-    from .check import custom_op_problems
-
-    custom_ops = [why for why in custom_op_problems(pipe.model).values() if "custom op library" in why]
     # the fidelity guard: quantized against float on the last calibration samples; runs before
     # the save, so that --strict leaves an existing output untouched when the model is broken
     t = time.perf_counter()
@@ -321,6 +334,51 @@ def _round_weights(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, data: Any
             return WeightRoundingReport(nearest_because=why)
         tap.run(pipe.model, _second_pass_data(pipe, data, "weight_rounding='gptq'"))
     return gptq_round(pipe.model, plan, qparams, tap, damp=cfg.gptq_damp, act_order=cfg.gptq_act_order)
+
+
+def _nearest_twin(model: onnx.ModelProto, rep: Any) -> onnx.ModelProto:
+    """A copy of `model` with the weights GPTQ changed put back (the rewrite rounds them to nearest)."""
+    from onnx import numpy_helper
+
+    twin = onnx.ModelProto()
+    twin.CopyFrom(model)
+    for init in twin.graph.initializer:
+        if init.name in rep.original:
+            init.CopyFrom(numpy_helper.from_array(rep.original[init.name], init.name))
+    return twin
+
+
+#: weight_rounding='auto' keeps nearest rounding where the whole model scores this much better
+#: with it (mean output SQNR on the guard's samples, which GPTQ was fit on too: a GPTQ loss there
+#: is real, a small one may be noise)
+ROUNDING_MARGIN_DB = 0.5
+
+
+def _keep_better_rounding(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cfg: QuantConfig,
+                          gptq: tuple[onnx.ModelProto, RewriteReport], twin: onnx.ModelProto,
+                          float_ref: bytes | str, data: Any, rep: Any) -> tuple[onnx.ModelProto, RewriteReport]:
+    """GPTQ's model or nearest rounding's, whichever the whole model scores better with.
+
+    GPTQ minimises each layer's output error for float inputs; the model runs on quantized
+    activations, and there a coarse weight grid can do worse with GPTQ's codes than with the
+    nearest ones (per-tensor power-of-two weights of a detector, measured). So both models are
+    scored on the guard's samples; `rep` records the comparison or why nearest was kept."""
+    from .fidelity import count_samples, held_back_feeds, mean_sqnr_db
+
+    feeds = held_back_feeds(data, gptq[0])
+    if not feeds:
+        return gptq
+    near = pipe.rewrite(plan, qparams, cfg, model=twin, copy=False)
+    g_db, n_db = mean_sqnr_db(float_ref, [gptq[0], near[0]], feeds)
+    k = count_samples(feeds)
+    if n_db > g_db + ROUNDING_MARGIN_DB:
+        rep.nearest_because = (f"measured worse on the guard's {k} samples: mean output SQNR {g_db:.2f} dB "
+                               f"with GPTQ's codes, {n_db:.2f} with nearest rounding (nearest is kept when it "
+                               f"wins by {ROUNDING_MARGIN_DB:g} dB; --weight-rounding gptq keeps GPTQ)")
+        rep.rounded.clear()
+        return near
+    rep.compared = (g_db, n_db, k)
+    return gptq
 
 
 def _readable_twice(data: Any) -> bool:

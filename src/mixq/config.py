@@ -104,9 +104,10 @@ class QuantConfig:
     weight_rounding: how integer weights of Conv/Gemm/MatMul are rounded onto their grid:
         'nearest' (each weight to its nearest code), 'gptq' (codes chosen to minimise the
         layer's output error on the calibration data, from its inputs' second moments measured
-        in a second float pass; mixq.passes.gptq) or 'auto' (the default: gptq where it can run,
-        nearest where not, with the reason in the summary: no calibration data it can read
-        twice, weights left in their external data file, finetuning). The scales are the same.
+        in the calibration pass; mixq.passes.gptq) or 'auto' (the default: gptq where it can
+        run and where the whole model scores no worse with it on the guard's samples than with
+        nearest rounding; nearest elsewhere, with the reason in the summary: weights left in
+        their external data file, finetuning, measured worse). The scales are the same.
     gptq_damp: with 'gptq', the dampening added to the input second moments' diagonal, as a
         fraction of its mean (0.01; larger is closer to nearest rounding).
     gptq_act_order: with 'gptq', round the inputs with the most energy first.

@@ -465,6 +465,11 @@ def _rows(feed: dict[str, np.ndarray]) -> int:
     return int(v.shape[0]) if v is not None and v.ndim else 1
 
 
+def count_samples(feeds: list[dict[str, np.ndarray]]) -> int:
+    """Samples in `feeds` (the first input's leading axis; 1 for a scalar feed)."""
+    return sum(_rows(f) for f in feeds)
+
+
 def _batch_axis_dynamic(model: onnx.ModelProto) -> bool:
     """True when every graph input has a leading axis of no fixed size (rows can be sliced)."""
     inits = {t.name for t in model.graph.initializer}
@@ -608,8 +613,7 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
     statistics, name -> TensorStats, which rank the tensors to probe without a run)."""
     fs = make_session(float_model, optimize=True)
     qs = make_session(qmodel, optimize="basic")  # the QDQ semantics (constants folded, no integer fusions)
-    # numeric tensors only (strings, sequences and maps are not scored)
-    names = [o.name for o in fs.get_outputs() if o.type.startswith("tensor(") and o.type != "tensor(string)"]
+    names = _numeric_outputs(fs)
     if not names:
         return FidelityReport(not_checked="the model has no numeric tensor output")
     refs = [fs.run(names, f) for f in feeds]
@@ -620,7 +624,7 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
                                           "the model or the data")
     q = qmodel if isinstance(qmodel, onnx.ModelProto) else onnx.load(qmodel)
     rep = FidelityReport(outputs=_score(names, refs, gots, class_score_outputs(q)),
-                         samples=sum(_rows(f) for f in feeds))
+                         samples=count_samples(feeds))
     rep.broken = is_broken(rep.outputs)
     runtime = None
     if _fusable(q):  # the samples of the runtime check, scored after the probe (below)
@@ -656,6 +660,33 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
         rep.runtime_sqnr_db = min(o.sqnr_db for o in _score(names, rrefs, [opt.run(names, f) for f in rf]))
         rep.runtime_qdq_sqnr_db = min(o.sqnr_db for o in _score(names, rrefs, rgots))
     return rep
+
+
+def _numeric_outputs(sess: object) -> list[str]:
+    """The outputs scored: numeric tensors (strings, sequences and maps are not)."""
+    return [o.name for o in sess.get_outputs()  # type: ignore[attr-defined]
+            if o.type.startswith("tensor(") and o.type != "tensor(string)"]
+
+
+#: A perfect output (quantized = float) counts as this many dB in `mean_sqnr_db`.
+SQNR_CAP_DB = 200.0
+
+
+def mean_sqnr_db(float_model: onnx.ModelProto | bytes | str, qmodels: list[onnx.ModelProto],
+                 feeds: list[dict[str, np.ndarray]]) -> list[float]:
+    """Each of `qmodels` scored against `float_model` on `feeds` (one float run for all): the
+    mean over the numeric outputs of their SQNR in dB, in the QDQ semantics the guard scores
+    (NaN / inf where float is finite: -inf, the worst)."""
+    fs = make_session(float_model, optimize=True)
+    names = _numeric_outputs(fs)
+    refs = [fs.run(names, f) for f in feeds]
+    del fs
+    out = []
+    for q in qmodels:
+        qs = make_session(q, optimize="basic")
+        ms = _score(names, refs, [qs.run(names, f) for f in feeds])
+        out.append(float(np.mean([min(m.sqnr_db, SQNR_CAP_DB) for m in ms])) if ms else -math.inf)
+    return out
 
 
 def _fusable(q: onnx.ModelProto) -> bool:

@@ -210,3 +210,33 @@ def test_presets_round_with_gptq_where_it_can_run_and_say_why_not_elsewhere():
     assert "finetuning" in ft.weight_rounding.nearest_because
     # no integer weight: nothing to say
     assert mixq.quantize(m, "MXINT8", feeds, check_kernels=False).weight_rounding is None
+
+
+def test_auto_keeps_the_rounding_the_whole_model_scores_better_with(monkeypatch):
+    """weight_rounding='auto' scores GPTQ's model and nearest rounding's on the guard's samples
+    and keeps nearest only where it wins by ROUNDING_MARGIN_DB (measured: a detector's per-tensor
+    power-of-two weights, XINT8); either way the bytes are those of the explicit setting, and
+    'gptq' asked for is not second-guessed."""
+    from mixq import api
+
+    m, feeds = _model()
+    cfg = mixq.get_default_config("A16W8")
+    by = {wr: mixq.quantize(m, cfg.with_options(weight_rounding=wr), feeds, check_kernels=False)
+          for wr in ("gptq", "nearest")}
+    res = mixq.quantize(m, cfg, feeds, check_kernels=False)
+    assert res.model.SerializeToString() == by["gptq"].model.SerializeToString()
+    g_db, n_db, k = res.weight_rounding.compared
+    assert k == 16 and g_db > n_db + 5.0, (g_db, n_db)  # both scored on the guard's samples
+    assert g_db == pytest.approx(by["gptq"].fidelity.outputs[0].sqnr_db, abs=1e-6)
+    assert n_db == pytest.approx(by["nearest"].fidelity.outputs[0].sqnr_db, abs=1e-6)
+    assert "GPTQ kept: mean output SQNR" in res.summary()
+    assert by["gptq"].weight_rounding.compared is None  # asked for: not compared
+    # where nearest scores better by the margin (here: a margin that makes it so), nearest is kept
+    monkeypatch.setattr(api, "ROUNDING_MARGIN_DB", n_db - g_db - 0.01)
+    res = mixq.quantize(m, cfg, feeds, check_kernels=False)
+    assert res.model.SerializeToString() == by["nearest"].model.SerializeToString()
+    assert not res.weight_rounding.rounded and res.weight_rounding.compared is None
+    assert "weights rounded to nearest, not GPTQ: measured worse on the guard's 16 samples" in res.summary()
+    assert res.fidelity.outputs[0].sqnr_db == pytest.approx(n_db, abs=1e-6)
+    forced = mixq.quantize(m, cfg.with_options(weight_rounding="gptq"), feeds, check_kernels=False)
+    assert forced.model.SerializeToString() == by["gptq"].model.SerializeToString()

@@ -45,8 +45,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                         "float pass over the calibration data)")
     p.add_argument("--weight-rounding", choices=("auto", "nearest", "gptq"), default=None,
                    help="how integer Conv/Gemm/MatMul weights are rounded: nearest, gptq (codes that "
-                        "minimise each layer's output error on the calibration data; a second float "
-                        "pass), or auto (the default: gptq where it can run, the summary says why not)")
+                        "minimise each layer's output error on the calibration data), or auto (the "
+                        "default: gptq where it can run and the whole model scores no worse with it; "
+                        "the summary says why not)")
     p.add_argument("--gptq-damp", type=float, default=None, metavar="X",
                    help="GPTQ's dampening, a fraction of the mean input energy (default 0.01)")
 
