@@ -338,14 +338,9 @@ def _round_weights(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, data: Any
 
 def _nearest_twin(model: onnx.ModelProto, rep: Any) -> onnx.ModelProto:
     """A copy of `model` with the weights GPTQ changed put back (the rewrite rounds them to nearest)."""
-    from onnx import numpy_helper
+    from .graph import with_weights
 
-    twin = onnx.ModelProto()
-    twin.CopyFrom(model)
-    for init in twin.graph.initializer:
-        if init.name in rep.original:
-            init.CopyFrom(numpy_helper.from_array(rep.original[init.name], init.name))
-    return twin
+    return with_weights(model, rep.original)
 
 
 #: weight_rounding='auto' keeps nearest rounding where the whole model scores this much better

@@ -16,11 +16,13 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 import onnx.helper
 
 __all__ = ["GraphIndex", "NameAllocator", "subgraphs", "walk_graphs", "outer_scope_reads",
-           "all_names", "tensor_type", "static_shape", "is_float_type", "with_outputs", "PassResult"]
+           "all_names", "tensor_type", "static_shape", "is_float_type", "with_outputs", "with_weights",
+           "PassResult"]
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
                          onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE})
@@ -142,6 +144,18 @@ def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     have = {o.name for o in m.graph.output}
     m.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
                           for n in names if n not in have)
+    return m
+
+
+def with_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of `model` whose initializers named in `weights` hold those values instead."""
+    from onnx import numpy_helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for init in m.graph.initializer:
+        if init.name in weights:
+            init.CopyFrom(numpy_helper.from_array(weights[init.name], init.name))
     return m
 
 

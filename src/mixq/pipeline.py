@@ -27,7 +27,7 @@ from .calibration.stats import TensorStats
 from .config import QuantConfig
 from .errors import ConfigError, ModelError, did_you_mean
 from .formats import QParams, get_format
-from .graph import GraphIndex
+from .graph import GraphIndex, with_weights
 from .passes.prepare import PrepareReport, prepare
 from .passes.qdq import RewriteReport, apply_plan
 from .plan.plan import PrecisionPlan, deployed_weight_bytes
@@ -305,10 +305,12 @@ _WORKER_PIPE: tuple[str, Any] | None = None
 
 
 def model_from_shared(shared: tuple[bytes, dict[str, dict[str, Any]], str | None], plan_json: str,
-                      config: dict[str, Any], key: str | None = None) -> onnx.ModelProto:
+                      config: dict[str, Any], key: str | None = None,
+                      weights: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
     """The quantized model of (plan, config) rebuilt on a worker from the shipped prepared
     model and statistics: the same bytes as the driver's. `key`: the digest of `shared`, under
-    which the parsed pipeline is kept for the next task."""
+    which the parsed pipeline is kept for the next task; `weights`: float weights that replace
+    the prepared model's (GPTQ-rounded ones, computed by the driver)."""
     global _WORKER_PIPE
     if key is not None and _WORKER_PIPE is not None and _WORKER_PIPE[0] == key:
         pipe = _WORKER_PIPE[1]
@@ -321,4 +323,7 @@ def model_from_shared(shared: tuple[bytes, dict[str, dict[str, Any]], str | None
         if key is not None and in_worker():
             _WORKER_PIPE = (key, pipe)
     plan, cfg = PrecisionPlan.from_json(plan_json), QuantConfig.from_dict(config)
+    if weights:
+        return pipe.rewrite(plan, pipe.qparams(plan, cfg), cfg, model=with_weights(pipe.model, weights),
+                            copy=False)[0]
     return pipe.rewrite(plan, pipe.qparams(plan, cfg), cfg)[0]

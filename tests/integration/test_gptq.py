@@ -145,15 +145,16 @@ def test_gptq_with_bias_correction_measures_against_the_float_weights():
 
 def test_gptq_is_refused_where_it_would_change_nothing(tmp_path):
     from mixq.finetune import AdaRoundConfig
-    from mixq.search import AutoConfig
+    from mixq.search import AutoConfig, auto_quantize
     from mixq.search.auto import Candidate
 
     m, feeds = _model()
     cfg = mixq.get_default_config("A8W8").with_options(weight_rounding="gptq")
     with pytest.raises(ConfigError, match="finetuning"):
         mixq.quantize(m, cfg, feeds, finetune=AdaRoundConfig(num_iterations=2))
-    with pytest.raises(ConfigError, match="weight_rounding"):
-        AutoConfig(base=cfg, candidates=(Candidate("int8", "int4"),), l2_target=0.1)
+    with pytest.raises(ConfigError, match="no candidate puts"):
+        auto_quantize(m, AutoConfig(base=mixq.get_default_config("BF16").with_options(weight_rounding="gptq"),
+                                    candidates=(Candidate("bf16", "mxint8"),), l2_target=0.1), feeds)
     # block formats have no integer codes to choose: an error where no weight is integer, a
     # reason per weight where some are
     with pytest.raises(ConfigError, match="integer weight codes"):
@@ -178,6 +179,15 @@ def test_cli_weight_rounding_flag(tmp_path):
     assert onnx.load(out).graph == api.model.graph
     assert main(["quantize", str(tmp_path / "m.onnx"), str(tmp_path / "r.onnx"), "--calib", str(tmp_path / "calib.npz"),
                  "--preset", "A16W8", "--weight-rounding", "nearest", "--gptq-damp", "0.05"]) != 0
+    # mixq auto: every plan rounded with GPTQ by default, nearest when asked
+    args = ["auto", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "calib.npz"), "--l2-target",
+            "0.05", "--candidates", "int16/int8,int8/int4", "--op-types", "Conv,Gemm,MatMul", "--no-cache"]
+    got = {}
+    for wr in ("auto", "nearest"):
+        dst = tmp_path / f"auto_{wr}.onnx"
+        assert main(args[:2] + [str(dst)] + args[2:] + ["--weight-rounding", wr]) == 0
+        got[wr] = onnx.load(dst).SerializeToString()
+    assert got["auto"] != got["nearest"]
 
 
 def test_presets_round_with_gptq_where_it_can_run_and_say_why_not_elsewhere():
@@ -240,3 +250,37 @@ def test_auto_keeps_the_rounding_the_whole_model_scores_better_with(monkeypatch)
     assert res.fidelity.outputs[0].sqnr_db == pytest.approx(n_db, abs=1e-6)
     forced = mixq.quantize(m, cfg.with_options(weight_rounding="gptq"), feeds, check_kernels=False)
     assert forced.model.SerializeToString() == by["gptq"].model.SerializeToString()
+
+
+def test_auto_search_measures_and_writes_gptq_rounded_plans():
+    """`auto_quantize` rounds the integer weights of every plan it builds with GPTQ (each weight
+    on each grid once, from the layer inputs measured in its calibration pass), measures those
+    models, and the chosen plan replays through `quantize` to the bytes it measured; on an
+    executor the driver ships the same weights with each candidate."""
+    from dataclasses import replace
+
+    from mixq.distributed import SerialExecutor
+    from mixq.search import AutoConfig, auto_quantize
+    from mixq.search.auto import Candidate
+
+    m, feeds = _model()
+    calib, held = feeds[:3], feeds[3:]
+    base = mixq.get_default_config("A16W8")
+    auto = AutoConfig(base=base, candidates=(Candidate("int8", "int8"), Candidate("int8", "int4")),
+                      l2_target=0.03, op_types={"Conv", "Gemm", "MatMul"})
+    res = auto_quantize(m, auto, calib, held)
+    assert res.config.weight_rounding == "gptq"
+    replay = mixq.quantize(m, res.config, calib, plan=res.plan, check_kernels=False)
+    assert replay.model.SerializeToString() == res.model.SerializeToString()
+    assert replay.weight_rounding.rounded  # the replay's own GPTQ, the same codes
+    near = auto_quantize(m, replace(auto, base=base.with_options(weight_rounding="nearest")), calib, held)
+    assert near.config.weight_rounding == "nearest"
+    # the same all-wide plan (A16W8) measured with each rounding: GPTQ is closer to float
+    assert res.wide_metric < 0.7 * near.wide_metric, (res.wide_metric, near.wide_metric)
+    with SerialExecutor(2) as ex:
+        par = auto_quantize(m, auto, calib, held, executor=ex)
+    # the speculation evaluates more points; the points both evaluated measure the same
+    assert par.model.SerializeToString() == res.model.SerializeToString()
+    assert (par.chosen_k, par.metric, par.wide_metric, par.narrow_metric) == \
+        (res.chosen_k, res.metric, res.wide_metric, res.narrow_metric)
+    assert 0 < res.chosen_k < len(res.path_labels)  # a real search, not an end of the path

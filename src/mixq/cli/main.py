@@ -530,7 +530,10 @@ def cmd_auto(args: argparse.Namespace) -> int:
 
         raise ConfigError("--target needs --metric (l2, sqnr, cosine, agreement, top1 or "
                           "MODULE:FUNCTION); or use --l2-target / --top1-drop.")
-    auto = AutoConfig(base=base_from_candidate(cands[0], args.preset), candidates=tuple(cands[1:]),
+    base = base_from_candidate(cands[0], args.preset)
+    if args.weight_rounding:
+        base = base.with_options(weight_rounding=args.weight_rounding)
+    auto = AutoConfig(base=base, candidates=tuple(cands[1:]),
                       op_types=frozenset(args.op_types.split(",")), l2_target=args.l2_target,
                       top1_drop=args.top1_drop, max_size_mb=args.max_size_mb,
                       max_avg_bits=args.max_avg_bits, output_index=args.output_index,
@@ -657,6 +660,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(= --metric l2 --target X)")
     a.add_argument("--top1-drop", type=float, help="max top-1 drop (needs --labels; "
                    "= --metric top1 --target X)")
+    a.add_argument("--weight-rounding", choices=("auto", "nearest", "gptq"), default=None,
+                   help="how every plan's integer Conv/Gemm/MatMul weights are rounded: GPTQ (auto, "
+                   "the default: where any candidate has integer weights; gptq: an error where none "
+                   "has) or nearest")
     a.add_argument("--labels", help=".npy of integer labels of the --eval data")
     a.add_argument("--max-size-mb", type=float, help="weight size budget in MB")
     a.add_argument("--max-avg-bits", type=float, help="average weight bits budget")

@@ -37,7 +37,8 @@ from ..formats.integer import IntFormat, expand_param
 from ..graph import with_outputs
 from ..plan.plan import PrecisionPlan
 
-__all__ = ["GPTQ_DAMP", "GPTQ_BLOCK", "MAX_ROWS", "GramTap", "WeightRoundingReport", "gptq_round"]
+__all__ = ["GPTQ_DAMP", "GPTQ_BLOCK", "MAX_ROWS", "GramTap", "WeightRounder", "WeightRoundingReport",
+           "gptq_round"]
 
 #: Dampening added to H's diagonal, as a fraction of its mean (GPTQ's `percdamp`).
 GPTQ_DAMP = 0.01
@@ -233,7 +234,9 @@ class GramTap:
 
         inputs = {i.name for i in model.graph.input}
         fetch = [x for x in self.names if x not in inputs]
-        sess = make_session(with_outputs(model, fetch).SerializeToString())
+        # no graph optimization, as the calibration pass: fused kernels round differently, and
+        # the grams (and codes) must not depend on which pass measured them
+        sess = make_session(with_outputs(model, fetch).SerializeToString(), optimize=False)
         for feed in feeds:
             values = dict(zip(fetch, sess.run(fetch, feed))) if fetch else {}
             values.update({k: v for k, v in feed.items() if k in self.names})
@@ -323,6 +326,39 @@ def _gptq(w: np.ndarray, h: np.ndarray, s: np.ndarray, z: np.ndarray, lo: float,
     return codes, cost(nearest), cost(codes)
 
 
+def _int_format(plan: PrecisionPlan, weight: str) -> IntFormat | None:
+    tp = plan.tensors.get(weight)
+    fmt = get_format(tp.format) if tp is not None and tp.format is not None else None
+    return fmt if isinstance(fmt, IntFormat) else None
+
+
+def _round_one(t: _Target, w: np.ndarray, qp: QParams, fmt: IntFormat, damp: float, act_order: bool,
+               block: int) -> tuple[np.ndarray, float] | str:
+    """The dequantized GPTQ weight of `t` on the grid (`fmt`, `qp`) with its H-weighted layer
+    output error relative to nearest rounding's; or why it keeps nearest rounding."""
+    if not t.finite:
+        return "its input held inf or NaN in the calibration run"
+    if t.gram is None:
+        return "its input was not seen in the calibration run"
+    s = expand_param(qp.scale, w.shape, qp.axis, qp.block_size).astype(np.float32)
+    z = expand_param(qp.zero_point, w.shape, qp.axis, qp.block_size).astype(np.float32)
+    s, z = np.broadcast_to(s, w.shape), np.broadcast_to(z, w.shape)
+    wl, back = _layout(t, w)
+    if t.gram.shape != (wl.shape[0], wl.shape[2], wl.shape[2]):
+        return f"its input's shape does not match the weight {list(w.shape)}"
+    lo, hi = (float(b) for b in fmt._fbounds)
+    try:
+        codes, before, after = _gptq(wl, t.gram, _layout(t, s)[0], _layout(t, z)[0], lo, hi,
+                                     damp, block, act_order)
+    except np.linalg.LinAlgError:
+        return "its input's second moments are singular even after dampening"
+    q = back(codes.astype(np.float32))
+    new = fmt.dequantize(q, qp).astype(np.float32)
+    if not np.array_equal(fmt.quantize(new, qp), q):
+        raise MixqError(f"internal error: GPTQ codes of {t.weight} do not survive requantization")
+    return new, (after / before if before > 0 else 1.0)
+
+
 def gptq_round(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QParams],
                tap: GramTap, *, damp: float = GPTQ_DAMP, act_order: bool = True,
                block: int = GPTQ_BLOCK) -> WeightRoundingReport:
@@ -333,36 +369,50 @@ def gptq_round(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
     rep = WeightRoundingReport(skipped=dict(tap.skipped), samples=tap.samples)
     inits = {t.name: t for t in model.graph.initializer}
     for t in tap.targets:
-        tp = plan.tensors.get(t.weight)
-        fmt = get_format(tp.format) if tp is not None and tp.format is not None else None
-        if not isinstance(fmt, IntFormat) or t.weight not in qparams:
+        fmt = _int_format(plan, t.weight)
+        if fmt is None or t.weight not in qparams:
             continue
-        if not t.finite:
-            rep.skipped[t.weight] = "its input held inf or NaN in the calibration run"
-            continue
-        if t.gram is None:
-            rep.skipped[t.weight] = "its input was not seen in the calibration run"
-            continue
-        qp = qparams[t.weight]
         w = numpy_helper.to_array(inits[t.weight]).astype(np.float32)
-        s = expand_param(qp.scale, w.shape, qp.axis, qp.block_size).astype(np.float32)
-        z = expand_param(qp.zero_point, w.shape, qp.axis, qp.block_size).astype(np.float32)
-        s, z = np.broadcast_to(s, w.shape), np.broadcast_to(z, w.shape)
-        wl, back = _layout(t, w)
-        if t.gram.shape != (wl.shape[0], wl.shape[2], wl.shape[2]):
-            rep.skipped[t.weight] = f"its input's shape does not match the weight {list(w.shape)}"
+        got = _round_one(t, w, qparams[t.weight], fmt, damp, act_order, block)
+        if isinstance(got, str):
+            rep.skipped[t.weight] = got
             continue
-        lo, hi = (float(b) for b in fmt._fbounds)
-        try:
-            codes, before, after = _gptq(wl, t.gram, _layout(t, s)[0], _layout(t, z)[0], lo, hi,
-                                         damp, block, act_order)
-        except np.linalg.LinAlgError:
-            rep.skipped[t.weight] = "its input's second moments are singular even after dampening"
-            continue
-        new = fmt.dequantize(back(codes.astype(np.float32)), qp)
-        if not np.array_equal(fmt.quantize(new, qp), back(codes.astype(np.float32))):
-            raise MixqError(f"internal error: GPTQ codes of {t.weight} do not survive requantization")
         rep.original[t.weight] = w
-        inits[t.weight].CopyFrom(numpy_helper.from_array(new.astype(np.float32), t.weight))
-        rep.rounded[t.weight] = after / before if before > 0 else 1.0
+        inits[t.weight].CopyFrom(numpy_helper.from_array(got[0], t.weight))
+        rep.rounded[t.weight] = got[1]
     return rep
+
+
+class WeightRounder:
+    """GPTQ-rounded weights for any plan of one calibrated model: what a search applies to each
+    plan it builds. A weight's codes depend only on its grid and its layer's input statistics
+    (not on the other layers' formats), so each (weight, grid) is rounded once."""
+
+    def __init__(self, model: onnx.ModelProto, tap: GramTap, *, damp: float = GPTQ_DAMP,
+                 act_order: bool = True, block: int = GPTQ_BLOCK) -> None:
+        inits = {t.name: t for t in model.graph.initializer}
+        self._targets = {t.weight: t for t in tap.targets}
+        self._float = {w: numpy_helper.to_array(inits[w]).astype(np.float32) for w in self._targets}
+        self._done: dict[tuple[object, ...], np.ndarray | None] = {}
+        self.damp, self.act_order, self.block = damp, act_order, block
+
+    def __bool__(self) -> bool:
+        return bool(self._targets)
+
+    def weights(self, plan: PrecisionPlan, qparams: dict[str, QParams]) -> dict[str, np.ndarray]:
+        """Weight name -> its GPTQ-rounded float values for `plan`'s integer weights (the rewrite
+        quantizes them to GPTQ's codes); weights GPTQ skips are not listed (nearest)."""
+        out = {}
+        for w, t in self._targets.items():
+            fmt, qp = _int_format(plan, w), qparams.get(w)
+            if fmt is None or qp is None:
+                continue
+            key = (w, fmt.name, qp.axis, qp.block_size, np.asarray(qp.scale).tobytes(),
+                   np.asarray(qp.zero_point).tobytes())
+            if key not in self._done:
+                got = _round_one(t, self._float[w], qp, fmt, self.damp, self.act_order, self.block)
+                self._done[key] = None if isinstance(got, str) else got[0]
+            new = self._done[key]
+            if new is not None:
+                out[w] = new
+        return out

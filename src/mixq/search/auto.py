@@ -145,11 +145,6 @@ class AutoConfig:
         if self.base.bias_correction:
             raise ConfigError("the base config has bias_correction=True: the search does not correct "
                               "biases (each plan would need its own float pass); drop the option.")
-        if self.base.weight_rounding == "gptq":
-            raise ConfigError("the base config has weight_rounding='gptq': the search rounds weights "
-                              "to nearest (each plan would need its own rounding); drop the option.")
-        if self.base.weight_rounding == "auto":  # its plans replay to the bytes the search measured
-            object.__setattr__(self, "base", self.base.with_options(weight_rounding="nearest"))
         if self.base.activation is not None and self.base.weight is not None:
             base = Candidate(get_format(self.base.activation).name, get_format(self.base.weight).name)
             for c in self.candidates:
@@ -583,9 +578,10 @@ class _Search:
         keys = {k: self.key(p, k) for k in ks}
         todo = [k for k in ks if keys[k] not in self.ev_cache]
         if todo and self.executor is not None:
-            outs = plan_outputs(self.executor, self.wb.pipeline,
-                                [(self.plan(p, k), p.configs[k]) for k in todo],
-                                self.wb.eval_feeds, self.wb.output_index)
+            cands = [(self.plan(p, k), p.configs[k]) for k in todo]
+            outs = plan_outputs(self.executor, self.wb.pipeline, cands, self.wb.eval_feeds,
+                                self.wb.output_index,
+                                weights=[self.wb.rounded_weights(c, pl) for pl, c in cands])
             for k, o in zip(todo, outs):
                 m = self.objective.measure_outputs(self.wb, o)
                 self.ev_cache[keys[k]] = [m.value, m.margin]
@@ -792,6 +788,9 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         unfused = cfg.with_options(fuse_activations=False)
         needed |= set(pipe.plan(unfused).calibrated_tensors(lambda f: get_format(f).needs_qparams))
     stats_key = _key("stats", model_digest, sorted(needed), feeds_digest(calib))
+    # GPTQ (weight_rounding 'auto' or 'gptq'): the layer inputs' second moments, measured in the
+    # calibration pass where it runs here, in a float pass of their own where it does not
+    tap = _gram_tap(prepared, pipe, base, cands)
     cached = cache.get(stats_key)
     if cached is not None:
         stats = {k: TensorStats.from_dict(v) for k, v in cached.items()}
@@ -805,13 +804,24 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
 
                 stats = dict(calibrate_sharded(prepared, sorted(needed), calib, executor).stats)
             else:
-                stats = dict(collect_stats(prepared, sorted(needed), calib).stats)
+                stats = dict(collect_stats(prepared, sorted(needed), calib, tap=tap).stats)
         cache.put(stats_key, {k: v.to_dict() for k, v in stats.items()})
+    rounder = None
+    if tap is not None:
+        from ..passes.gptq import WeightRounder
+
+        if not tap.complete:
+            tap.run(prepared, calib)
+        rounder = WeightRounder(prepared, tap, damp=base.gptq_damp, act_order=base.gptq_act_order)
+        del tap
+    # every plan of the search is measured, and replays, with the rounding it resolved to
+    base = base.with_options(weight_rounding="gptq" if rounder else "nearest")
+    auto = replace(auto, base=base)
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
     pipe.stats.update(stats)
-    wb = Workbench(pipe, held, output_index=auto.output_index)
+    wb = Workbench(pipe, held, output_index=auto.output_index, rounder=rounder)
     objective, accuracy_target = _objective_of(auto, labels, evaluate_function)
     if isinstance(objective, Top1Objective):
         objective.bind_float(wb)
@@ -822,7 +832,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                               "model (l2, sqnr, cosine, agreement); top-1 labels and a user "
                               "function measure their own data: drop the check data.")
         check_wb = Workbench(pipe, _materialize_feeds(check_data, prepared),
-                             output_index=auto.output_index)
+                             output_index=auto.output_index, rounder=rounder)
 
     layers = candidate_layers(wb, base, auto.op_types)
     if not layers:
@@ -966,6 +976,27 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
 
 class TargetNotMetWarning(UserWarning):
     """auto_quantize returned a model that does not meet its target (see AutoResult.message)."""
+
+
+def _gram_tap(prepared: onnx.ModelProto, pipe: Pipeline, base: QuantConfig,
+              cands: list[Candidate]) -> Any:
+    """The GramTap of the search's GPTQ rounding: the Conv / Gemm / MatMul weights the first
+    candidate with integer weights puts on a grid (every candidate covers the same layers);
+    None for `weight_rounding='nearest'` or where no candidate has integer weights."""
+    from ..formats.integer import IntFormat
+    from ..passes.gptq import GramTap
+
+    if base.weight_rounding == "nearest":
+        return None
+    for c in cands:
+        if not c.is_float and isinstance(get_format(c.weight), IntFormat):
+            tap = GramTap(prepared, pipe.plan(base.with_options(activation=c.activation, weight=c.weight)))
+            if tap.targets:
+                return tap
+    if base.weight_rounding == "gptq":
+        raise ConfigError("weight_rounding='gptq' in the base config, but no candidate puts a "
+                          "Conv/Gemm/MatMul weight on an integer grid: drop the option.")
+    return None
 
 
 def _float_metric(objective: Objective) -> float | None:

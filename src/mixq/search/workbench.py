@@ -18,6 +18,7 @@ from onnx import numpy_helper
 
 from .._shards import Executor, in_worker
 from ..config import QuantConfig
+from ..graph import with_weights
 from ..pipeline import Pipeline, model_from_shared, shared_form
 from ..plan.plan import PrecisionPlan
 
@@ -70,6 +71,9 @@ class Workbench:
     model_digest: str = ""
     #: the model's weights holding +-inf / NaN, read once for every plan of the search
     nonfinite: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: GPTQ rounding of the integer weights (mixq.passes.gptq.WeightRounder), applied to every
+    #: plan whose config does not ask for nearest rounding; None: nearest everywhere
+    rounder: Any = None
 
     def __post_init__(self) -> None:
         from ..evaluate import make_session
@@ -100,8 +104,21 @@ class Workbench:
 
     def materialize(self, config: QuantConfig, plan: PrecisionPlan | None = None
                     ) -> tuple[onnx.ModelProto, PrecisionPlan]:
-        """The quantized model of `config` (or of a given plan made from it)."""
-        return self.pipeline.materialize(config, plan)
+        """The quantized model of `config` (or of a given plan made from it), its integer
+        weights rounded by the workbench's `rounder` where it has one."""
+        if not self.rounder or config.weight_rounding == "nearest":
+            return self.pipeline.materialize(config, plan)
+        plan = plan or self.pipeline.plan(config)
+        qparams = self.pipeline.qparams(plan, config)
+        source = with_weights(self.model, self.rounder.weights(plan, qparams))
+        return self.pipeline.rewrite(plan, qparams, config, model=source, copy=False)[0], plan
+
+    def rounded_weights(self, config: QuantConfig, plan: PrecisionPlan) -> dict[str, np.ndarray]:
+        """The GPTQ-rounded float weights `materialize` puts into `plan`'s model (none for
+        nearest rounding)."""
+        if not self.rounder or config.weight_rounding == "nearest":
+            return {}
+        return self.rounder.weights(plan, self.pipeline.qparams(plan, config))
 
     def size_bytes(self, plan: PrecisionPlan) -> float:
         """Deployed weight bytes of a plan (see `deployed_weight_bytes`)."""
@@ -133,23 +150,27 @@ class Workbench:
 # -- on an executor's workers (see auto's speculative bisection) ---------------------------------
 def _outputs_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | None], str,
                                 list[dict[str, np.ndarray]], int],
-                  item: tuple[str, dict[str, Any]]) -> list[np.ndarray]:
-    """Task: output `index` of one candidate (plan JSON, config dict) on every evaluation feed,
-    computed as `Workbench.outputs` computes it."""
+                  item: tuple[str, dict[str, Any], dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """Task: output `index` of one candidate (plan JSON, config dict, rounded weights) on every
+    evaluation feed, computed as `Workbench.outputs` computes it."""
     model_part, key, feeds, index = shared
-    plan_json, config = item
+    plan_json, config, weights = item
     # one thread per worker: the workers share the cores (onnxruntime computes each output
     # element the same way whatever its thread count)
-    return run_output(model_from_shared(model_part, plan_json, config, key), feeds, index,
+    return run_output(model_from_shared(model_part, plan_json, config, key, weights), feeds, index,
                       threads=1 if in_worker() else None)
 
 
 def plan_outputs(executor: Executor, pipe: Any, candidates: Sequence[tuple[Any, Any]],
-                 feeds: list[dict[str, np.ndarray]], output_index: int) -> list[list[np.ndarray]]:
+                 feeds: list[dict[str, np.ndarray]], output_index: int,
+                 weights: Sequence[dict[str, np.ndarray]] | None = None) -> list[list[np.ndarray]]:
     """Output `output_index` on every feed of each ``(PrecisionPlan, QuantConfig)``, one task
     per candidate: the same arrays as ``Workbench.outputs`` of the materialized model (the model
-    is rebuilt on the worker from the same prepared model and statistics, byte for byte).
-    The prepared model, statistics and feeds are shared (sent once, reused while unchanged)."""
+    is rebuilt on the worker from the same prepared model and statistics, byte for byte;
+    `weights`: per candidate, the rounded weights ``Workbench.rounded_weights`` gives, which the
+    driver computes and ships with the task). The prepared model, statistics and feeds are
+    shared (sent once, reused while unchanged)."""
     model_part, key = shared_form(pipe)
-    items = [(plan.to_json(), cfg.to_dict()) for plan, cfg in candidates]
+    per = list(weights) if weights is not None else [{} for _ in candidates]
+    items = [(plan.to_json(), cfg.to_dict(), w) for (plan, cfg), w in zip(candidates, per)]
     return executor.map(_outputs_task, items, (model_part, key, feeds, output_index))
