@@ -267,8 +267,9 @@ def vendor_walk(model: str | os.PathLike | onnx.ModelProto, base: QuantConfig, r
     if calibration_data is None:
         raise ConfigError("AutoMixprecision with a target needs a calibration data reader.")
     if base.weight_rounding == "gptq":
-        raise ConfigError("AutoMixprecision with GPTQConfig: the walk measures weights rounded to "
-                          "nearest (each step would need its own rounding); drop GPTQConfig.")
+        raise ConfigError("AutoMixprecision with GPTQConfig: the documented walk measures weights "
+                          "rounded to nearest; drop GPTQConfig, or run mixq auto (mixq.search."
+                          "auto_quantize), whose plans are GPTQ-rounded.")
     # the written model is the one the walk measured: its weights rounded to nearest
     base = base.with_options(weight_rounding="nearest")
     narrow_all = base.with_options(activation=req.activation, weight=req.weight)
