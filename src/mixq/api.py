@@ -17,6 +17,7 @@ from .calibration.data import CalibData
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
+from .graph import with_weights
 from .fidelity import float_reference
 from .fidelity import guard as fidelity_guard
 from .passes.prepare import PrepareReport, check_graph, model_opset
@@ -181,8 +182,9 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     from .check import custom_op_problems
 
     custom_ops = [why for why in custom_op_problems(pipe.model).values() if "custom op library" in why]
-    # weight_rounding='auto': nearest rounding's twin, scored against GPTQ's model below
-    twin = _nearest_twin(target, round_rep) if (
+    # weight_rounding='auto': nearest rounding's twin (GPTQ's weights put back), scored against
+    # GPTQ's model below
+    twin = with_weights(target, round_rep.original) if (
         cfg.weight_rounding == "auto" and ft_config is None and bias_rep is None and not custom_ops
         and float_ref is not None and round_rep is not None and round_rep.rounded) else None
     qmodel, rew = pipe.rewrite(the_plan, qparams, cfg, model=target, copy=False)
@@ -334,13 +336,6 @@ def _round_weights(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, data: Any
             return WeightRoundingReport(nearest_because=why)
         tap.run(pipe.model, _second_pass_data(pipe, data, "weight_rounding='gptq'"))
     return gptq_round(pipe.model, plan, qparams, tap, damp=cfg.gptq_damp, act_order=cfg.gptq_act_order)
-
-
-def _nearest_twin(model: onnx.ModelProto, rep: Any) -> onnx.ModelProto:
-    """A copy of `model` with the weights GPTQ changed put back (the rewrite rounds them to nearest)."""
-    from .graph import with_weights
-
-    return with_weights(model, rep.original)
 
 
 #: weight_rounding='auto' keeps nearest rounding where the whole model scores this much better

@@ -106,19 +106,19 @@ class Workbench:
                     ) -> tuple[onnx.ModelProto, PrecisionPlan]:
         """The quantized model of `config` (or of a given plan made from it), its integer
         weights rounded by the workbench's `rounder` where it has one."""
-        if not self.rounder or config.weight_rounding == "nearest":
-            return self.pipeline.materialize(config, plan)
         plan = plan or self.pipeline.plan(config)
         qparams = self.pipeline.qparams(plan, config)
-        source = with_weights(self.model, self.rounder.weights(plan, qparams))
-        return self.pipeline.rewrite(plan, qparams, config, model=source, copy=False)[0], plan
+        weights = self.rounded_weights(config, plan, qparams)
+        source = with_weights(self.model, weights) if weights else None
+        return self.pipeline.rewrite(plan, qparams, config, model=source, copy=source is None)[0], plan
 
-    def rounded_weights(self, config: QuantConfig, plan: PrecisionPlan) -> dict[str, np.ndarray]:
+    def rounded_weights(self, config: QuantConfig, plan: PrecisionPlan,
+                        qparams: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
         """The GPTQ-rounded float weights `materialize` puts into `plan`'s model (none for
         nearest rounding)."""
         if not self.rounder or config.weight_rounding == "nearest":
             return {}
-        return self.rounder.weights(plan, self.pipeline.qparams(plan, config))
+        return self.rounder.weights(plan, qparams if qparams is not None else self.pipeline.qparams(plan, config))
 
     def size_bytes(self, plan: PrecisionPlan) -> float:
         """Deployed weight bytes of a plan (see `deployed_weight_bytes`)."""
