@@ -13,12 +13,12 @@ import numpy as np
 import onnx
 
 from ._io import check_output_path, load_deferred, model_size, save_model
-from .calibration.data import CalibData
+from .calibration.data import CalibData, readable_twice
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
 from .graph import with_weights
-from .fidelity import float_reference
+from .fidelity import HeldBack, float_reference
 from .fidelity import guard as fidelity_guard
 from .passes.prepare import PrepareReport, check_graph, model_opset
 from .passes.qdq import RewriteReport
@@ -154,7 +154,12 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
 
     t = time.perf_counter()
     tap, nearest_why = _gram_tap(pipe, the_plan, calibration_data, cfg, ft_config)
-    pipe.calibrate(the_plan, calibration_data, progress=progress, executor=executor, tap=tap)
+    # data read once (a reader, a generator): the calibration pass keeps the guard's samples
+    kept = HeldBack(pipe.model) if calibration_data is not None and not readable_twice(calibration_data) \
+        else None
+    pipe.calibrate(the_plan, calibration_data, progress=progress, executor=executor, tap=tap, kept=kept)
+    if kept is not None and not kept.complete:  # nothing to calibrate: no pass has read the data yet
+        kept.read(calibration_data)
     # numerics policies read the statistics: tensors whose range or role makes a uniform grid
     # wrong stay float, each with its reason in the plan (tensor overrides are left as set);
     # applied to replayed plans too, so that a plan replays to the bytes its config gives
@@ -191,7 +196,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     if twin is not None and float_ref is not None:
         t_check = time.perf_counter()
         qmodel, rew = _keep_better_rounding(pipe, the_plan, qparams, cfg, (qmodel, rew), twin,
-                                            float_ref, calibration_data, round_rep)
+                                            float_ref, calibration_data, round_rep, kept)
         if round_rep.nearest_because is not None:
             target = twin  # what the chosen model was rewritten from
         del twin
@@ -214,7 +219,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     t = time.perf_counter()
     fid = fidelity_guard(float_ref, qmodel, calibration_data, config=cfg, size=quant_bytes,
                          model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
-                         custom_ops=bool(custom_ops), stats=pipe.stats)
+                         custom_ops=bool(custom_ops), stats=pipe.stats, kept=kept)
     del float_ref
     timings["fidelity"] = time.perf_counter() - t
     if strict and (fid.broken or fid.runtime_disagrees):
@@ -226,8 +231,9 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         saved = save_model(qmodel, out_path, protect=protect, inputs=data_inputs, size=quant_bytes)
         save_s = time.perf_counter() - t
     t = time.perf_counter()
-    warnings = _check_optimized_kernels(pipe.model, qmodel, cfg, calibration_data, saved) \
+    warnings = _check_optimized_kernels(pipe.model, qmodel, cfg, calibration_data, saved, kept) \
         if check_kernels else []
+    del kept
     timings["kernel check"] = time.perf_counter() - t
     warnings += [f"{why}; the quantized model runs only where that library is registered"
                  for why in custom_ops]
@@ -273,7 +279,7 @@ def _second_pass_data(pipe: Pipeline, data: Any, option: str) -> Any:
     if pipe.base_dir is not None:
         raise ConfigError(f"{option}: the model's weights stay in their external data file (a model "
                           "over 2 GiB), which this pass does not read; drop the option.")
-    if not _readable_twice(data):
+    if not readable_twice(data):
         raise ConfigError(f"{option} needs calibration data it can read a second time (a list of "
                           "feeds, a file or a folder), not a one-shot data reader.")
     return as_feeds(data, pipe.model, batch_size=8)
@@ -328,7 +334,7 @@ def _round_weights(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, data: Any
     if tap is None:
         return None
     if not tap.complete:
-        if not _readable_twice(data):
+        if not readable_twice(data):
             why = ("calibration did not run in this process and the data is a one-shot reader GPTQ "
                    "cannot read again (give a list of feeds, a file or a folder)")
             if cfg.weight_rounding == "gptq":
@@ -346,7 +352,8 @@ ROUNDING_MARGIN_DB = 0.5
 
 def _keep_better_rounding(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cfg: QuantConfig,
                           gptq: tuple[onnx.ModelProto, RewriteReport], twin: onnx.ModelProto,
-                          float_ref: bytes | str, data: Any, rep: Any) -> tuple[onnx.ModelProto, RewriteReport]:
+                          float_ref: bytes | str, data: Any, rep: Any,
+                          kept: HeldBack | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
     """GPTQ's model or nearest rounding's, whichever the whole model scores better with.
 
     GPTQ minimises each layer's output error for float inputs; the model runs on quantized
@@ -355,7 +362,7 @@ def _keep_better_rounding(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cf
     scored on the guard's samples; `rep` records the comparison or why nearest was kept."""
     from .fidelity import count_samples, held_back_feeds, mean_sqnr_db
 
-    feeds = held_back_feeds(data, gptq[0])
+    feeds = held_back_feeds(data, gptq[0], kept=kept)
     if not feeds:
         return gptq
     near = pipe.rewrite(plan, qparams, cfg, model=twin, copy=False)
@@ -369,13 +376,6 @@ def _keep_better_rounding(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cf
         return near
     rep.compared = (g_db, n_db, k)
     return gptq
-
-
-def _readable_twice(data: Any) -> bool:
-    """Whether `data` gives the same feeds when read again (containers, arrays and files do; a
-    data reader or a generator is read once)."""
-    raw = data.data if isinstance(data, CalibData) else data
-    return isinstance(raw, (list, tuple, dict, np.ndarray, str, os.PathLike))
 
 
 def cpu_has_vnni() -> bool | None:
@@ -400,10 +400,11 @@ KERNEL_SQNR_WARN_DB = 30.0
 
 
 def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto, cfg: QuantConfig,
-                             data: Any, saved: Path | None = None) -> list[str]:
+                             data: Any, saved: Path | None = None, kept: HeldBack | None = None) -> list[str]:
     """Warnings when onnxruntime's optimized int8 kernels disagree with the QDQ model. `saved`:
     the file `qmodel` was written to; onnxruntime loads that instead of two serialized copies
-    of the model (what would otherwise be the peak memory of quantizing a big model)."""
+    of the model (what would otherwise be the peak memory of quantizing a big model). `kept`:
+    the calibration pass's first feed, for data that cannot be read again."""
     act, wgt = get_format(cfg.activation), get_format(cfg.weight)
     # only 8-bit activations with full-range 8-bit weights reach onnxruntime's saturating u8 x s8
     # kernels, and only on x86 CPUs without VNNI
@@ -411,14 +412,15 @@ def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto,
         return []
     if cpu_has_vnni() is not False:
         return []
-    if not isinstance(data.data if isinstance(data, CalibData) else data, (list, tuple, str, os.PathLike)):
-        return ["kernel check skipped: the calibration data is a one-shot reader; run "
-                "`mixq eval` to compare optimized and unoptimized onnxruntime runs"]
     from .calibration.data import as_feeds
     from .evaluate import sqnr_between_optimization_levels
 
     # one batch of up to 8 samples shows saturation; more only costs time on big models
-    first = next(iter(as_feeds(data, prepared)))
+    first = next(iter(as_feeds(data, prepared))) if readable_twice(data) else \
+        kept.first if kept is not None else None
+    if first is None:
+        return ["kernel check skipped: the calibration data is a one-shot reader that no calibration "
+                "pass here read; run `mixq eval` to compare optimized and unoptimized onnxruntime runs"]
     sqnr = sqnr_between_optimization_levels(str(saved) if saved is not None else qmodel,
                                             [{k: (v[:2] if v.ndim else v) for k, v in first.items()}])
     if sqnr >= KERNEL_SQNR_WARN_DB:

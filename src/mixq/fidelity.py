@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import NamedTuple
@@ -727,25 +728,69 @@ def _probe_weights_of(q: onnx.ModelProto, float_model: onnx.ModelProto | bytes |
 GUARD_SAMPLES = 32
 
 
-def held_back_feeds(data: object, model: onnx.ModelProto, *, samples: int = GUARD_SAMPLES
-                    ) -> list[dict[str, np.ndarray]] | None:
-    """The last `samples` samples of re-readable calibration data (a list / tuple of feeds or a
-    file / folder) as feeds, or None for a one-shot reader (it cannot be read twice)."""
-    import os
-    from collections import deque
+class HeldBack:
+    """The guard's samples, kept while the calibration pass reads data that cannot be read again
+    (a data reader, a generator): the last feeds holding at least `samples` samples, as
+    `held_back_feeds` takes them from a list, and the first feed (the kernel check's). A
+    calibration tap (`names`: the model's inputs); each feed is copied as it passes, since a
+    reader may refill one buffer. Memory: those feeds, and one more batch."""
 
-    from .calibration.data import as_feeds
+    def __init__(self, model: onnx.ModelProto, samples: int = GUARD_SAMPLES) -> None:
+        from .calibration.data import input_specs_from_model
 
-    if not isinstance(data, (list, tuple, str, os.PathLike)):
-        return None
-    kept: deque[dict[str, np.ndarray]] = deque()
-    held = 0
-    for feed in as_feeds(data, model, batch_size=8):
-        kept.append(feed)
-        held += _rows(feed)
-        while len(kept) > 1 and held - _rows(kept[0]) >= samples:
-            held -= _rows(kept.popleft())
-    return list(kept)
+        self._specs = input_specs_from_model(model)
+        self.names = [s.name for s in self._specs]
+        self.samples = samples
+        self.first: dict[str, np.ndarray] | None = None
+        self.complete = False
+        self._kept: deque[dict[str, np.ndarray]] = deque()
+        self._held = 0
+
+    def update(self, values: dict[str, np.ndarray], rows: int) -> None:
+        """One batch of the pass (`values`: its feed); `rows` is not needed (a feed's first
+        input tells, as for a list)."""
+        self.add({n: np.array(values[n], copy=True) for n in self.names if n in values})
+
+    def add(self, feed: dict[str, np.ndarray]) -> None:
+        """Keep `feed`; drop the oldest feeds the last `samples` samples do not need."""
+        if self.first is None:
+            self.first = feed
+        self._kept.append(feed)
+        self._held += _rows(feed)
+        while len(self._kept) > 1 and self._held - _rows(self._kept[0]) >= self.samples:
+            self._held -= _rows(self._kept.popleft())
+
+    def finish(self) -> None:
+        """After the pass's last batch: the feeds are the data's last ones."""
+        self.complete = True
+
+    def read(self, data: object) -> None:
+        """A pass of its own over `data` (arrays split in feeds of 8 samples)."""
+        from .calibration.data import FeedSource
+
+        for feed in FeedSource(data, self._specs, batch_size=8):
+            self.add(feed)
+        self.finish()
+
+    @property
+    def feeds(self) -> list[dict[str, np.ndarray]]:
+        """The last feeds, at least `samples` samples (all of them where the data holds fewer)."""
+        return list(self._kept)
+
+
+def held_back_feeds(data: object, model: onnx.ModelProto, *, samples: int = GUARD_SAMPLES,
+                    kept: HeldBack | None = None) -> list[dict[str, np.ndarray]] | None:
+    """The last `samples` samples of the calibration data as feeds: read again from data that
+    can be (feeds, arrays, a file or a folder, also inside a CalibData), else those `kept` during
+    the calibration pass; None where neither can be had (a one-shot reader read by a pass that
+    kept nothing)."""
+    from .calibration.data import readable_twice
+
+    if not readable_twice(data):
+        return kept.feeds if kept is not None and kept.complete else None
+    tail = HeldBack(model, samples)
+    tail.read(data)
+    return tail.feeds
 
 
 def float_reference(model: object, prepared: onnx.ModelProto, base_dir: object) -> bytes | str | None:
@@ -763,9 +808,10 @@ def float_reference(model: object, prepared: onnx.ModelProto, base_dir: object) 
 
 def guard(float_model: onnx.ModelProto | bytes | str | None, qmodel: onnx.ModelProto, data: object, *,
           config: QuantConfig, model_path: str | None, size: int, custom_ops: bool = False,
-          stats: dict | None = None) -> FidelityReport:
-    """What `quantize` runs last: the comparison on the last calibration samples (a report
-    saying why not, where it cannot run)."""
+          stats: dict | None = None, kept: HeldBack | None = None) -> FidelityReport:
+    """What `quantize` runs last: the comparison on the last calibration samples (`kept`: those
+    the calibration pass kept, for data that cannot be read again); a report saying why not,
+    where it cannot run."""
     if custom_ops:
         return FidelityReport(not_checked="the model has ops onnxruntime cannot run here")
     if float_model is None:
@@ -774,10 +820,10 @@ def guard(float_model: onnx.ModelProto | bytes | str | None, qmodel: onnx.ModelP
         return FidelityReport(not_checked="no calibration data to compare on")
     if size >= 2**31 - 1:
         return FidelityReport(not_checked="the quantized model is over 2 GiB (run `mixq eval`)")
-    feeds = held_back_feeds(data, qmodel)
+    feeds = held_back_feeds(data, qmodel, kept=kept)
     if feeds is None:
-        return FidelityReport(not_checked="the calibration data is a one-shot reader (run `mixq eval` "
-                                          "on held-out data)")
+        return FidelityReport(not_checked="the calibration data is a one-shot reader that no calibration "
+                                          "pass here read (run `mixq eval` on held-out data)")
     from .config import PRESETS
 
     calib = str(data) if isinstance(data, (str, os.PathLike)) else None

@@ -182,12 +182,15 @@ class Pipeline:
 
     def calibrate(self, plan: PrecisionPlan, data: Any, *,
                   progress: Callable[[int], None] | None = None,
-                  executor: Executor | None = None, tap: Any = None) -> dict[str, TensorStats]:
+                  executor: Executor | None = None, tap: Any = None,
+                  kept: Any = None) -> dict[str, TensorStats]:
         """Statistics of every tensor `plan` calibrates, collected in one onnxruntime pass over
         `data` (tensors collected before are not collected again). With an `executor`
         (mixq.distributed) the data is cut into one shard per worker and the shards' statistics
         are merged: the same statistics, to the bit. `tap` (mixq.passes.gptq.GramTap) watches
-        the same pass where one runs in this process (`tap.complete` then)."""
+        the same pass where one runs in this process (`tap.complete` then); `kept`
+        (mixq.fidelity.HeldBack) keeps the pass's last samples, here or before the shards are
+        sent (`kept.complete` when a pass read the data)."""
         from .check import custom_op_problems
 
         needed = plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
@@ -222,10 +225,10 @@ class Pipeline:
                 from .calibration.sharded import calibrate_sharded
 
                 res = calibrate_sharded(self.model, missing, data, executor, progress=progress,
-                                        base_dir=self.base_dir)
+                                        base_dir=self.base_dir, kept=kept)
             else:
                 res = collect_stats(self.model, missing, data, progress=progress,
-                                    base_dir=self.base_dir, tap=tap)
+                                    base_dir=self.base_dir, tap=(tap, kept))
         except ModelError as exc:
             why = self._source_load_error() if str(exc).startswith(LOAD_FAILED) else None
             if why:  # the user's file itself: say so, not mixq's prepared copy

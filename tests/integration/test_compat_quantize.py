@@ -49,6 +49,8 @@ def test_get_default_config_in_a_config(calib, tmp_path, capsys):
     scales = _dq_scales(model)
     assert scales and all(s.ndim == 0 for s in scales)  # the vendor preset is per tensor
     assert "## mixq" in capsys.readouterr().out  # print_summary=True, the vendor default
+    # the documented one-shot reader still gets the fidelity guard (its samples kept in calibration)
+    assert quantizer.result.fidelity.not_checked is None and quantizer.result.fidelity.samples == 8
     q = ModelQuantizer(Config(global_quant_config=get_default_config("A8W8")))
     q.translation.print_summary = False
     q.quantize_model(MODEL, str(tmp_path / "b.onnx"), Reader(calib))

@@ -111,11 +111,8 @@ class _StopIterationReader:
 
 def test_reader_raising_stop_iteration_ends_the_data():
     feeds = [{"x": X[:2]}, {"x": X[2:]}]
-    # GPTQ asked for: 'auto' also compares it with nearest rounding on the guard's samples, which
-    # a one-shot reader cannot give again (the list can)
-    cfg = mixq.get_default_config("A8W8").with_options(weight_rounding="gptq")
-    res = outcome(lambda: mixq.quantize(MLP, cfg, _StopIterationReader(feeds)), feed={"x": X})
-    ref = mixq.quantize(MLP, cfg, feeds)
+    res = outcome(lambda: mixq.quantize(MLP, "A8W8", _StopIterationReader(feeds)), feed={"x": X})
+    ref = mixq.quantize(MLP, "A8W8", feeds)
     assert res.model.SerializeToString() == ref.model.SerializeToString()
 
 
@@ -143,11 +140,8 @@ def test_calib_samples_bounds_a_source():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an explicit bound is no surprise: no warning
-        # GPTQ asked for: 'auto' also compares it with nearest rounding on the guard's samples,
-        # which a one-shot source cannot give again (the list can)
-        cfg = mixq.get_default_config("A8W8").with_options(weight_rounding="gptq")
-        res = mixq.quantize(MLP, cfg, CalibData(gen(), max_samples=10), check_kernels=False)
-    ref = mixq.quantize(MLP, cfg, [{"x": X}] * 10, check_kernels=False)
+        res = mixq.quantize(MLP, "A8W8", CalibData(gen(), max_samples=10), check_kernels=False)
+    ref = mixq.quantize(MLP, "A8W8", [{"x": X}] * 10, check_kernels=False)
     assert len(seen) == 10
     assert res.model.SerializeToString() == ref.model.SerializeToString()
     with pytest.raises(DataError, match="max_samples"):

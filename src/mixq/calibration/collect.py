@@ -255,9 +255,9 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
     axes: optional ``{name: axis}`` to also collect per-channel min/max of those tensors.
     base_dir: the directory deferred initializers of `model` (external data left on disk by
         mixq._io.load_model_deferred) are read from; onnxruntime maps them from there.
-    tap: an observer of the same pass (mixq.passes.gptq.GramTap): its `names` are fetched too
-        (no statistics), `tap.update(values, rows)` sees them per batch, `tap.finish()` after
-        the last one.
+    tap: an observer of the same pass (mixq.passes.gptq.GramTap, mixq.fidelity.HeldBack), or a
+        tuple of them: each one's `names` are fetched too (no statistics), its
+        `update(values, rows)` sees them per batch, its `finish()` runs after the last one.
 
     Returns a :class:`CollectResult` (a dict ``{name: TensorStats}`` with ``.skipped``).
     Raises DataError for bad data, ModelError when the model cannot be read or run.
@@ -295,7 +295,8 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
             known = list(produced | graph_inputs | set(inits))
             result.skipped[name] = f"no tensor of this name in the model graph.{did_you_mean(name, known)}"
 
-    tap_names = [n for n in (tap.names if tap is not None else []) if n in produced or n in graph_inputs]
+    taps = _taps(tap)
+    tap_names = [n for n in dict.fromkeys(n for t in taps for n in t.names) if n in produced or n in graph_inputs]
     to_fetch += [n for n in tap_names if n in produced and n not in to_fetch]
     if not to_fetch and not from_feed and not tap_names:
         return result
@@ -331,7 +332,7 @@ def collect_stats(model: onnx.ModelProto | str | os.PathLike, tensor_names: Iter
             set_total(_bounded_count(data, input_specs_from_model(m), batch_size))
         try:
             _run(result, m, sess, fetch, from_feed, data, batch_size, axes, progress,
-                 tap=tap, stat_names=set(names))
+                 taps=taps, stat_names=set(names))
         finally:
             del sess
             import gc
@@ -428,17 +429,17 @@ def count_batches(data: Any, specs: Sequence[Any], batch_size: int = 1) -> int |
 
 def _run(result: CollectResult, m: onnx.ModelProto, sess: Any, fetch: list[str],
          from_feed: list[str], data: Any, batch_size: int, axes: dict[str, int],
-         progress: Callable[[int], Any] | None, *, tap: Any = None,
+         progress: Callable[[int], Any] | None, *, taps: tuple[Any, ...] = (),
          stat_names: set[str] | None = None) -> None:
     """The calibration pass: statistics of `fetch` (run) and `from_feed` (fed) into `result`
-    (only those in `stat_names`, when given); the tap's tensors to `tap` per batch."""
+    (only those in `stat_names`, when given); each tap's tensors to that tap per batch."""
     out_names = [o.name for o in sess.get_outputs()] if sess is not None else []
     missing = [n for n in fetch if n not in out_names]
     for n in missing:
         if stat_names is None or n in stat_names:
             result.skipped[n] = "onnxruntime does not expose this tensor as an output"
     fetch = [n for n in fetch if n not in missing]
-    tapped = set(tap.names) if tap is not None else set()
+    tapped = {n for t in taps for n in t.names}
     stats = {n: TensorStats(axis=axes.get(n)) for n in fetch + from_feed
              if stat_names is None or n in stat_names}
     specs = input_specs_from_model(m)
@@ -463,20 +464,27 @@ def _run(result: CollectResult, m: onnx.ModelProto, sess: Any, fetch: list[str],
                 if n in tapped:
                     values[n] = arr
             del outs
-        if tap is not None:
+        if taps:
             f0 = next(iter(feed.values()), None)
-            tap.update(values, int(f0.shape[0]) if f0 is not None and np.ndim(f0) else 1)
+            rows = int(f0.shape[0]) if f0 is not None and np.ndim(f0) else 1
+            for t in taps:
+                t.update({n: values[n] for n in t.names if n in values}, rows)
         del feed, values
         if progress is not None:
             progress(i_batch)
     result.num_batches = i_batch + 1
-    if tap is not None:
-        tap.finish()
+    for t in taps:
+        t.finish()
     for n in list(stats):
         if n in non_float:
             result.skipped[n] = non_float[n]
         else:
             result[n] = stats[n]
+
+
+def _taps(tap: Any) -> tuple[Any, ...]:
+    """The observers `tap` names: none, one, or a tuple of them (None entries dropped)."""
+    return tuple(t for t in (tap if isinstance(tap, tuple) else (tap,)) if t is not None)
 
 
 def _update(stats: dict[str, TensorStats], non_float: dict[str, str], name: str, arr: Any) -> None:

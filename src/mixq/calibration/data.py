@@ -49,7 +49,7 @@ import onnx
 
 from mixq.errors import DataError, did_you_mean
 
-__all__ = ["InputSpec", "input_specs_from_model", "as_feeds", "FeedSource", "CalibData",
+__all__ = ["InputSpec", "input_specs_from_model", "as_feeds", "readable_twice", "FeedSource", "CalibData",
            "validate_feed", "DEFAULT_MAX_SAMPLES", "MAX_FEED_BYTES", "MAX_WHOLE_MEMBER_BYTES"]
 
 #: Feeds one pass reads by default; more are left unread (with a warning naming the bound).
@@ -620,6 +620,13 @@ class FeedSource:
         if n == 0:
             raise DataError("calibration data is empty: it produced no samples; expected feed "
                             f"dicts for inputs {', '.join(s.name for s in self.specs)}")
+
+
+def readable_twice(data: Any) -> bool:
+    """Whether `data` gives the same feeds when read again (containers, arrays and files do, also
+    inside a CalibData; a data reader or a generator is read once)."""
+    raw = data.data if isinstance(data, CalibData) else data
+    return isinstance(raw, (list, tuple, Mapping, np.ndarray, str, os.PathLike))
 
 
 def as_feeds(data: Any, input_specs: Any, *, batch_size: int = 1,

@@ -1,0 +1,124 @@
+"""The fidelity guard (and what reads the guard's samples: weight_rounding='auto''s check of GPTQ
+against nearest rounding, the kernel check) runs on every kind of calibration data. A data reader
+or a generator cannot be read again: the calibration pass keeps its last samples as it goes
+(mixq.fidelity.HeldBack), so a one-shot source is checked as a list is, and gives its bytes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mixq
+from mixq.calibration.data import CalibData
+from mixq.distributed import SerialExecutor
+from tests.conftest import feeds, small_cnn
+
+
+class _OneShotReader:
+    """The documented reader shape: get_next() until None, no rewind()."""
+
+    def __init__(self, data):
+        self.it = iter(data)
+        self.read = 0
+
+    def get_next(self):
+        f = next(self.it, None)
+        self.read += f is not None
+        return f
+
+
+class _RefillingReader(_OneShotReader):
+    """A reader that writes every batch into the same buffer (a common memory saving)."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.buf = np.empty_like(data[0]["x"])
+
+    def get_next(self):
+        f = super().get_next()
+        if f is None:
+            return None
+        self.buf[...] = f["x"]
+        return {"x": self.buf}
+
+
+def _gen(data):
+    yield from data
+
+
+SOURCES = {
+    "reader": _OneShotReader,
+    "refilling reader": _RefillingReader,
+    "generator": _gen,
+    "CalibData(generator)": lambda d: CalibData(_gen(d)),
+    "CalibData(list)": CalibData,
+}
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_a_one_shot_source_is_checked_and_gives_the_lists_bytes(source):
+    """Old code: 'not checked: the calibration data is a one-shot reader', and GPTQ kept unmeasured
+    (other bytes than the same feeds in a list, where 'auto' compares it with nearest rounding)."""
+    m, data = small_cnn(), feeds(64, 8)
+    ref = mixq.quantize(m, "A8W8", data, check_kernels=False)
+    res = mixq.quantize(m, "A8W8", SOURCES[source](data), check_kernels=False)
+    assert res.fidelity.not_checked is None and ref.fidelity.not_checked is None
+    assert res.fidelity.samples == ref.fidelity.samples == 32
+    assert res.fidelity.outputs[0].sqnr_db == ref.fidelity.outputs[0].sqnr_db
+    assert res.weight_rounding.compared is not None or res.weight_rounding.nearest_because
+    assert (res.weight_rounding.compared, res.weight_rounding.nearest_because) == \
+        (ref.weight_rounding.compared, ref.weight_rounding.nearest_because)
+    assert res.model.SerializeToString() == ref.model.SerializeToString()
+
+
+@pytest.mark.parametrize("source", ["ndarray", "dict of arrays"])
+def test_arrays_are_checked(source):
+    """Arrays (and dicts of them) are read again for the guard (old code: not checked)."""
+    m = small_cnn()
+    x = np.concatenate([f["x"] for f in feeds(48, 8)])
+    res = mixq.quantize(m, "A8W8", x if source == "ndarray" else {"x": x}, check_kernels=False)
+    assert res.fidelity.not_checked is None and res.fidelity.samples == 32
+
+
+def test_a_preset_without_calibration_reads_a_one_shot_source_once_for_the_guard():
+    """A block preset needs no statistics, so no pass reads the data before the guard."""
+    m, data = small_cnn(), feeds(48, 8)
+    reader = _OneShotReader(data)
+    res = mixq.quantize(m, "MXINT8", reader)
+    assert reader.read == len(data)
+    assert res.fidelity.not_checked is None and res.fidelity.samples == 32
+    ref = mixq.quantize(m, "MXINT8", data)
+    assert res.fidelity.outputs[0].sqnr_db == ref.fidelity.outputs[0].sqnr_db
+
+
+def test_a_one_shot_source_calibrated_on_workers_is_checked():
+    """The shards are read here once: the guard's samples are kept from them. (GPTQ needs a pass
+    of its own there, which a one-shot source cannot give: nearest rounding, said.)"""
+    m, data = small_cnn(), feeds(64, 8)
+    with SerialExecutor(2) as ex:
+        res = mixq.quantize(m, "A8W8", _gen(data), check_kernels=False, executor=ex)
+    assert res.fidelity.not_checked is None and res.fidelity.samples == 32
+    assert "one-shot" in res.weight_rounding.nearest_because
+    ref = mixq.quantize(m, mixq.get_default_config("A8W8").with_options(weight_rounding="nearest"),
+                        data, check_kernels=False)
+    assert res.fidelity.outputs[0].sqnr_db == ref.fidelity.outputs[0].sqnr_db
+    assert res.model.SerializeToString() == ref.model.SerializeToString()
+
+
+def test_the_kernel_check_runs_on_a_one_shot_sources_first_feed(monkeypatch):
+    """On a CPU without VNNI the kernel check compares optimized and unoptimized runs on the first
+    feed: a reader's, kept by the calibration pass (old code: 'kernel check skipped')."""
+    import mixq.evaluate as ev
+
+    seen = []
+    real = ev.sqnr_between_optimization_levels
+
+    def spy(model, fds):
+        seen.append(fds)
+        return real(model, fds)
+
+    monkeypatch.setattr(mixq.api, "cpu_has_vnni", lambda: False)
+    monkeypatch.setattr(ev, "sqnr_between_optimization_levels", spy)
+    m, data = small_cnn(), feeds(32, 8)
+    res = mixq.quantize(m, "A8W8", _RefillingReader(data))
+    assert not any("skipped" in w for w in res.warnings), res.warnings
+    assert len(seen) == 1 and np.array_equal(seen[0][0]["x"], data[0]["x"][:2])
