@@ -61,6 +61,47 @@ def test_conv_patches_are_capped_with_a_fixed_seed(monkeypatch):
     assert a.shape == (1, 50, 36) and np.array_equal(a, b)
 
 
+def test_grams_are_the_inputs_second_moments_shared_and_batch_size_free():
+    """H of each layer is sum x^T x over the tokens it reads (float32 blocks of samples summed in
+    float64, within float32 rounding of the exact sum); the query, key and value projections,
+    which read one input, share one H; and no bit of it depends on the batch size."""
+    from mixq.pipeline import Pipeline
+
+    rng = np.random.default_rng(3)
+    d, t, n = 16, 12, 22  # n: not a multiple of SAMPLE_BLOCK, nor of the batch sizes
+    ws = {f"w{i}": rng.normal(0, 0.3, (d, d)).astype(np.float32) for i in "qkv"}
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [i]) for i in "qkv"]
+    nodes += [helper.make_node("Add", ["q", "k"], ["qk"]), helper.make_node("Add", ["qk", "v"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", t, d])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", t, d])],
+                          [numpy_helper.from_array(w, k) for k, w in ws.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = (rng.normal(size=(n, t, d)) * np.linspace(0.1, 30, d)).astype(np.float32)
+    pipe = Pipeline.load(m)
+    plan = pipe.plan(mixq.get_default_config("A8W8"))
+    grams = []
+    for batch in (1, 3, 8):
+        tap = gptq.GramTap(pipe.model, plan)
+        tap.run(pipe.model, [{"x": x[i:i + batch]} for i in range(0, n, batch)])
+        by = {tg.weight: tg.gram for tg in tap.targets}
+        assert by["wq"] is by["wk"] is by["wv"]
+        grams.append(by["wq"])
+    exact = np.einsum("ntd,nte->de", x.astype(np.float64), x.astype(np.float64))
+    np.testing.assert_allclose(grams[0][0], exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
+    assert all(np.array_equal(grams[0], gr) for gr in grams[1:])
+
+
+def test_depthwise_conv_grams_read_at_most_their_row_limit():
+    """A 3x3 depthwise Conv's 9-column H takes MIN_ROWS patches per sample, a 64-channel 1x1
+    Conv's 64-column H takes 16 per column (1024), a 4-channel one MIN_ROWS."""
+    x = np.random.default_rng(0).normal(size=(1, 64, 40, 40)).astype(np.float32)
+    dw = helper.make_node("Conv", ["x", "w"], ["y"], group=64, pads=[1, 1, 1, 1])
+    assert gptq._conv_rows(x, dw, [3, 3], 64, np.random.default_rng(0)).shape == (64, gptq.MIN_ROWS, 9)
+    pw = helper.make_node("Conv", ["x", "w"], ["y"])
+    assert gptq._conv_rows(x, pw, [1, 1], 1, np.random.default_rng(0)).shape == (1, 1024, 64)
+    assert gptq._conv_rows(x[:, :4], pw, [1, 1], 1, np.random.default_rng(0)).shape == (1, gptq.MIN_ROWS, 4)
+
+
 def _model() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
     """Conv -> depthwise Conv -> Gemm -> MatMul on strongly correlated inputs (a smooth image):
     rounding errors of neighbouring weights add up in the output, which GPTQ can cancel."""

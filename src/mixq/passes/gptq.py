@@ -11,10 +11,14 @@ chose (qparams), so only the codes change: the output is the same QDQ graph with
 
 H comes from one streaming onnxruntime pass of the float model over the calibration data (one
 batch in memory). For a Conv the inputs are the patches each output reads (im2col, with the
-Conv's pads, strides, dilations and groups); each group has its own H. At most `MAX_ROWS`
-patches (or tokens) per layer and sample enter H, drawn with a seed of the sample's index, and
-H is summed sample by sample (2-D inputs: in blocks of `ROW_BLOCK` rows): the same data give
-the same bytes whatever the batch size.
+Conv's pads, strides, dilations and groups); each group has its own H. Per layer and sample at
+most `ROWS_PER_COLUMN` patches (or tokens) per column of H enter it, at least `MIN_ROWS`, at most
+`MAX_ROWS` (a depthwise 3x3 Conv's 9 x 9 H needs fewer than a 1024-channel MatMul's), drawn with
+a seed of the sample's index, and
+H is summed over blocks of `SAMPLE_BLOCK` samples by index (2-D inputs, a row per sample:
+`ROW_BLOCK`), each block one float32 product, the blocks in float64: the same data give the
+same bytes whatever the batch size. Layers that read the same input the same way (attention's
+query, key and value projections) share one H.
 
 The pass changes the weight initializers of the prepared model in place to the dequantized
 values of the chosen codes; the rewrite quantizes them back to exactly those codes (checked
@@ -44,10 +48,15 @@ __all__ = ["GPTQ_DAMP", "GPTQ_BLOCK", "MAX_ROWS", "GramTap", "WeightRounder", "W
 GPTQ_DAMP = 0.01
 #: Columns rounded per block before the rest of the weight is updated (a speed knob only).
 GPTQ_BLOCK = 128
-#: Input rows (patches, tokens) per layer and sample that enter H.
+#: Input rows (patches, tokens) per layer and sample that enter H: ROWS_PER_COLUMN per column
+#: of H, within [MIN_ROWS, MAX_ROWS].
 MAX_ROWS = 1024
+MIN_ROWS = 256
+ROWS_PER_COLUMN = 16
 #: Rows of a 2-D layer input (one sample each) summed into H together.
 ROW_BLOCK = 64
+#: Samples (of a layer input with rows per sample: tokens, patches) summed into H together.
+SAMPLE_BLOCK = 8
 
 
 @dataclass
@@ -146,15 +155,21 @@ def _targets(model: onnx.ModelProto, plan: PrecisionPlan) -> tuple[list[_Target]
     return out, skipped
 
 
-def _pick(n: int, rng: np.random.Generator) -> np.ndarray:
-    """Sorted indices of at most MAX_ROWS of n rows (all of them when n is small enough)."""
-    return np.arange(n) if n <= MAX_ROWS else np.sort(rng.choice(n, MAX_ROWS, replace=False))
+def _row_limit(k: int) -> int:
+    """Rows per sample that enter an H of k columns."""
+    return min(MAX_ROWS, max(MIN_ROWS, ROWS_PER_COLUMN * k))
+
+
+def _pick(n: int, rng: np.random.Generator, limit: int) -> np.ndarray:
+    """Sorted indices of at most `limit` of n rows (all of them when n is small enough)."""
+    return np.arange(n) if n <= limit else np.sort(rng.choice(n, limit, replace=False))
 
 
 def _conv_rows(x: np.ndarray, node: onnx.NodeProto, kshape: list[int], groups: int,
                rng: np.random.Generator) -> np.ndarray:
     """(groups, rows, cin_g * prod(kernel)) patches that the Conv's outputs read from the batch
-    x (N, C, *spatial), in the weight's (cin_g, *kernel) order; at most MAX_ROWS output
+    x (N, C, *spatial) (one sample: no copy but the patches'), in the weight's (cin_g, *kernel)
+    order (a transposed view of one contiguous copy); at most _row_limit(columns) output
     positions, drawn before any patch is copied."""
     nd = len(kshape)
     strides = _ints(node, "strides", [1] * nd)
@@ -172,14 +187,23 @@ def _conv_rows(x: np.ndarray, node: onnx.NodeProto, kshape: list[int], groups: i
             pads[i], pads[i + nd] = (small, total - small) if auto == "SAME_UPPER" else (total - small, small)
     if any(pads):
         x = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)])
-    win = np.lib.stride_tricks.sliding_window_view(x, span, axis=tuple(range(2, nd + 2)))
-    win = win[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)
-              + tuple(slice(None, None, d) for d in dil)]  # (N, C, *out, *kernel), a view
-    out_shape = (x.shape[0],) + win.shape[2:2 + nd]
-    pos = np.unravel_index(_pick(int(np.prod(out_shape)), rng), out_shape)
-    patches = win[(pos[0], slice(None)) + tuple(pos[1:])]  # (rows, C, *kernel): the only copy
-    rows, c = patches.shape[:2]
-    return patches.reshape(rows, groups, -1).transpose(1, 0, 2)
+    size = x.shape[2:]
+    out_shape = (x.shape[0],) + tuple((p - sp) // st + 1 for p, sp, st in zip(size, span, strides))
+    k = x.shape[1] // groups * int(np.prod(kshape))
+    pos = np.unravel_index(_pick(int(np.prod(out_shape)), rng, _row_limit(k)), out_shape)
+    # flat indices into one sample's (C, prod(size)) of each (kernel offset, position): one take
+    # copies exactly the patches, channels outermost, so no copy is transposed afterwards
+    step = [int(np.prod(size[d + 1:])) for d in range(nd)]
+    base = pos[0] * int(np.prod(size))  # the sample, in (C, N * prod(size))
+    offs = np.zeros(int(np.prod(kshape)), np.int64)
+    grid = np.indices(kshape).reshape(nd, -1)
+    for d in range(nd):
+        base += pos[1 + d] * (strides[d] * step[d])
+        offs += grid[d] * (dil[d] * step[d])
+    n, c = x.shape[:2]
+    flat = x[0].reshape(c, -1) if n == 1 else np.moveaxis(x.reshape(n, c, -1), 1, 0).reshape(c, -1)
+    patches = np.take(flat, offs[:, None] + base[None, :], axis=1)  # (C, K, rows)
+    return patches.reshape(groups, k, -1).transpose(0, 2, 1)
 
 
 class GramTap:
@@ -187,9 +211,11 @@ class GramTap:
     batches a calibration run shows it (`names`: the tensors it reads; `update` per batch) or
     from a run of its own (`run`).
 
-    Grams are summed in float64 per sample in data order (each sample's own in float32 BLAS
-    after a power-of-two rescale, so that no value overflows); 2-D inputs (a row per sample) in
-    blocks of ROW_BLOCK rows carried across batches: no sum depends on the batch size."""
+    Each sample's rows wait in a block of SAMPLE_BLOCK samples by index (ROW_BLOCK for 2-D
+    inputs, a row per sample) carried across batches; a full block is summed in float32 (with
+    a power-of-two rescale where a value could overflow) and added to H in float64: no sum
+    depends on the batch size. Targets that read one input through the same view (kind,
+    transA, or the Conv's kernel, pads, strides, dilations and groups) share one H."""
 
     def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan) -> None:
         self.targets, self.skipped = _targets(model, plan)
@@ -197,35 +223,52 @@ class GramTap:
         self.names = sorted({t.node.input[0] for t in self.targets})
         self.samples = 0
         self.complete = False
-        self._pending: dict[int, list[np.ndarray]] = {}
+        # one accumulating target per distinct view of an input; the others copy its H at finish
+        self._owner: dict[int, int] = {}
+        seen: dict[tuple[object, ...], int] = {}
+        for ti, t in enumerate(self.targets):
+            self._owner[ti] = seen.setdefault(self._view(t), ti)
+        self._pending: dict[int, _Block] = {}
+
+    def _view(self, t: _Target) -> tuple[object, ...]:
+        """What H depends on besides the data: the input and how the layer reads it."""
+        if t.kind == "conv":
+            attrs = tuple((a.name, tuple(a.ints), a.s, a.i) for a in sorted(t.node.attribute, key=lambda a: a.name)
+                          if a.name in ("pads", "strides", "dilations", "auto_pad", "group"))
+            return (t.node.input[0], "conv", self._shapes[t.weight][1:], attrs)
+        return (t.node.input[0], "rows", t.kind == "gemm" and _int(t.node, "transA", 0) == 1)
 
     def update(self, values: dict[str, np.ndarray], rows: int) -> None:
         """Add one batch of `rows` samples; `values`: the batch's tensors of `names`."""
         first = self.samples
         for ti, t in enumerate(self.targets):
-            if t.node.input[0] not in values:
+            if self._owner[ti] != ti or t.node.input[0] not in values:
                 continue
             v = np.asarray(values[t.node.input[0]], dtype=np.float32)
             if t.kind == "gemm" and _int(t.node, "transA", 0):
                 v = v.T
-            if v.ndim == 2:  # one row per sample
-                self._pending.setdefault(ti, []).append(v)
-                self._flush(ti, full_only=True)
-                continue
+            block = ROW_BLOCK if v.ndim == 2 else SAMPLE_BLOCK
             for j in range(v.shape[0]):
-                rng = np.random.default_rng([ti, first + j])
-                if t.kind == "conv":
-                    r = _conv_rows(v[j:j + 1], t.node, list(self._shapes[t.weight][2:]), t.groups, rng)
+                if v.ndim == 2:  # one row per sample
+                    r = v[j:j + 1][None]
                 else:
-                    x = v[j].reshape(-1, v.shape[-1])
-                    r = x[_pick(x.shape[0], rng)][None]
-                self._add(t, r)
+                    rng = np.random.default_rng([ti, first + j])
+                    if t.kind == "conv":
+                        r = _conv_rows(v[j:j + 1], t.node, list(self._shapes[t.weight][2:]), t.groups, rng)
+                    else:
+                        x = v[j].reshape(-1, v.shape[-1])
+                        r = x[_pick(x.shape[0], rng, _row_limit(x.shape[1]))][None]
+                self._take(ti, r, block)
         self.samples += rows
 
     def finish(self) -> None:
-        """After the last batch: the rows still pending enter H."""
+        """After the last batch: the samples still pending enter H; shared grams are handed out."""
         for ti in list(self._pending):
-            self._flush(ti, full_only=False)
+            self._flush(ti)
+        for ti, owner in self._owner.items():
+            if owner != ti:
+                self.targets[ti].gram = self.targets[owner].gram
+                self.targets[ti].finite = self.targets[owner].finite
         self.complete = True
 
     def run(self, model: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]]) -> None:
@@ -244,26 +287,61 @@ class GramTap:
             self.update(values, int(f0.shape[0]) if f0 is not None and f0.ndim else 1)
         self.finish()
 
-    def _add(self, t: _Target, r: np.ndarray) -> None:
-        big = float(np.max(np.abs(r))) if r.size else 0.0
+    def _take(self, ti: int, r: np.ndarray, block: int) -> None:
+        """A sample's rows r (groups, rows, k) into target ti's block of `block` samples: its
+        product now where it has at least as many rows as H has columns (the rows are then
+        dropped), else its rows, for one product of the block's rows put together."""
+        b = self._pending.setdefault(ti, _Block())
+        b.n += 1
+        if r.shape[1] >= r.shape[2]:
+            g = self._gram32(self.targets[ti], r)
+            if g is not None:
+                b.g = g if b.g is None else np.add(b.g, g, out=b.g)
+        else:
+            b.parts.append(r)
+        if b.n == block:
+            self._flush(ti)
+
+    def _flush(self, ti: int) -> None:
+        """Target ti's block (full, or the last one) into its H, in float64."""
+        b = self._pending.pop(ti, None)
+        if b is None:
+            return
+        t = self.targets[ti]
+        if b.parts:
+            g = self._gram32(t, b.parts[0] if len(b.parts) == 1 else np.concatenate(b.parts, axis=1))
+            if g is not None:
+                b.g = g if b.g is None else b.g + g
+        if b.g is not None:
+            g64 = b.g.astype(np.float64)
+            t.gram = g64 if t.gram is None else t.gram + g64
+
+    @staticmethod
+    def _gram32(t: _Target, r: np.ndarray) -> np.ndarray | None:
+        """r^T r in float32; None where it went into t's H already (rescaled by a power of two,
+        exact, since the products or their sums could over- or underflow float32) or r holds
+        inf / NaN (t is marked)."""
+        big = max(abs(float(r.max())), abs(float(r.min()))) if r.size else 0.0
         if not np.isfinite(big):
             t.finite = False
-            return
-        scale = 2.0 ** int(np.ceil(np.log2(big))) if big > 0 else 1.0  # exact rescale
-        r = r / np.float32(scale)
-        g = np.matmul(r.transpose(0, 2, 1), r).astype(np.float64) * (scale * scale)
-        t.gram = g if t.gram is None else t.gram + g
+            return None
+        e = int(np.ceil(np.log2(big))) if big > 0 else 0
+        if -30 <= e <= 40:  # no rescale needed: it would change no bit
+            return np.matmul(r.transpose(0, 2, 1), r)
+        rs = r / np.float32(2.0 ** e)
+        g64 = np.matmul(rs.transpose(0, 2, 1), rs).astype(np.float64) * (4.0 ** e)
+        t.gram = g64 if t.gram is None else t.gram + g64
+        return None
 
-    def _flush(self, ti: int, full_only: bool) -> None:
-        parts = self._pending.pop(ti, [])
-        if not parts:
-            return
-        rows = np.concatenate(parts)
-        n = (rows.shape[0] // ROW_BLOCK) * ROW_BLOCK if full_only else rows.shape[0]
-        for b in range(0, n, ROW_BLOCK):
-            self._add(self.targets[ti], rows[b:b + ROW_BLOCK][None])
-        if n < rows.shape[0]:
-            self._pending[ti] = [rows[n:]]
+
+@dataclass
+class _Block:
+    """A target's samples of one block so far: how many, the float32 sum of their products,
+    the rows still to be multiplied."""
+
+    n: int = 0
+    g: np.ndarray | None = None
+    parts: list[np.ndarray] = field(default_factory=list)
 
 
 def _layout(t: _Target, w: np.ndarray) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
