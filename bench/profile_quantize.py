@@ -1,6 +1,8 @@
 """cProfile of `mixq quantize` (the API call the CLI makes) on one model and preset.
 
     python bench/profile_quantize.py {embedded|cls|rec} PRESET [--top 25] [--no-profile]
+    python bench/profile_quantize.py efficientnet_lite0 A8W8 --no-profile   # any bench model
+                                     # (its .cache/bench/<model>/ files, made by `python -m bench`)
 
 Prints QuantizeResult.timings (the stage wall times) and the functions with the largest
 cumulative time. Used to write docs/PERFORMANCE.md.
@@ -33,9 +35,12 @@ def _model_and_data(name: str) -> tuple[str, np.ndarray, int]:
     raise SystemExit(f"unknown model {name!r}")
 
 
+BENCH = Path(__file__).resolve().parents[1] / ".cache" / "bench"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=["embedded", "cls", "rec"])
+    ap.add_argument("model", help="embedded, cls, rec, or a bench model with files in .cache/bench")
     ap.add_argument("preset")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--sort", default="cumulative")
@@ -44,12 +49,22 @@ def main(argv: list[str] | None = None) -> None:
     t = time.perf_counter()
     import mixq
     t_import = time.perf_counter() - t
-    path, x, batch = _model_and_data(args.model)
-    import onnx
-    name = onnx.load(path, load_external_data=False).graph.input[0].name
+    bench = BENCH / args.model
+    if args.model not in ("embedded", "cls", "rec") and not (bench / "calib.npz").is_file():
+        raise SystemExit(f"no {bench}/calib.npz: run `python -m bench --suite full --models {args.model}` first")
     with tempfile.TemporaryDirectory() as tmp:
-        calib = Path(tmp) / "calib.npz"  # batches as separate feeds, like bench/feeds.py
-        np.savez(calib, **{name: np.stack([x[i:i + batch] for i in range(0, len(x), batch)])})
+        if (bench / "calib.npz").is_file():  # the bench's own model and calibration feeds
+            path, calib = str(bench / "float.onnx"), bench / "calib.npz"
+            with np.load(calib) as z:  # keys "<feed>/<input>": samples of the first input
+                first = z.files[0].split("/")[-1]
+                n = sum(z[k].shape[0] for k in z.files if k.split("/")[-1] == first)
+        else:
+            path, x, batch = _model_and_data(args.model)
+            import onnx
+            name = onnx.load(path, load_external_data=False).graph.input[0].name
+            calib = Path(tmp) / "calib.npz"  # batches as separate feeds, like bench/feeds.py
+            np.savez(calib, **{name: np.stack([x[i:i + batch] for i in range(0, len(x), batch)])})
+            n = len(x)
         out = Path(tmp) / "q.onnx"
         prof = cProfile.Profile()
         t = time.perf_counter()
@@ -58,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         res = mixq.quantize(path, args.preset, calibration_data=str(calib), output_path=str(out))
         prof.disable()
         total = time.perf_counter() - t
-    print(f"model {args.model} ({path}), preset {args.preset}, {len(x)} calibration samples")
+    print(f"model {args.model} ({path}), preset {args.preset}, {n} calibration samples")
     print(f"import mixq {t_import:.3f} s; quantize {total:.3f} s"
           + ("" if args.no_profile else " (under cProfile)"))
     print("timings: " + ", ".join(f"{k} {v:.3f}" for k, v in res.timings.items()))

@@ -91,17 +91,6 @@ def test_grams_are_the_inputs_second_moments_shared_and_batch_size_free():
     assert all(np.array_equal(grams[0], gr) for gr in grams[1:])
 
 
-def test_depthwise_conv_grams_read_at_most_their_row_limit():
-    """A 3x3 depthwise Conv's 9-column H takes MIN_ROWS patches per sample, a 64-channel 1x1
-    Conv's 64-column H takes 16 per column (1024), a 4-channel one MIN_ROWS."""
-    x = np.random.default_rng(0).normal(size=(1, 64, 40, 40)).astype(np.float32)
-    dw = helper.make_node("Conv", ["x", "w"], ["y"], group=64, pads=[1, 1, 1, 1])
-    assert gptq._conv_rows(x, dw, [3, 3], 64, np.random.default_rng(0)).shape == (64, gptq.MIN_ROWS, 9)
-    pw = helper.make_node("Conv", ["x", "w"], ["y"])
-    assert gptq._conv_rows(x, pw, [1, 1], 1, np.random.default_rng(0)).shape == (1, 1024, 64)
-    assert gptq._conv_rows(x[:, :4], pw, [1, 1], 1, np.random.default_rng(0)).shape == (1, gptq.MIN_ROWS, 4)
-
-
 def _model() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
     """Conv -> depthwise Conv -> Gemm -> MatMul on strongly correlated inputs (a smooth image):
     rounding errors of neighbouring weights add up in the output, which GPTQ can cancel."""
