@@ -5,9 +5,9 @@
 
 Both versions collect the grams of the A8W8 plan's GPTQ targets over the bench model's
 calibration feeds (``.cache/bench/<model>/``, written by ``python -m bench``), alternating
-old and new; the medians are printed, with how far the new grams are from the old ones (the
-largest difference relative to the gram's largest entry: the two sample the rows of small
-layers differently, so a few percent is expected there, float32 rounding elsewhere).
+old and new, each with its own onnxruntime pass (included in the time); the medians are
+printed, with how far the new grams are from the old ones (the largest difference relative to
+the gram's largest entry; where both read the same rows, float32 rounding).
 """
 from __future__ import annotations
 
