@@ -18,7 +18,7 @@ from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
 from .graph import with_weights
-from .fidelity import HeldBack, float_reference
+from .fidelity import HeldBack, Runs, float_reference
 from .fidelity import guard as fidelity_guard
 from .passes.prepare import PrepareReport, check_graph, model_opset
 from .passes.qdq import RewriteReport
@@ -193,10 +193,11 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         cfg.weight_rounding == "auto" and ft_config is None and bias_rep is None and not custom_ops
         and float_ref is not None and round_rep is not None and round_rep.rounded) else None
     qmodel, rew = pipe.rewrite(the_plan, qparams, cfg, model=target, copy=False)
+    runs = None  # the float and chosen models' outputs on the guard's samples, once measured
     if twin is not None and float_ref is not None:
         t_check = time.perf_counter()
-        qmodel, rew = _keep_better_rounding(pipe, the_plan, qparams, cfg, (qmodel, rew), twin,
-                                            float_ref, calibration_data, round_rep, kept)
+        qmodel, rew, runs = _keep_better_rounding(pipe, the_plan, qparams, cfg, (qmodel, rew), twin,
+                                                  float_ref, calibration_data, round_rep, kept)
         if round_rep.nearest_because is not None:
             target = twin  # what the chosen model was rewritten from
         del twin
@@ -219,7 +220,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     t = time.perf_counter()
     fid = fidelity_guard(float_ref, qmodel, calibration_data, config=cfg, size=quant_bytes,
                          model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
-                         custom_ops=bool(custom_ops), stats=pipe.stats, kept=kept)
+                         custom_ops=bool(custom_ops), stats=pipe.stats, kept=kept, runs=runs)
+    del runs
     del float_ref
     timings["fidelity"] = time.perf_counter() - t
     if strict and (fid.broken or fid.runtime_disagrees):
@@ -353,29 +355,31 @@ ROUNDING_MARGIN_DB = 0.5
 def _keep_better_rounding(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cfg: QuantConfig,
                           gptq: tuple[onnx.ModelProto, RewriteReport], twin: onnx.ModelProto,
                           float_ref: bytes | str, data: Any, rep: Any,
-                          kept: HeldBack | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
+                          kept: HeldBack | None = None
+                          ) -> tuple[onnx.ModelProto, RewriteReport, Runs | None]:
     """GPTQ's model or nearest rounding's, whichever the whole model scores better with.
 
     GPTQ minimises each layer's output error for float inputs; the model runs on quantized
     activations, and there a coarse weight grid can do worse with GPTQ's codes than with the
     nearest ones (per-tensor power-of-two weights of a detector, measured). So both models are
-    scored on the guard's samples; `rep` records the comparison or why nearest was kept."""
+    scored on the guard's samples; `rep` records the comparison or why nearest was kept. Also
+    returns the chosen model's runs there, which the guard reuses."""
     from .fidelity import count_samples, held_back_feeds, mean_sqnr_db
 
     feeds = held_back_feeds(data, gptq[0], kept=kept)
     if not feeds:
-        return gptq
+        return gptq[0], gptq[1], None
     near = pipe.rewrite(plan, qparams, cfg, model=twin, copy=False)
-    g_db, n_db = mean_sqnr_db(float_ref, [gptq[0], near[0]], feeds)
+    (g_db, g_runs), (n_db, n_runs) = mean_sqnr_db(float_ref, [gptq[0], near[0]], feeds)
     k = count_samples(feeds)
     if n_db > g_db + ROUNDING_MARGIN_DB:
         rep.nearest_because = (f"measured worse on the guard's {k} samples: mean output SQNR {g_db:.2f} dB "
                                f"with GPTQ's codes, {n_db:.2f} with nearest rounding (nearest is kept when it "
                                f"wins by {ROUNDING_MARGIN_DB:g} dB; --weight-rounding gptq keeps GPTQ)")
         rep.rounded.clear()
-        return near
+        return near[0], near[1], n_runs
     rep.compared = (g_db, n_db, k)
-    return gptq
+    return gptq[0], gptq[1], g_runs
 
 
 def cpu_has_vnni() -> bool | None:

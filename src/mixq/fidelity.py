@@ -16,7 +16,7 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -607,18 +607,32 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
                    feeds: list[dict[str, np.ndarray]], *, probe: bool = True, max_probed: int = MAX_PROBED,
                    preset: str | None = None, model_path: str | None = None,
                    calib_path: str | None = None, formats: tuple[str, str] | None = None,
-                   stats: dict | None = None) -> FidelityReport:
+                   stats: dict | None = None, runs: Runs | None = None) -> FidelityReport:
     """Score `qmodel` against `float_model` on `feeds` (one onnxruntime run of each; keep the
-    feeds small, e.g. <= 64 samples). When broken and `probe`, name the tensors that do the most
-    damage and the `mixq auto` command that would fix them (`stats`: the calibration
-    statistics, name -> TensorStats, which rank the tensors to probe without a run)."""
-    fs = make_session(float_model, optimize=True)
-    qs = make_session(qmodel, optimize="basic")  # the QDQ semantics (constants folded, no integer fusions)
-    names = _numeric_outputs(fs)
+    feeds small, e.g. <= 64 samples; `runs`: those runs, already made on these feeds). When
+    broken and `probe`, name the tensors that do the most damage and the `mixq auto` command
+    that would fix them (`stats`: the calibration statistics, name -> TensorStats, which rank
+    the tensors to probe without a run)."""
+    sessions: dict[str, Any] = {}
+
+    def fs() -> Any:  # sessions only where a run is still needed
+        if "f" not in sessions:
+            sessions["f"] = make_session(float_model, optimize=True)
+        return sessions["f"]
+
+    def qs() -> Any:  # the QDQ semantics (constants folded, no integer fusions)
+        if "q" not in sessions:
+            sessions["q"] = make_session(qmodel, optimize="basic")
+        return sessions["q"]
+
+    if runs is not None and runs.feeds is feeds:
+        names, refs, gots = runs.names, runs.refs, runs.got
+    else:
+        names = _numeric_outputs(fs())
+        refs = [fs().run(names, f) for f in feeds] if names else []
+        gots = [qs().run(names, f) for f in feeds] if names else []
     if not names:
         return FidelityReport(not_checked="the model has no numeric tensor output")
-    refs = [fs.run(names, f) for f in feeds]
-    gots = [qs.run(names, f) for f in feeds]
     if not any(np.any(r) for rs in [*refs, *gots] for r in rs):  # 0 against 0 would score perfect
         return FidelityReport(not_checked="the float model's outputs are all 0 on the held-back samples "
                                           "(and the quantized model's too): nothing to compare; check "
@@ -631,13 +645,13 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
     if _fusable(q):  # the samples of the runtime check, scored after the probe (below)
         rf = probe_feeds(feeds, RUNTIME_SAMPLES, sliceable=_batch_axis_dynamic(q))
         whole = all(a is b for a, b in zip(rf, feeds))
-        runtime = (rf, refs[:len(rf)] if whole else [fs.run(names, f) for f in rf],
-                   gots[:len(rf)] if whole else [qs.run(names, f) for f in rf])
+        runtime = (rf, refs[:len(rf)] if whole else [fs().run(names, f) for f in rf],
+                   gots[:len(rf)] if whole else [qs().run(names, f) for f in rf])
     if rep.broken and probe:
         pf = probe_feeds(feeds, PROBE_SAMPLES, sliceable=_batch_axis_dynamic(q))
         whole = all(a is b for a, b in zip(pf, feeds))  # no feed cut: its outputs are at hand
-        prefs = refs[:len(pf)] if whole else [fs.run(names, f) for f in pf]
-        pgots = gots[:len(pf)] if whole else [qs.run(names, f) for f in pf]
+        prefs = refs[:len(pf)] if whole else [fs().run(names, f) for f in pf]
+        pgots = gots[:len(pf)] if whole else [qs().run(names, f) for f in pf]
         base = min(o.sqnr_db for o in _score(names, prefs, pgots))
         t0 = time.perf_counter()
         acts = probe_culprits(q, names, prefs, pf, max_probed=max_probed, stats=stats, base_sqnr_db=base)
@@ -656,7 +670,7 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
                                       calib_path=calib_path, formats=formats)
     if runtime is not None:
         rf, rrefs, rgots = runtime
-        del fs, qs  # one session in memory at a time: the optimized one holds prepacked weights
+        sessions.clear()  # one session in memory at a time: the optimized one holds prepacked weights
         opt = make_session(qmodel, optimize=True)
         rep.runtime_sqnr_db = min(o.sqnr_db for o in _score(names, rrefs, [opt.run(names, f) for f in rf]))
         rep.runtime_qdq_sqnr_db = min(o.sqnr_db for o in _score(names, rrefs, rgots))
@@ -673,11 +687,22 @@ def _numeric_outputs(sess: object) -> list[str]:
 SQNR_CAP_DB = 200.0
 
 
+@dataclass
+class Runs:
+    """The float model's and one quantized model's outputs on the same feeds (one run each, in
+    the guard's settings), which the guard reuses instead of running both again."""
+
+    feeds: list[dict[str, np.ndarray]]
+    names: list[str]
+    refs: list[list[np.ndarray]]
+    got: list[list[np.ndarray]]
+
+
 def mean_sqnr_db(float_model: onnx.ModelProto | bytes | str, qmodels: list[onnx.ModelProto],
-                 feeds: list[dict[str, np.ndarray]]) -> list[float]:
+                 feeds: list[dict[str, np.ndarray]]) -> list[tuple[float, Runs]]:
     """Each of `qmodels` scored against `float_model` on `feeds` (one float run for all): the
     mean over the numeric outputs of their SQNR in dB, in the QDQ semantics the guard scores
-    (NaN / inf where float is finite: -inf, the worst)."""
+    (NaN / inf where float is finite: -inf, the worst), with the runs it took."""
     fs = make_session(float_model, optimize=True)
     names = _numeric_outputs(fs)
     refs = [fs.run(names, f) for f in feeds]
@@ -685,8 +710,10 @@ def mean_sqnr_db(float_model: onnx.ModelProto | bytes | str, qmodels: list[onnx.
     out = []
     for q in qmodels:
         qs = make_session(q, optimize="basic")
-        ms = _score(names, refs, [qs.run(names, f) for f in feeds])
-        out.append(float(np.mean([min(m.sqnr_db, SQNR_CAP_DB) for m in ms])) if ms else -math.inf)
+        got = [qs.run(names, f) for f in feeds]
+        ms = _score(names, refs, got)
+        out.append((float(np.mean([min(m.sqnr_db, SQNR_CAP_DB) for m in ms])) if ms else -math.inf,
+                    Runs(feeds, names, refs, got)))
     return out
 
 
@@ -808,10 +835,11 @@ def float_reference(model: object, prepared: onnx.ModelProto, base_dir: object) 
 
 def guard(float_model: onnx.ModelProto | bytes | str | None, qmodel: onnx.ModelProto, data: object, *,
           config: QuantConfig, model_path: str | None, size: int, custom_ops: bool = False,
-          stats: dict | None = None, kept: HeldBack | None = None) -> FidelityReport:
+          stats: dict | None = None, kept: HeldBack | None = None, runs: Runs | None = None
+          ) -> FidelityReport:
     """What `quantize` runs last: the comparison on the last calibration samples (`kept`: those
-    the calibration pass kept, for data that cannot be read again); a report saying why not,
-    where it cannot run."""
+    the calibration pass kept, for data that cannot be read again; `runs`: both models' runs on
+    them, made before); a report saying why not, where it cannot run."""
     if custom_ops:
         return FidelityReport(not_checked="the model has ops onnxruntime cannot run here")
     if float_model is None:
@@ -820,7 +848,7 @@ def guard(float_model: onnx.ModelProto | bytes | str | None, qmodel: onnx.ModelP
         return FidelityReport(not_checked="no calibration data to compare on")
     if size >= 2**31 - 1:
         return FidelityReport(not_checked="the quantized model is over 2 GiB (run `mixq eval`)")
-    feeds = held_back_feeds(data, qmodel, kept=kept)
+    feeds = runs.feeds if runs is not None else held_back_feeds(data, qmodel, kept=kept)
     if feeds is None:
         return FidelityReport(not_checked="the calibration data is a one-shot reader that no calibration "
                                           "pass here read (run `mixq eval` on held-out data)")
@@ -830,4 +858,4 @@ def guard(float_model: onnx.ModelProto | bytes | str | None, qmodel: onnx.ModelP
     preset = config.name if config.name.upper() in PRESETS else None
     return check_fidelity(float_model, qmodel, feeds, probe=True, max_probed=probe_budget(size),
                           preset=preset, model_path=model_path, calib_path=calib,
-                          formats=(config.activation, config.weight), stats=stats)
+                          formats=(config.activation, config.weight), stats=stats, runs=runs)

@@ -122,3 +122,41 @@ def test_the_kernel_check_runs_on_a_one_shot_sources_first_feed(monkeypatch):
     res = mixq.quantize(m, "A8W8", _RefillingReader(data))
     assert not any("skipped" in w for w in res.warnings), res.warnings
     assert len(seen) == 1 and np.array_equal(seen[0][0]["x"], data[0]["x"][:2])
+
+
+def test_the_guard_reuses_the_rounding_checks_runs(monkeypatch):
+    """weight_rounding='auto' runs the float model and both roundings' models on the guard's 32
+    samples; the guard scores the kept model's runs instead of making them again (old code: 64
+    more sample runs), and reads what a fresh check of the written model reads."""
+    import mixq.evaluate as ev
+    import mixq.fidelity as fid
+
+    rows = []
+    real = ev.make_session
+
+    class Counted:
+        def __init__(self, sess):
+            self.sess = sess
+
+        def run(self, names, feed):
+            rows.append(len(next(iter(feed.values()))))
+            return self.sess.run(names, feed)
+
+        def __getattr__(self, name):
+            return getattr(self.sess, name)
+
+    monkeypatch.setattr(fid, "make_session", lambda *a, **kw: Counted(real(*a, **kw)))
+    m, data = small_cnn(), feeds(64, 8)
+    res = mixq.quantize(m, "A8W8", data, check_kernels=False)
+    assert res.weight_rounding.compared is not None and res.fidelity.runtime_sqnr_db is not None
+    # 3 x 32: float, GPTQ's and nearest's models; 3 x 2: the runtime check (float, QDQ, optimized)
+    assert sum(rows) == 3 * 32 + 3 * fid.RUNTIME_SAMPLES, rows
+    monkeypatch.undo()
+    # 'gptq' makes no comparison, so its guard runs both models itself: the same model, the
+    # same numbers
+    assert res.weight_rounding.nearest_because is None
+    own = mixq.quantize(m, mixq.get_default_config("A8W8").with_options(weight_rounding="gptq"), data,
+                        check_kernels=False)
+    assert own.model.SerializeToString() == res.model.SerializeToString()
+    assert own.fidelity.outputs == res.fidelity.outputs
+    assert own.fidelity.runtime_sqnr_db == res.fidelity.runtime_sqnr_db
