@@ -188,7 +188,8 @@ class Pipeline:
         `data` (tensors collected before are not collected again). With an `executor`
         (mixq.distributed) the data is cut into one shard per worker and the shards' statistics
         are merged: the same statistics, to the bit. `tap` (mixq.passes.gptq.GramTap) watches
-        the same pass where one runs in this process (`tap.complete` then); `kept`
+        the same pass where one runs in this process, or makes its own over the feeds read for
+        the shards (`tap.complete` then); `kept`
         (mixq.fidelity.HeldBack) keeps the pass's last samples, here or before the shards are
         sent (`kept.complete` when a pass read the data)."""
         from .check import custom_op_problems
@@ -225,7 +226,7 @@ class Pipeline:
                 from .calibration.sharded import calibrate_sharded
 
                 res = calibrate_sharded(self.model, missing, data, executor, progress=progress,
-                                        base_dir=self.base_dir, kept=kept)
+                                        base_dir=self.base_dir, kept=kept, tap=tap)
             else:
                 res = collect_stats(self.model, missing, data, progress=progress,
                                     base_dir=self.base_dir, tap=(tap, kept))

@@ -32,13 +32,15 @@ def _calib_shard(shared: tuple[bytes, list[str], list[dict[str, np.ndarray]], st
 def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data: Any,
                       executor: Executor, *, shards: int | None = None,
                       base_dir: str | os.PathLike | None = None,
-                      progress: Callable[[int], Any] | None = None, kept: Any = None) -> Any:
+                      progress: Callable[[int], Any] | None = None, kept: Any = None,
+                      tap: Any = None) -> Any:
     """:func:`mixq.calibration.collect.collect_stats` of `data` split into `shards` (default
     ``executor.workers``) contiguous shards run on `executor`, merged in shard order: the same
     statistics as one pass. Initializers are read once here, not per shard. The data is read
     here once (every feed validated) and sent to the workers once. `progress` is called with
     every batch index once its shard's results are back; `kept` (mixq.fidelity.HeldBack) sees
-    the feeds as they are read. Returns a CollectResult."""
+    the feeds as they are read; `tap` (mixq.passes.gptq.GramTap) runs its own float pass over
+    them here (GPTQ's statistics, which the workers do not send back). Returns a CollectResult."""
     from .collect import CollectResult, collect_stats
     from .data import FeedSource
     from .stats import TensorStats
@@ -54,6 +56,8 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
         for f in feeds:
             kept.add(f)
         kept.finish()
+    if tap is not None and run_names:  # the feeds are in memory: also for a one-shot reader
+        tap.run(model, feeds)
     merged: dict[str, TensorStats] = {}
     skipped: dict[str, str] = dict(local.skipped)
     n_batches = 0
