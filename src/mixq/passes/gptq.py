@@ -14,7 +14,7 @@ batch in memory). For a Conv the inputs are the patches each output reads (im2co
 Conv's pads, strides, dilations and groups); each group has its own H. At most `MAX_ROWS`
 patches (or tokens) per layer and sample enter H, drawn with a seed of the sample's index, and
 H is summed over blocks of `SAMPLE_BLOCK` samples by index (2-D inputs, a row per sample:
-`ROW_BLOCK`), each block one float32 product, the blocks in float64: the same data give the
+`ROW_BLOCK`), each block summed in float32, the blocks in float64: the same data give the
 same bytes whatever the batch size. Layers that read the same input the same way (attention's
 query, key and value projections) share one H.
 
