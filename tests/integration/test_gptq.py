@@ -7,6 +7,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import mixq
@@ -35,7 +37,32 @@ CONVS = [  # (spatial, kernel, group, attributes)
 def test_conv_patches_are_what_onnxruntime_convolves(spatial, kernel, group, attrs):
     """patches @ weight == the Conv's output at every sampled position (pads, strides,
     dilations, auto_pad, groups; 1-D and 2-D), so H is built from the right inputs."""
-    rng = np.random.default_rng(len(spatial) * 10 + group)
+    _check_patches(spatial, kernel, group, attrs, len(spatial) * 10 + group)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_conv_patches_of_random_convs_are_what_onnxruntime_convolves(data):
+    """The same over random 1-D, 2-D and 3-D Convs: kernel, stride, dilation, explicit or auto
+    padding and groups drawn independently."""
+    nd = data.draw(st.integers(1, 3))
+    kernel = tuple(data.draw(st.integers(1, 3)) for _ in range(nd))
+    dil = [data.draw(st.integers(1, 2)) for _ in range(nd)]
+    spatial = tuple(data.draw(st.integers((k - 1) * d + 1, (k - 1) * d + 5)) for k, d in zip(kernel, dil))
+    attrs = {"strides": [data.draw(st.integers(1, 3)) for _ in range(nd)], "dilations": dil}
+    auto = data.draw(st.sampled_from(["NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"]))
+    if auto == "NOTSET":
+        attrs["pads"] = [data.draw(st.integers(0, k - 1)) for k in kernel * 2]
+    else:
+        attrs["auto_pad"] = auto
+    if auto.startswith("SAME"):
+        attrs.pop("dilations")  # onnxruntime sizes SAME padding without them
+        dil[:] = [1] * nd
+    _check_patches(spatial, kernel, data.draw(st.sampled_from([1, 2, 8])), attrs, data.draw(st.integers(0, 99)))
+
+
+def _check_patches(spatial, kernel, group, attrs, seed):
+    rng = np.random.default_rng(seed)
     cin, cout = 8, 8
     w = rng.normal(size=(cout, cin // group, *kernel)).astype(np.float32)
     x = rng.normal(size=(2, cin, *spatial)).astype(np.float32)
