@@ -158,8 +158,6 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     kept = HeldBack(pipe.model) if calibration_data is not None and not readable_twice(calibration_data) \
         else None
     pipe.calibrate(the_plan, calibration_data, progress=progress, executor=executor, tap=tap, kept=kept)
-    if kept is not None and not kept.complete:  # nothing to calibrate: no pass has read the data yet
-        kept.read(calibration_data)
     # numerics policies read the statistics: tensors whose range or role makes a uniform grid
     # wrong stay float, each with its reason in the plan (tensor overrides are left as set);
     # applied to replayed plans too, so that a plan replays to the bytes its config gives
@@ -170,7 +168,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     t = time.perf_counter()
     qparams = pipe.qparams(the_plan, cfg)
     float_ref = float_reference(model, pipe.model, pipe.base_dir)  # before the rewrite changes it
-    round_rep = _round_weights(pipe, the_plan, qparams, calibration_data, cfg, tap, nearest_why)
+    round_rep = _round_weights(pipe, the_plan, qparams, cfg, tap, nearest_why)
     del tap
     bias_rep = _correct_biases(pipe, the_plan, qparams, calibration_data,
                                None if round_rep is None else round_rep.original) \
@@ -324,25 +322,22 @@ def _gram_tap(pipe: Pipeline, plan: PrecisionPlan, data: Any, cfg: QuantConfig,
     return GramTap(pipe.model, plan), None
 
 
-def _round_weights(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, data: Any, cfg: QuantConfig,
+def _round_weights(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cfg: QuantConfig,
                    tap: Any, why: str | None) -> Any:
-    """GPTQ rounding of the integer weights from the grams `tap` collected during calibration
-    (or in a float pass of its own where calibration did not run here: statistics known from
-    before, calibration on workers); the report, or None (nearest as asked)."""
+    """GPTQ rounding of the integer weights from the grams `tap` collected by calibration (its
+    pass, the float pass over the feeds read for workers, or one of its own where no statistic
+    was missing); the report, or None (nearest as asked)."""
     from .passes.gptq import WeightRoundingReport, gptq_round
 
+    if why is None and tap is not None and not tap.complete:
+        # calibration ran no float pass: only where onnxruntime cannot run the model here
+        why = "no float pass of the model ran here (it has ops onnxruntime cannot run)"
+        if cfg.weight_rounding == "gptq":
+            raise ConfigError(f"weight_rounding='gptq': {why}; drop the option.")
     if why is not None:
         return WeightRoundingReport(nearest_because=why)
     if tap is None:
         return None
-    if not tap.complete:
-        if not readable_twice(data):
-            why = ("calibration did not run in this process and the data is a one-shot reader GPTQ "
-                   "cannot read again (give a list of feeds, a file or a folder)")
-            if cfg.weight_rounding == "gptq":
-                raise ConfigError(f"weight_rounding='gptq': {why}.")
-            return WeightRoundingReport(nearest_because=why)
-        tap.run(pipe.model, _second_pass_data(pipe, data, "weight_rounding='gptq'"))
     return gptq_round(pipe.model, plan, qparams, tap, damp=cfg.gptq_damp, act_order=cfg.gptq_act_order)
 
 

@@ -189,9 +189,9 @@ class Pipeline:
         (mixq.distributed) the data is cut into one shard per worker and the shards' statistics
         are merged: the same statistics, to the bit. `tap` (mixq.passes.gptq.GramTap) watches
         the same pass where one runs in this process, or makes its own over the feeds read for
-        the shards (`tap.complete` then); `kept`
-        (mixq.fidelity.HeldBack) keeps the pass's last samples, here or before the shards are
-        sent (`kept.complete` when a pass read the data)."""
+        the shards (`tap.complete` then); `kept` (mixq.fidelity.HeldBack) keeps the pass's last
+        samples, here or before the shards are sent. Where no pass fed them (no statistic was
+        missing), one runs for them: both are `complete` after a call with data."""
         from .check import custom_op_problems
 
         needed = plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
@@ -203,6 +203,7 @@ class Pipeline:
             ranged = [n for n in plan.calibrated_tensors(lambda f: cast_limit(f) is not None) if n not in have]
         missing = [n for n in needed + ranged if n not in self.stats and n not in self.calib_skipped]
         if not missing:
+            self._observe(data, (tap, kept), progress)
             return self.stats
         unknown_ops = {d: why for d, why in custom_op_problems(self.model).items()
                        if "custom op library" in why}
@@ -239,7 +240,18 @@ class Pipeline:
             raise
         self.stats.update(res.stats)
         self.calib_skipped.update(res.skipped)
+        self._observe(data, (tap, kept), progress)  # those the shards' read did not feed
         return self.stats
+
+    def _observe(self, data: Any, observers: tuple[Any, ...], progress: Callable[[int], None] | None) -> None:
+        """One float pass over `data` for the calibration observers no pass has fed yet (no
+        statistic was missing: weights only, block activations): GPTQ's grams and the guard's
+        samples do not depend on whether statistics were collected."""
+        todo = tuple(t for t in observers if t is not None and not t.complete)
+        if todo and data is not None:
+            from .calibration.collect import collect_stats
+
+            collect_stats(self.model, [], data, progress=progress, base_dir=self.base_dir, tap=todo)
 
     def qparams(self, plan: PrecisionPlan, config: QuantConfig) -> dict[str, QParams]:
         """Activation parameters from the statistics, constant parameters from the weights

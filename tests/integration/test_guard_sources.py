@@ -161,3 +161,21 @@ def test_the_guard_reuses_the_rounding_checks_runs(monkeypatch):
     assert own.model.SerializeToString() == res.model.SerializeToString()
     assert own.fidelity.outputs == res.fidelity.outputs
     assert own.fidelity.runtime_sqnr_db == res.fidelity.runtime_sqnr_db
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_plan_without_activation_statistics_still_rounds_and_checks_a_one_shot_source(workers):
+    """Block-format activations with int8 weights: no statistic is missing, so no calibration
+    pass would read the data; one float pass runs for GPTQ's grams and the guard's samples
+    (old code: nearest rounding, 'the data is a one-shot reader GPTQ cannot read again')."""
+    m, data = small_cnn(), feeds(64, 8)
+    cfg = mixq.get_default_config("A8W8").with_options(activation="mxint8")
+    if workers:
+        with SerialExecutor(workers) as ex:
+            res = mixq.quantize(m, cfg, _gen(data), check_kernels=False, executor=ex)
+    else:
+        res = mixq.quantize(m, cfg, _gen(data), check_kernels=False)
+    ref = mixq.quantize(m, cfg, data, check_kernels=False)
+    assert res.weight_rounding.nearest_because is None and len(res.weight_rounding.rounded) == 3
+    assert res.fidelity.not_checked is None and res.fidelity.samples == 32
+    assert res.model.SerializeToString() == ref.model.SerializeToString()
