@@ -118,12 +118,16 @@ def test_aligned_variant(name):
             assert_same_bits(y, fmt.fake_quant(x, axis=axis))
     # a length that is not a multiple (or unknown) keeps the general function
     n = 3 * fmt.block_size
-    odd = fmt.emit("x", "y", axis=1, prefix="q", shape=(None, n + 1))
+    odd = fmt.emit("x", "y", axis=1, prefix="q", shape=(None, n + 1, None))
     if fmt.sub_block > 1:  # a short axis must hold whole sub-blocks
-        odd = fmt.emit("x", "y", axis=1, prefix="q", shape=(None, fmt.sub_block + 1))
+        odd = fmt.emit("x", "y", axis=1, prefix="q", shape=(None, fmt.sub_block + 1, None))
         assert odd.functions[0].name == fmt.function_name(1)
     assert odd.functions[0].name == fmt.function_name(1)
-    assert fmt.emit("x", "y", axis=1, prefix="q", shape=(None, None)).functions[0].name == fmt.function_name(1)
+    assert fmt.emit("x", "y", axis=1, prefix="q", shape=(None, None, 3)).functions[0].name == fmt.function_name(1)
+    # on the last axis of a known rank, the general function is the one of axis -1 (its view
+    # ends at the block axis: test_reductions_never_end_on_a_unit_dim)
+    for shape in ((None, n + 1), (None, None)):
+        assert fmt.emit("x", "y", axis=1, prefix="q", shape=shape).functions[0].name == fmt.function_name(-1)
 
 
 @pytest.mark.parametrize("name", ["bfp16", "mx6", "mxint8", "bfp(block=5,exp=4,mant=3)"])
@@ -233,6 +237,13 @@ def test_no_tensor_with_unknown_dims(name):
                               input_shapes={"x": ["N", 64, 7, 7]})
     assert model.functions[0].name.endswith("_p49")
     _assert_no_unknown_dims(model, ["Reshape"])  # the alias back to x's shape
+    # views that end at the block axis (per-block tensors without their block dims)
+    for dims, axis, allowed in ((["N", 16, 384], 2, ["Reshape"]), (["N", 64, 1, 1], 1, ["Reshape"]),
+                                (["N", 16, "L"], 2, ["Reshape", "Slice"]), (["N", "L"], -1, ["Reshape", "Slice"])):
+        shape = tuple(d if isinstance(d, int) else None for d in dims)
+        model = emission_to_model(fmt.emit("x", "y", axis=axis, prefix="q", shape=shape),
+                                  {"x": TensorProto.FLOAT}, output_names=["y"], input_shapes={"x": dims})
+        _assert_no_unknown_dims(model, allowed)
 
 
 def _assert_no_unknown_dims(model, allowed):
@@ -328,3 +339,37 @@ def test_block_weights_are_constants_at_inference(preset, tmp_path):
     x = samples.test_images[:4]
     (y,) = sess.run(None, {sess.get_inputs()[0].name: x})
     assert np.isfinite(y).all()
+
+
+@pytest.mark.parametrize("name", ["bfp16", "mx9", "mxfp8_e4m3"])
+@pytest.mark.parametrize("dims,axis", [(["N", 16, 384], -1), (["N", 16, 100], -1), (["N", "L"], -1), (["N", "H", "L"], 2),
+                                       (["N", 64, 1, 1], 1), (["N", 64, 7, 7], 1)])
+def test_reductions_never_end_on_a_unit_dim(name, dims, axis):
+    """onnxruntime's ReduceSum/ReduceMax over the block axis take a slow generic path when a
+    size-1 dim follows it (20-30x slower on MatMul inputs: bench/block_reduce_bench.py); the blocked
+    view must end at the block axis when nothing follows it (axis last, 1x1 spatial dims)."""
+    import onnx.inliner
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from mixq.formats.onnx_util import emission_to_model
+
+    fmt = get_format(name)
+    shape = tuple(d if isinstance(d, int) else None for d in dims)
+    model = emission_to_model(fmt.emit("x", "y", axis=axis, prefix="q", shape=shape),
+                              {"x": TensorProto.FLOAT}, output_names=["y"], input_shapes={"x": dims})
+    model = onnx.inliner.inline_local_functions(model)
+    reduce_in = [n.input[0] for n in model.graph.node if n.op_type.startswith("Reduce")
+                 and n.op_type != "ReduceProd"]
+    assert reduce_in
+    for v in reduce_in:
+        model.graph.output.append(helper.make_empty_tensor_value_info(v))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = tensor(tuple(d if isinstance(d, int) else 2 * (i + 1) * 16 for i, d in enumerate(dims)), seed=3)
+    outs = sess.run(None, {"x": x})
+    (y,) = outs[:1]
+    assert_same_bits(y, fmt.fake_quant(x, axis=axis))
+    shapes = {v: o.shape for v, o in zip(reduce_in, outs[1:])}
+    assert all(s[-1] != 1 for s in shapes.values()), shapes

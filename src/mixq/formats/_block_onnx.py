@@ -7,7 +7,10 @@ BlockFormat.fake_quant. Design (why, not what):
   (pre, nblocks, block, post) so ReduceMax over axis 2 gives the block maxima in place, for any
   axis and rank (the shapes are computed at run time, so every dim may stay dynamic). The whole
   computation stays in that view (per-block scales broadcast over the block axis); the result
-  is reshaped back, cut to the axis length and reshaped to Shape(x).
+  is reshaped back, cut to the axis length and reshaped to Shape(x). When nothing follows the
+  axis (post is 1) the view ends at the block axis and per-block tensors drop their block dims:
+  onnxruntime runs ops on tensors ending with a size-1 dim, and broadcasts over a last axis,
+  element by element (see build_function).
 * Shapes for onnxruntime's planner: the blocked tensors have no inferred shape at all (their
   Reshape targets end with a tensor of unknown rank). Tensors with known rank but unknown dims
   made onnxruntime's memory planner scan its whole free list in vain: with many calls on
@@ -183,9 +186,15 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         # -- everything after x's leading dims known: a constant view target; 0 copies x's dim
         #    (allowzero=0), so the view keeps x's symbolic leading dims and a zero-size one
         blen = min(length, B)
-        view = [0] * axis + [max(length // B, 1)] + ([blen // S, S] if S > 1 else [blen]) + [post]
+        # no trailing dim of 1 (axis last, or 1x1 spatial dims): onnxruntime's reductions over
+        # the block axis take a slow generic path when a size-1 dim follows it (ReduceSum 20-30x
+        # slower on MatMul inputs, bench/block_reduce_bench.py)
+        view = ([0] * axis + [max(length // B, 1)] + ([blen // S, S] if S > 1 else [blen])
+                + ([post] if post > 1 else []))
         v = b.op("Reshape", "x", b.const(view, i64))
         bax = axis + 1
+        last = post == 1  # the view ends at the block (sub-block) axis
+        view_rank = len(view)
     elif aligned:
         # -- the axis length is a known multiple of B: a view (x's leading dims, nb, B, post)
         #    by one Reshape, no padding
@@ -200,13 +209,17 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
                                       b.const([max(length // B, 1)], i64), inner, hpost, axis=0),
                  allowzero=1)
         bax = axis + 1  # the block dim in the view
+        last, view_rank = False, 0  # run-time post: per-block tensors keep their block dims
     else:
         bax = 2
+        last = axis == -1
+        blen = B
+        view_rank = 2 + (2 if S > 1 else 1)  # (pre, nb, B/S, S) or (pre, nb, B)
         inner = b.const([B // S, S] if S > 1 else [B], i64)
         # -- shapes: d = dim along axis, post = product of the dims after it, nb = blocks --------
         if axis == -1:
             d = b.op("Shape", "x", start=-1)
-            post_t = one
+            post_t = None  # the view ends at the block axis (no trailing 1, see above)
         else:
             d = b.op("Shape", "x", start=axis, end=axis + 1)
             tail = b.op("Shape", "x", start=axis + 1)
@@ -219,11 +232,19 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         # memory planner scans its whole free list for every output whose shape it cannot
         # match, and such tensors stay in that list: session creation became quadratic in the
         # number of calls on dynamic shapes. Outputs without a shape are not looked up.
-        hpost = b.op("Reshape", post_t, b.op("Slice", one, b.const([0], i64), b.op("Add", d, one)))
+        run_len = b.op("Slice", one, b.const([0], i64), b.op("Add", d, one))
+        if post_t is None:  # axis -1: the leading -1 is the part of unknown length instead
+            hlead = b.op("Reshape", b.const([-1], i64), run_len)
 
-        def hidden(*parts: str) -> str:
-            """A Reshape target (ending with `post`) whose length shape inference cannot know."""
-            return b.op("Concat", *parts, hpost, axis=0)
+            def hidden(*parts: str) -> str:
+                """A Reshape target (starting with -1) whose length shape inference cannot know."""
+                return b.op("Concat", hlead, *parts[1:], axis=0)
+        else:
+            hpost = b.op("Reshape", post_t, run_len)
+
+            def hidden(*parts: str) -> str:
+                """A Reshape target (ending with `post`) whose length shape inference cannot know."""
+                return b.op("Concat", *parts, hpost, axis=0)
 
         # -- blocked view of x, padded along axis to whole blocks: (pre, nb, B, post) ----------
         xp = b.op("Pad", b.op("Reshape", "x", hidden(b.const([-1], i64), d)),
@@ -233,32 +254,72 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     # -- per-block maxima and the non-finite flag (on the blocked view; from here on the
     #    per-block tensors are B times smaller than x) ------------------------------------------
     av = b.op("Abs", v)
-    if S > 1:
-        submax = b.op("ReduceMax", av, b.const([bax + 1], i64), keepdims=1)  # (.., nb, B/S, 1, ..)
-        amax = b.op("ReduceMax", submax, b.const([bax], i64), keepdims=1)
-        flag_axes = b.const([bax, bax + 1], i64)
+    if last:
+        # the view ends at the block (sub-block) axis: per-block tensors drop their block dims
+        # (keepdims=0). onnxruntime runs element-wise ops on a tensor ending with a size-1 dim,
+        # and broadcasts of (.., nb, 1) over (.., nb, B), element by element (10x slower,
+        # bench/block_reduce_bench.py); a per-block tensor is instead widened to the view's
+        # shape by a MatMul with a row of ones (exact: one product by 1 each).
+        width = [blen // S, S] if S > 1 else [blen]
+        red = b.const([-2, -1] if S > 1 else [-1], i64)
+
+        def reduce(op: str, t: str, axes: str, sub: bool = False) -> str:
+            """`op` over `axes`, the reduced dims dropped (`sub`: all but the sub-block axis).
+            Not by keepdims=0 or Squeeze: onnxruntime 1.31's reductions return an empty input
+            unreduced; a Reshape to the per-block dims holds for both. Its target copies the
+            leading dims (0s), or is hidden like the view's (general function)."""
+            if aligned:
+                target = b.const([0] * (view_rank - len(width) + sub), i64)
+            else:
+                target = hidden(b.const([-1], i64), nb, *([b.const([B // S], i64)] if sub else []))
+            return b.op("Reshape", b.op(op, t, axes, keepdims=1), target)
+        last_ax = b.const([-1], i64)
+        submax = reduce("ReduceMax", av, last_ax, sub=True) if S > 1 else ""  # (.., nb, B/S)
+        amax = reduce("ReduceMax", submax or av, last_ax)  # (.., nb)
+        total = reduce("ReduceSum", av, red)
+
+        def widen(t: str, dims: list[int]) -> str:
+            """Per-block `t` repeated over the trailing `dims` (the MatMul with ones above)."""
+            for n in dims:
+                t = b.op("MatMul", b.op("Unsqueeze", t, last_ax), b.const(np.ones((1, n))))
+            return t
     else:
-        amax = b.op("ReduceMax", av, b.const([bax], i64), keepdims=1)  # (.., nb, 1, ..)
-        flag_axes = b.const([bax], i64)
+        if S > 1:
+            submax = b.op("ReduceMax", av, b.const([bax + 1], i64), keepdims=1)  # (.., nb, B/S, 1, ..)
+            amax = b.op("ReduceMax", submax, b.const([bax], i64), keepdims=1)
+            red = b.const([bax, bax + 1], i64)
+        else:
+            amax = b.op("ReduceMax", av, b.const([bax], i64), keepdims=1)  # (.., nb, 1, ..)
+            red = b.const([bax], i64)
+        # NaN iff the block holds a NaN (the sum of |v| is NaN) or an inf (see below)
+        total = b.op("ReduceSum", av, red, keepdims=1)
+        width = []
+
+        def widen(t: str, dims: list[int]) -> str:
+            return t  # per-block tensors broadcast over the block axis (not the last one)
     # NaN iff the block holds a NaN (the sum of |v| is NaN) or an inf (the maximum is inf; the
     # sum alone would also overflow for huge finite blocks): one reduction of |v|, already
     # computed, instead of a full-size Mul(v, 0) before it
     # (amax - amax: NaN iff the maximum is inf; three small per-block ops)
-    total = b.op("ReduceSum", av, flag_axes, keepdims=1)
     flag = b.op("Where", b.op("IsNaN", total), b.const(np.nan), b.op("Sub", amax, amax))
 
     p = _pow2_floor(b, amax, flag, foldable)  # 2**e, e = the block's exponent
     lo, hi = fmt.scale_range
     # everything below stays in the blocked view: per-block (and per-sub-block) quantities
-    # broadcast over the block axis, so nothing is expanded to full size. Scales are powers of
-    # two, so every Mul/Div/Clip on them below is exact.
+    # broadcast over the block axis, so nothing is expanded to full size (but by `widen`, see
+    # above). Scales are powers of two, so every Mul/Div/Clip on them below is exact.
     if fmt.element == "int":
-        sc = b.op("Clip", p, b.const(2.0 ** lo), b.const(2.0 ** min(hi, 127)))  # 2**s
-        step = b.op("Add", b.op("Mul", sc, b.const(2.0 ** (1 - fmt.mant_bits))), flag)
+        # 2**s, NaN for a flagged block (any product with it, the step, is NaN too)
+        sc = b.op("Add", b.op("Clip", p, b.const(2.0 ** lo), b.const(2.0 ** min(hi, 127))), flag)
         if S > 1:  # microexponent: sub-blocks below 2**s use the binade below (step / 2)
+            sc = widen(sc, width[:1])  # per sub-block
             # against sc = 2**s itself (a NaN-flagged block keeps its NaN step either way)
             fits_lower = b.op("Less", submax, sc)
+            step = b.op("Mul", sc, b.const(2.0 ** (1 - fmt.mant_bits)))
             step = b.op("Where", fits_lower, b.op("Mul", step, b.const(0.5)), step)  # (.., B/S, 1, ..)
+            step = widen(step, width[1:])
+        else:
+            step = widen(b.op("Mul", sc, b.const(2.0 ** (1 - fmt.mant_bits))), width)
         m = _round(b, b.op("Div", v, step), rounding, v)
         m = b.op("Clip", m, b.const(float(-fmt.max_code)), b.const(float(fmt.max_code)))
         q = b.op("Mul", m, step)
@@ -267,7 +328,7 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         # 2**s, s = clip(e - emax, lo, hi)
         sc = b.op("Clip", b.op("Mul", p, b.const(2.0 ** -ef.emax)), b.const(2.0 ** lo), b.const(2.0 ** hi))
         # inv = 2**-s is in [2**-127, 2**127]: representable, like s itself
-        inv = b.op("Add", b.op("Div", b.const(1.0), sc), flag)
+        inv = widen(b.op("Add", b.op("Div", b.const(1.0), sc), flag), width)
         # |y| * 0.75 * 2**-m as |v| * (inv * 0.75 * 2**-m): one rounding of the same real
         # product either way (inv is a power of two; a product too small to be normal is far
         # below the clamp at 0.75 * 2**(emin - m)), and |v| is already there
@@ -301,6 +362,8 @@ def emit_block(fmt, input_name: str, output_name: str, *, axis: int, prefix: str
             tail = [t for t in shape[axis_pos + 1:] if isinstance(t, int) and t > 0]
             if len(tail) == len(shape) - axis_pos - 1:  # every dim after the axis known
                 post = int(np.prod(tail, dtype=np.int64))
+        elif axis_pos == len(shape) - 1:
+            axis = -1  # the general function whose view ends at the block axis (no trailing 1)
     fn = build_function(fmt, axis, rounding, foldable=foldable, length=length, post=post)
     node = helper.make_node(fn.name, [input_name], [output_name], name=f"{prefix}/{fn.name}",
                             domain=MIXQ_DOMAIN)
