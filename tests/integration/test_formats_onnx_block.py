@@ -64,8 +64,10 @@ class TestEmission:
                 np.full(64, -BIG, np.float32), rng.uniform(-BIG, BIG, 64).astype(np.float32),
                 np.exp2(np.arange(-64, 0)).astype(np.float32) * 3]
         x = np.stack(rows)
-        (y,) = run_emission(fmt.emit("x", "y", axis=1, prefix="q"), {"x": x})
-        assert_same_bits(y, fmt.fake_quant(x, axis=1))
+        # the general view, and the views that end at the block axis (axis -1; known dims)
+        for axis, shape in ((1, None), (-1, None), (1, x.shape)):
+            (y,) = run_emission(fmt.emit("x", "y", axis=axis, prefix="q", shape=shape), {"x": x})
+            assert_same_bits(y, fmt.fake_quant(x, axis=1))
 
     def test_emission_shape(self, name):
         fmt = get_format(name)
