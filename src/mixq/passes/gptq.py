@@ -348,6 +348,29 @@ def _layout(t: _Target, w: np.ndarray) -> tuple[np.ndarray, Callable[[np.ndarray
     return w.T[None], lambda a: a[0].T
 
 
+def _lower_inverse(low: np.ndarray, base: int = 64) -> np.ndarray:
+    """The inverse of the lower-triangular matrices `low` (g, n, n), by halves: the inverse of
+    [[A, 0], [C, D]] is [[A^-1, 0], [-D^-1 C A^-1, D^-1]] (matrix products, a third of the
+    work of a general inverse; numpy has no triangular inverse)."""
+    n = low.shape[-1]
+    if n <= base:
+        return np.tril(np.linalg.inv(low))  # (LU leaves rounding dust above the diagonal)
+    m = n // 2
+    a, d = _lower_inverse(low[:, :m, :m], base), _lower_inverse(low[:, m:, m:], base)
+    out = np.zeros_like(low)
+    out[:, :m, :m], out[:, m:, m:] = a, d
+    out[:, m:, :m] = -np.matmul(d, np.matmul(low[:, m:, :m], a))
+    return out
+
+
+def _upper_cholesky_of_inverse(h: np.ndarray) -> np.ndarray:
+    """Upper-triangular u with u^T u = inv(h), for symmetric positive definite h (g, k, k),
+    without forming inv(h): with J the reversal of the order, J h J = L L^T gives
+    inv(h) = (J L^-1 J)^T (J L^-1 J), and J L^-1 J is upper triangular (3x faster than
+    cholesky(inv(h)) at k = 1536; the same factor to 1e-15)."""
+    return np.ascontiguousarray(_lower_inverse(np.linalg.cholesky(h[:, ::-1, ::-1]))[:, ::-1, ::-1])
+
+
 def _gptq(w: np.ndarray, h: np.ndarray, s: np.ndarray, z: np.ndarray, lo: float, hi: float,
           damp: float, block: int, act_order: bool = True) -> tuple[np.ndarray, float, float]:
     """GPTQ codes of w (g, r, k) for the grams h (g, k, k) on the grid (s, z, [lo, hi]) of the
@@ -370,7 +393,7 @@ def _gptq(w: np.ndarray, h: np.ndarray, s: np.ndarray, z: np.ndarray, lo: float,
         np.take_along_axis(a, order[:, None, :], axis=2).transpose(0, 2, 1))
     wt, st, zt = take(w), take(s), take(z)
     hp = np.take_along_axis(np.take_along_axis(h, order[:, :, None], axis=1), order[:, None, :], axis=2)
-    u = np.linalg.cholesky(np.linalg.inv(hp)).transpose(0, 2, 1)  # upper, inv(hp) = u^T u
+    u = _upper_cholesky_of_inverse(hp)  # inv(hp) = u^T u
     ud = np.einsum("gii->gi", u)
     qt = np.empty_like(wt)
     for b0 in range(0, k, block):
