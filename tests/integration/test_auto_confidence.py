@@ -134,3 +134,98 @@ def test_the_bound_covers_the_true_drop_about_as_often_as_it_says(rate, n):
         plain += d.mean() >= true_mean
     assert 0.84 <= covered / 4000 <= 0.97
     assert plain / 4000 < 0.75
+
+
+def _agreement_function(model, ev):
+    """A user's pass/fail metric: 100 for each held-out sample whose top-1 class is the float
+    model's, else 0 (what an EvaluateFunction of a classifier returns per sample)."""
+    from mixq.evaluate import make_session
+
+    x = np.concatenate([f["x"] for f in ev])
+    ref = make_session(model.SerializeToString()).run(None, {"x": x})[0].argmax(1)
+
+    def per_sample(path: str) -> list[float]:
+        got = make_session(path).run(None, {"x": x})[0].argmax(1)
+        return list(np.where(got == ref, 100.0, 0.0))
+
+    return per_sample
+
+
+def test_a_pass_fail_metric_that_saw_no_change_cannot_certify_a_drop_below_its_resolution():
+    """64 pass/fail samples, none changed by any plan: that shows a drop below 3.5 points at 90 %
+    (Clopper-Pearson: 1 - 0.1 ** (1 / 64)), not below 1 point. Student's t saw no spread and
+    took the narrowest plan as meeting a 1-point target; now the target is not met, said as a
+    matter of too little data, after 2 evaluations (the all-wide plan, then every layer in a
+    16-bit float: every layer float is the float model itself, which proves nothing); a
+    5-point target is met by the narrowest plan."""
+    model, calib, ev = small_cnn(), feeds(32, 8), feeds(64, 16, seed=9)
+    base = base_from_candidate(Candidate("int8", "int8"))
+
+    def search(target: float):
+        auto = AutoConfig(base=base, candidates=(Candidate("int8", "int4"),), metric="function",
+                          target=target, cache_dir=None)
+        return auto_quantize(model, auto, calib, ev, evaluate_function=_agreement_function(model, ev))
+
+    with pytest.warns(TargetNotMetWarning, match="too small or too noisy"):
+        tight = search(1.0)
+    assert not tight.target_met and tight.metric == 100.0 and tight.full_evaluations == 2
+    assert tight.metric_margin == pytest.approx(100.0 * (1.0 - 0.1 ** (1.0 / 64)))
+    assert tight.size_bytes < tight.float_size_bytes  # the best quantized plan found, not float
+    loose = search(5.0)
+    assert loose.target_met and loose.size_bytes == loose.narrow_size_bytes
+
+
+def _mlp(seed: int, d: int = 32, h: int = 64, classes: int = 10):
+    """Gemm-Relu-Gemm with Gaussian weights: Gaussian class scores, so some inputs sit close
+    to a tie between two classes, as real classifiers' do."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((h, d)) / np.sqrt(d)).astype(np.float32)
+    w2 = (rng.standard_normal((classes, h)) / np.sqrt(h)).astype(np.float32)
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.zeros(h, np.float32), "b1"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.zeros(classes, np.float32), "b2")]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], transB=1, name="fc1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], transB=1, name="fc2")]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", d])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", classes])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_the_agreement_bound_reads_how_close_samples_are_to_a_flip(monkeypatch):
+    """A classifier whose 50 held-out samples show no flip for a narrow plan: Student's t over
+    the observed flips took it, and it flips 2 % of 19,700 other samples, over the 2 % target.
+    Reading each sample's top-1 lead against the plan's output noise (and bounding the share of
+    near-ties the 50 samples may have missed) keeps a wider plan, which meets it there."""
+    from mixq.evaluate import make_session
+    from mixq.search import objectives
+
+    model = _mlp(1)
+    x = np.random.default_rng(101).standard_normal((20000, 32)).astype(np.float32)
+    calib = [{"x": x[i:i + 32]} for i in range(0, 256, 32)]
+    ev = [{"x": x[i:i + 50]} for i in range(256, 306, 50)]
+    check = x[306:]
+    ref = make_session(model.SerializeToString()).run(None, {"x": check})[0].argmax(1)
+    auto = AutoConfig(base=base_from_candidate(Candidate("int8", "int8")),
+                      candidates=(Candidate("int8", "int4"), Candidate("int4", "int4")),
+                      metric="agreement", target=0.02, cache_dir=None)
+
+    def check_drop(res) -> float:
+        got = make_session(res.model.SerializeToString()).run(None, {"x": check})[0].argmax(1)
+        return float(np.mean(got != ref))
+
+    new = auto_quantize(model, auto, calib, ev)
+    assert new.target_met and new.metric == 1.0 and new.metric_margin > 0
+    assert check_drop(new) <= 0.02
+    # the policy off: Student's t over the observed flips alone
+    monkeypatch.setattr(objectives, "top1_margin",
+                        lambda observed, exposure, exposed, confidence: drop_margin(observed, confidence))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TargetNotMetWarning)
+        old = auto_quantize(model, auto, calib, ev)
+    assert old.metric == 1.0 and old.metric_margin == 0.0
+    assert old.size_bytes < new.size_bytes and check_drop(old) > 0.02

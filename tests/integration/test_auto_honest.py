@@ -36,7 +36,9 @@ def test_unreachable_target_stops_in_two_evaluations_with_a_message_and_exit_cod
     rc = main(["auto", *args, "--metric", "l2", "--target", "1e-7", "--report-dir", str(tmp_path / "r")])
     captured = capsys.readouterr()
     assert rc == AUTO_TARGET_MISSED != 0
-    assert "cannot be met" in captured.err and "left float" in captured.err
+    # every candidate layer float is the float model itself here (it proves nothing): the
+    # widest quantized plan is every candidate layer in a 16-bit float
+    assert "cannot be met" in captured.err and "in a 16-bit float" in captured.err
     assert "full-model evaluations: 2 by the search" in captured.out
     # the best model found is still written, and it runs
     out = onnx.load(tmp_path / "o.onnx")
@@ -56,8 +58,10 @@ def test_unreachable_target_through_the_api_returns_the_better_of_the_two(tmp_pa
     assert not res.target_met and res.full_evaluations == 2
     assert "cannot be met" in res.message and "1e-07" in res.message
     wide = next(e for e in res.evaluations if e.label.startswith("all wide"))
-    assert res.metric <= wide.metric  # the better one: every candidate layer float
-    assert set(res.assignment.values()) == {"float"}
+    # the better one: every candidate layer in a 16-bit float (every layer float would be the
+    # float model itself, which meets any target and says nothing about quantized plans)
+    assert res.metric <= wide.metric
+    assert set(res.assignment.values()) <= {"fp16", "bf16"} and res.widened_how == "in a 16-bit float"
     assert abs(_rel_l2(tmp_path / "best.onnx", model, ev) - res.metric) < 1e-6
 
 
@@ -406,3 +410,35 @@ def test_a_node_reading_one_tensor_twice_is_measured():
                       op_types=frozenset({"all"}), metric="cosine", target=0.01)
     res = auto_quantize(m, auto, calib, ev)
     assert {"cat", "square"} <= set(res.sensitivity.layers) and res.target_met
+
+
+def test_every_candidate_layer_float_is_the_float_model_itself():
+    """MaxPool and Flatten are no candidates (they compute nothing new), but quantize their
+    input for an integer consumer after them. With every layer around them left float that is
+    a Q/DQ pair between float layers: the search leaves them float too, so the widened plan is
+    the float model (no format anywhere) and takes the float model's value without a run; a
+    pass-through whose consumer stays quantized keeps its quantization."""
+    from mixq.pipeline import Pipeline
+    from mixq.search.auto import FLOAT, PassThroughs, _assignment_config
+    from mixq.search.sensitivity import candidate_layers
+    from mixq.search.workbench import Workbench
+
+    model = small_cnn()
+    base = base_from_candidate(Candidate("int8", "int8"))
+    pipe = Pipeline.load(model, defer=False)
+    pipe.calibrate(pipe.plan(base), feeds(32, 8))
+    wb = Workbench(pipe, feeds(16, 8, seed=9))
+    layers = candidate_layers(wb, base, frozenset({"all"}))
+    assert "pool" not in layers and "flat" not in layers
+    passes = PassThroughs(wb.model, frozenset(wb.plan(base).float_nodes))
+    assert passes.idle(frozenset()) == frozenset()  # the all-wide plan is the uniform preset
+    every = frozenset(layers)
+    assert passes.idle(every) == {"pool", "flat"}
+    plain = wb.plan(_assignment_config(base, {n: FLOAT for n in layers}))
+    assert plain.formats()  # before: the MaxPool and Flatten inputs stayed int8
+    widened = wb.plan(_assignment_config(base, {n: FLOAT for n in layers}, passes.idle(every)))
+    assert not widened.formats()
+    # the Gemm after Flatten stays int8: Flatten still feeds it its grid; the MaxPool before
+    # the float GlobalAveragePool does not
+    partly = frozenset(n for n in layers if n != "fc")
+    assert passes.idle(partly) == {"pool"}

@@ -652,10 +652,11 @@ def build_parser() -> argparse.ArgumentParser:
                    f"and exit code {AUTO_TARGET_MISSED}; the best model found is still written")
     a.add_argument("--confidence", type=float, default=0.9,
                    help="a plan meets an accuracy target only when the one-sided upper bound of "
-                   "its drop at this confidence does (Student's t over the per-sample drops), so "
-                   "that it holds on other data from the same source too (default 0.9; 0.5: the "
-                   "measured drop alone). Applies to cosine, agreement, top1 and functions that "
-                   "return per-sample scores")
+                   "its drop at this confidence does (Student's t over per-sample drops; each "
+                   "sample's flip risk from its top-1 lead for agreement and top1; exact binomial "
+                   "bounds for pass/fail scores), so that it holds on other data from the same "
+                   "source too (default 0.9; 0.5: the measured drop alone). Applies to cosine, "
+                   "agreement, top1 and functions that return per-sample scores")
     a.add_argument("--l2-target", type=float, help="max relative L2 of the output to float "
                    "(= --metric l2 --target X)")
     a.add_argument("--top1-drop", type=float, help="max top-1 drop (needs --labels; "

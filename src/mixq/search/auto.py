@@ -2,9 +2,11 @@
 candidate, then narrow layers in ascending sensitivity as far as the target allows.
 
 Honest by construction: the all-wide plan is evaluated first; when it misses the target the
-search starts from every candidate layer float instead, and when that misses too it stops (two
-evaluations) with the better plan and a message saying the target cannot be met. A result with
-`target_met=False` always carries that `message`.
+search starts from every candidate layer float instead (or, where that is the float model
+itself, from every candidate layer in a 16-bit float: the float model meets any target and says
+nothing about quantized plans), and when that misses too it stops (two evaluations) with the
+better plan and a message saying the target cannot be met. A result with `target_met=False`
+always carries that `message`.
 
 Targets: relative L2 of one output (`l2_target`), a top-1 drop (labels or a user
 EvaluateFunction), a weight-size budget (`max_size_mb`, `max_avg_bits`) and a time budget.
@@ -77,11 +79,12 @@ class AutoConfig:
     widen: when the all-wide plan misses the accuracy target, leave the most sensitive layers
       float and try that once before giving up (False: give up at once).
     confidence: a plan meets an accuracy target only when the one-sided `confidence` upper
-      bound of its drop does (Student's t over the per-sample drops; see
-      `mixq.search.objectives`), so that the chosen plan meets the target on other data from
-      the same source too, not only on the samples the search measured (0.5: the measured
-      drop alone). Metrics without per-sample values (l2, sqnr, a function returning one
-      number) take no margin.
+      bound of its drop does (`mixq.search.bounds`: Student's t over per-sample drops; the
+      flip risk of each sample's top-1 lead for agreement / top1; Clopper-Pearson for a
+      function's pass/fail scores), so that the chosen plan meets the target on other data
+      from the same source too, not only on the samples the search measured (0.5: the
+      measured drop alone). Metrics without per-sample values (l2, sqnr, a function returning
+      one number) take no margin.
     """
 
     base: QuantConfig
@@ -188,6 +191,9 @@ class AutoResult:
     timings: dict[str, float] = field(default_factory=dict)
     message: str = ""  # whether the target was met, and if not why and what to try
     widened_layers: list[str] = field(default_factory=list)  # left float after the all-wide miss
+    #: how the widest plan after the all-wide one widened them ("left float", or "in a 16-bit
+    #: float" where every candidate layer float is the float model itself, which proves nothing)
+    widened_how: str = ""
     float_size_bytes: float = 0.0  # the float model's weight bytes
     baseline_evaluations: int = 0  # full-model runs spent on the report's baselines only
     wide_label: str = ""
@@ -326,9 +332,12 @@ def _key(*parts: Any) -> str:
     return h.hexdigest()[:32]
 
 
-def _assignment_config(base: QuantConfig, assignment: dict[str, Candidate]) -> QuantConfig:
+def _assignment_config(base: QuantConfig, assignment: dict[str, Candidate],
+                       idle: frozenset[str] = frozenset()) -> QuantConfig:
+    """The config of an assignment: a layer rule per candidate precision, the layers left
+    float (and `idle`: pass-through nodes left without a quantized consumer) excluded."""
     by: dict[Candidate, list[str]] = {}
-    left_float: list[str] = []
+    left_float: list[str] = sorted(idle)
     for node, c in assignment.items():
         if c.is_float:
             left_float.append(node)
@@ -340,6 +349,52 @@ def _assignment_config(base: QuantConfig, assignment: dict[str, Candidate]) -> Q
     if left_float:
         opts["exclude_nodes"] = frozenset(base.exclude_nodes) | frozenset(left_float)
     return base.with_options(**opts)
+
+
+class PassThroughs:
+    """The pass-through nodes of a model (MaxPool, Reshape, Flatten, Transpose...: they move
+    values without computing new ones) and whether each still has a consumer that quantizes.
+
+    A pass-through node quantizes its input so that an integer consumer after it reads the same
+    grid; once every consumer after it (through chains of pass-throughs) is left float, that
+    quantization is a Q/DQ pair between float layers and nothing else. `idle` names the nodes
+    a float assignment leaves in that state, so that the search excludes them with the layers
+    (every candidate layer float is then the float model itself)."""
+
+    def __init__(self, model: onnx.ModelProto, never: frozenset[str]) -> None:
+        from ..plan.ops import semantics
+
+        self.order: list[onnx.NodeProto] = list(model.graph.node)
+        self.kind: dict[str, str] = {}  # node -> "pass" | "quantizes"
+        for n in self.order:
+            sem = semantics(n)
+            if sem is not None and n.name not in never:
+                self.kind[n.name] = "pass" if sem.passthrough else "quantizes"
+        self.consumers: dict[str, list[str]] = {}
+        for n in self.order:
+            for i in n.input:
+                if i:
+                    self.consumers.setdefault(i, []).append(n.name)
+        self.base = self._wanting(frozenset())
+
+    def _wanting(self, left_float: frozenset[str]) -> set[str]:
+        """The pass-through nodes with a quantizing consumer (transitively) under `left_float`."""
+        wants: set[str] = set()
+        for n in reversed(self.order):  # consumers come after their producers
+            if self.kind.get(n.name) != "pass" or n.name in left_float:
+                continue
+            after = [c for o in n.output[:1] for c in self.consumers.get(o, [])]
+            if any((self.kind.get(c) == "quantizes" and c not in left_float) or c in wants
+                   for c in after):
+                wants.add(n.name)
+        return wants
+
+    def idle(self, left_float: frozenset[str]) -> frozenset[str]:
+        """The pass-through nodes that had a quantizing consumer in the all-wide plan and have
+        none once `left_float` are float (the all-wide plan itself is unchanged)."""
+        if not left_float:
+            return frozenset()
+        return frozenset(self.base - self._wanting(left_float))
 
 
 #: a layer's tensors must stay below this magnitude to be widened to float16 (its largest
@@ -516,6 +571,7 @@ class _Search:
         self.ev_cache, self.deadline, self.progress, self.rows = ev_cache, deadline, progress, rows
         self.paths: list[_Path] = []
         self.weightless = weightless_layers(wb.model, layers)
+        self.passthroughs = PassThroughs(wb.model, frozenset(wb.plan(auto.base).float_nodes))
 
     @property
     def count(self) -> int:
@@ -541,7 +597,8 @@ class _Search:
             a = dict(assignments[-1])
             a[layer] = c
             assignments.append(a)
-        configs = [_assignment_config(self.auto.base, a) for a in assignments]
+        configs = [_assignment_config(self.auto.base, a, self.passthroughs.idle(
+            frozenset(layer for layer, c in a.items() if c.is_float))) for a in assignments]
         path = _Path(start, moves, assignments, configs, Evaluator(lambda k: (0.0, False, 0.0), None))
         ex = self.executor
         path.ev = Evaluator(lambda k: self._run_point(path, k), self.deadline,
@@ -576,6 +633,10 @@ class _Search:
     def _run_points(self, p: _Path, ks: list[int]) -> list[tuple[float, bool, float]]:
         """`_run_point` of several points, their models evaluated at once on the workers."""
         keys = {k: self.key(p, k) for k in ks}
+        for k in ks:
+            exact = self.exact(p, k) if keys[k] not in self.ev_cache else None
+            if exact is not None:
+                self.ev_cache[keys[k]] = [exact.value, exact.margin]
         todo = [k for k in ks if keys[k] not in self.ev_cache]
         if todo and self.executor is not None:
             cands = [(self.plan(p, k), p.configs[k]) for k in todo]
@@ -622,11 +683,22 @@ class _Search:
         """The objective's value of P[k] and its drop's margin (the evaluation cache first)."""
         pk = self.key(p, k)
         if pk not in self.ev_cache:
-            m, _ = self.wb.materialize(p.configs[k], self.plan(p, k))
-            got = self.objective.measure(self.wb, m)
+            got = self.exact(p, k)
+            if got is None:
+                m, _ = self.wb.materialize(p.configs[k], self.plan(p, k))
+                got = self.objective.measure(self.wb, m)
             self.ev_cache[pk] = [got.value, got.margin]
         value, margin = self.ev_cache[pk]
         return Measured(float(value), float(margin))
+
+    def exact(self, p: _Path, k: int) -> Measured | None:
+        """The float model's own value when P[k] quantizes nothing (None otherwise): the float
+        model drops nothing, on this data or any other, so it takes no sampling margin and no
+        run (a pass/fail metric could never tell that from a sample)."""
+        if self.plan(p, k).formats():
+            return None
+        value = _float_metric(self.objective)
+        return None if value is None else Measured(value)
 
     def metric(self, p: _Path, k: int) -> float:
         """The objective's value of P[k]."""
@@ -757,8 +829,11 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     layer is left float and that plan is evaluated: when it meets the target the search runs on
     the path from it (the least sensitive layers narrowed first, so the most sensitive stay
     float); when it misses too, the search stops there (two full-model evaluations) and returns
-    the better of the two with `target_met=False` and a `message` saying so. The model is
-    written to `output_path` whether or not the target was met."""
+    the better of the two with `target_met=False` and a `message` saying so. Where every
+    candidate layer float is the float model itself (every quantized tensor belongs to a
+    candidate layer, pass-throughs left without a quantized consumer included), that plan is
+    not run: the widest quantized plan, every candidate layer in a 16-bit float, takes its
+    place. The model is written to `output_path` whether or not the target was met."""
     t_start = time.perf_counter()
     deadline = time.monotonic() + auto.time_budget_s if auto.time_budget_s else None
     timings: dict[str, float] = {}
@@ -876,13 +951,23 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                 # strategy picks leaves float exactly the most sensitive ones it must
                 widened = [layer for layer in layers if layer in table.err]
                 wider = search.widened_path({layer: FLOAT for layer in widened}, wide)
-                wider.ev(0)  # not searched on: no speculation
-                if search.accurate(wider, 0):
+                # every candidate layer float may be the float model itself (every quantized
+                # tensor belongs to a candidate): it meets any target and says nothing about
+                # quantized plans, so the widest quantized plan, every candidate layer in a
+                # 16-bit float, decides whether the target can be met at all
+                float_model = search.exact(wider, 0) is not None
+                if not float_model:
+                    wider.ev(0)  # not searched on: no speculation
+                if float_model or search.accurate(wider, 0):
                     # the next wider format first: the same layers in a 16-bit float (half the
                     # bytes of float32), searched from when it meets the target too
                     half = search.widened_path(half_floats(wb, widened), wide)
-                    chosen_path = half if search.first_accurate(half) else wider
-                    chosen = search.run_strategy(chosen_path)
+                    if search.first_accurate(half):
+                        chosen_path = half
+                    elif not float_model:
+                        chosen_path = wider
+                    if chosen_path is not wide:
+                        chosen = search.run_strategy(chosen_path)
             if chosen_path is wide:  # even the widest plan misses: stop here
                 unreachable = True
                 tried = [(p, 0) for p in search.paths if 0 in p.ev.done]
@@ -928,7 +1013,9 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                          key=lambda e: e.k)
     for p in search.paths:
         if p is not chosen_path:
-            what = "all wide" if p is wide else "every candidate layer float"
+            what = "all wide" if p is wide else (
+                "every candidate layer float" if all(c.is_float for c in p.start.values())
+                else "every candidate layer in a 16-bit float")
             evaluations += [replace(e, k=-1, label=f"{what}, point {e.k}")
                             for k, e in p.ev.done.items() if k not in p.ev.seeded]
     front_pts = front([e for e in evaluations if e.k >= 0], objective.higher_is_better)
@@ -955,9 +1042,17 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     first = {id(p): p.ev.done[0].metric for p in search.paths if 0 in p.ev.done}
     # the widest plans meet the measured target, their confidence bound does not
     noise_only = unreachable and any(objective.meets(v) for v in first.values())
-    result.message = _message(result, auto, unreachable, first.get(id(wide)),
-                              next((v for i, v in first.items() if i != id(wide)), None),
-                              noise_only=noise_only)
+    wide_first = first.get(id(wide))
+    # the widest plan tried after the all-wide one: every candidate layer float, or (where that
+    # is the float model itself) every candidate layer in a 16-bit float
+    wider_path = next((p for p in search.paths if p is not wide and 0 in p.ev.done), None)
+    result.widened_how = ("" if wider_path is None else
+                          "in a 16-bit float" if any(not c.is_float for c in wider_path.start.values())
+                          else "left float")
+    result.message = _message(result, auto, unreachable, wide_first,
+                              None if wider_path is None else wider_path.ev.done[0].metric,
+                              noise_only=noise_only,
+                              wide_bound_only=wide_first is not None and objective.meets(wide_first))
     in_model = None if isinstance(model, onnx.ModelProto) else model
     in_data = [d for d in (calibration_data, eval_data, check_data) if isinstance(d, (str, os.PathLike))]
     if output_path is not None:
@@ -1030,11 +1125,12 @@ def _check_loads(model: onnx.ModelProto) -> None:
 
 
 def _message(r: AutoResult, auto: AutoConfig, unreachable: bool,
-             wide_metric: float | None, wider_metric: float | None, noise_only: bool = False) -> str:
+             wide_metric: float | None, wider_metric: float | None, noise_only: bool = False,
+             wide_bound_only: bool = False) -> str:
     """One plain sentence or two on whether the target was met, and if not, why and what next.
     wide_metric / wider_metric: the all-wide plan's and the widened plan's measured values;
     noise_only: one of them met the target as measured, and missed it only by the margin for
-    sampling noise."""
+    sampling noise; wide_bound_only: the all-wide plan did (so the search widened on the bound)."""
     margin = (f" (its drop's {r.confidence:.0%} upper bound lies {r.metric_margin:.3g} above "
               "the measured drop)" if r.metric_margin > 0 else "")
     got = (f"{r.metric_name} {r.metric:.6g} on the held-out data{margin}, "
@@ -1052,8 +1148,8 @@ def _message(r: AutoResult, auto: AutoConfig, unreachable: bool,
         if wide_metric is not None:
             text += f" The all-wide plan ({r.wide_label} everywhere) gives {wide_metric:.6g}"
             if wider_metric is not None:
-                text += (f"; even with all {len(r.widened_layers)} candidate layers left float "
-                         f"it gives {wider_metric:.6g}")
+                text += (f"; even with all {len(r.widened_layers)} candidate layers "
+                         f"{r.widened_how or 'left float'} it gives {wider_metric:.6g}")
             text += "."
         return (text + f" Stopped after {evals}; returned the best plan found ({got}). Loosen "
                 "the target, widen the base (the first --candidates entry) or add op types "
@@ -1084,7 +1180,10 @@ def _message(r: AutoResult, auto: AutoConfig, unreachable: bool,
         wide_again = {r.wide_label} | {c.label for c in auto.candidates}
         kept = sorted(c for c in r.assignment.values() if c not in wide_again)
         counts = ", ".join(f"{kept.count(c)} {c}" for c in dict.fromkeys(kept))
-        msg += (f" The all-wide plan missed it ({wide_metric:.6g}), so the search started from "
+        why = (f"{wide_metric:.6g}: it meets the target as measured, but not at "
+               f"{r.confidence:.0%} confidence on this much data" if wide_bound_only
+               else f"{wide_metric:.6g}")
+        msg += (f" The all-wide plan missed it ({why}), so the search started from "
                 f"every candidate layer widened (float, then a 16-bit float when that met it "
                 f"too): the most sensitive stay wide ({counts or 'none'}).")
     return msg

@@ -21,13 +21,21 @@ meets the target; measured on other data from the same source, that plan's drop 
 above the target as below (the plans the search stops at sit on the boundary). With a
 `confidence` c > 0.5, a metric that is a mean over samples (agreement, cosine, top1; a function
 that returns per-sample scores) meets its target only when the one-sided c upper confidence
-bound of the drop does: mean paired drop + t_c(n-1) * sd / sqrt(n), over the n per-sample drops
-(quantized minus float, per sample) and Student's t. l2 and sqnr are ratios of sums over the
-whole data, with no per-sample decomposition: they take no margin.
+bound of the drop does (`mixq.search.bounds`):
+  * continuous per-sample scores (cosine, a function's per-line accuracy): mean paired drop +
+    t_c(n-1) * sd / sqrt(n), over the n per-sample drops and Student's t;
+  * top-1 read from the outputs (agreement, top1 with labels): each sample's drop is at least
+    its flip risk, the probability that its float top-1 class is overtaken under output noise
+    of the size the plan shows on it (a near-tie counts as the probable flip it is, flipped
+    this time or not); then Student's t over those drops;
+  * a function's pass/fail scores (two values): exact binomial bounds on the rates of samples
+    that fail or pass only with the plan (no changed sample among 120 still leaves room for
+    1.9 % of them to change, at 90 %).
+l2 and sqnr are ratios of sums over the whole data, with no per-sample decomposition: they take
+no margin. The float model itself (a plan that quantizes nothing) drops nothing, on any data.
 """
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -38,58 +46,13 @@ import numpy as np
 import onnx
 
 from ..errors import ConfigError
+from .bounds import (FlipExposure, binary_drop_margin, drop_margin, flip_exposure, t_quantile,
+                     top1_margin, two_valued)
 from .workbench import Workbench
 
-
-def t_quantile(p: float, df: int) -> float:
-    """The p quantile (p in [0.5, 1)) of Student's t distribution with `df` >= 1 degrees of
-    freedom, from the closed-form CDF of integer df (bisection to 1e-10); the normal quantile
-    beyond 400 degrees of freedom, where the two differ by less than 1 %."""
-    if not 0.5 <= p < 1.0 or df < 1:
-        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
-    if p == 0.5:
-        return 0.0
-    if df > 400:
-        from statistics import NormalDist
-
-        return NormalDist().inv_cdf(p)
-
-    def central(t: float) -> float:  # P(|T| <= t)
-        theta = math.atan(t / math.sqrt(df))
-        c2, s = math.cos(theta) ** 2, math.sin(theta)
-        if df % 2 == 0:  # sin(th) * (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ... up to c^(df-2))
-            term = total = 1.0
-            for k in range(1, df // 2):
-                term *= c2 * (2 * k - 1) / (2 * k)
-                total += term
-            return s * total
-        if df == 1:  # Cauchy
-            return 2.0 / math.pi * theta
-        term = total = 1.0  # 2/pi (th + s c (1 + 2/3 c^2 + 2*4/(3*5) c^4 + ... up to c^(df-3)))
-        for k in range(1, (df - 1) // 2):
-            term *= c2 * (2 * k) / (2 * k + 1)
-            total += term
-        return 2.0 / math.pi * (theta + s * math.cos(theta) * total)
-
-    target = 2.0 * p - 1.0
-    lo, hi = 0.0, 1.0
-    while central(hi) < target:
-        hi *= 2.0
-    while hi - lo > 1e-10 * max(1.0, hi):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if central(mid) < target else (lo, mid)
-    return 0.5 * (lo + hi)
-
-
-def drop_margin(drops: np.ndarray, confidence: float) -> float:
-    """How far above the mean of the per-sample `drops` their one-sided `confidence` upper
-    bound lies: t_confidence(n-1) * sd / sqrt(n) (0 for a point estimate, confidence 0.5, or
-    fewer than two samples, where no spread can be measured)."""
-    d = np.asarray(drops, dtype=np.float64).ravel()
-    if confidence <= 0.5 or d.size < 2:
-        return 0.0
-    sd = float(np.std(d, ddof=1))
-    return t_quantile(confidence, d.size - 1) * sd / math.sqrt(d.size) if sd > 0 else 0.0
+__all__ = ["METRICS", "Measured", "Objective", "L2Objective", "SQNRObjective", "Top1Objective",
+           "DropObjective", "AgreementObjective", "CosineObjective", "make_objective",
+           "drop_margin", "t_quantile"]
 
 
 @dataclass(frozen=True)
@@ -219,9 +182,18 @@ class Top1Objective(Objective):
             raise ConfigError(f"EvaluateFunction returned {samples.size} per-sample scores for this "
                               f"model and {self.float_samples.size} for the float model: it must "
                               "score the same samples, in the same order, every time.")
+        return Measured(float(np.mean(samples)), self._margin(samples))
+
+    def _margin(self, samples: np.ndarray) -> float:
+        """The margin of a function's per-sample scores against the float model's: exact
+        binomial bounds for pass/fail scores, Student's t for the others."""
+        assert self.float_samples is not None
+        values = two_valued(self.float_samples, samples, higher_is_better=self.higher_is_better)
+        if values is not None:
+            return binary_drop_margin(self.float_samples, samples, *values, self.confidence,
+                                      higher_is_better=self.higher_is_better)
         sign = 1.0 if self.higher_is_better else -1.0
-        return Measured(float(np.mean(samples)),
-                        drop_margin(sign * (self.float_samples - samples), self.confidence))
+        return drop_margin(sign * (self.float_samples - samples), self.confidence)
 
     def _samples(self, v: Any) -> np.ndarray:
         """A user function's result as per-sample scores (one element: a plain number)."""
@@ -243,8 +215,11 @@ class Top1Objective(Objective):
         correct = self._correct(outputs)
         if self.float_samples is None:
             return Measured(float(np.mean(correct)))
+        ref = self.float_samples[:correct.size]
+        # only the samples the float model gets right can be lost
         return Measured(float(np.mean(correct)),
-                        drop_margin(self.float_samples[:correct.size] - correct, self.confidence))
+                        top1_margin(ref - correct, _exposure(outputs, wb.float_outputs), ref == 1.0,
+                                    self.confidence))
 
     def _correct(self, outputs: list[np.ndarray]) -> np.ndarray:
         """1.0 for each row whose top-1 class is its label, else 0.0."""
@@ -338,6 +313,19 @@ class AgreementObjective(DropObjective):
 
     def per_row(self, wb: Workbench, outputs: list[np.ndarray]) -> np.ndarray:
         return wb.top1_agree_rows(outputs)
+
+    def measure_outputs(self, wb: Workbench, outputs: list[np.ndarray]) -> Measured:
+        agree = self.per_row(wb, outputs)
+        if not agree.size:
+            return Measured(self.float_value)
+        return Measured(float(np.mean(agree)),
+                        top1_margin(1.0 - agree, _exposure(outputs, wb.float_outputs),
+                                    np.ones(agree.size, dtype=bool), self.confidence))
+
+
+def _exposure(outputs: list[np.ndarray], reference: list[np.ndarray]) -> FlipExposure:
+    """`bounds.flip_exposure` of every row of the outputs, batch after batch."""
+    return FlipExposure.concat([flip_exposure(q, f) for q, f in zip(outputs, reference)])
 
 
 @dataclass
