@@ -123,7 +123,7 @@ def test_adaquant_mxfp4_improves(model):
 
 
 def test_bf16_seed_snippet_through_quantize(model):
-    from mixq.finetune.compat import BFloat16Spec, QConfig, QLayerConfig
+    from mixq.compat import BFloat16Spec, QConfig, QLayerConfig
 
     input_tensors_spec = BFloat16Spec()
     weight_spec = BFloat16Spec()

@@ -18,7 +18,8 @@ from mixq.compat import (AdaQuantConfig, AdaRoundConfig, AutoMixprecisionConfig,
                          get_default_config)
 from mixq.compat import table as T
 from mixq.compat.enums import ENUMS, TYPE_FORMATS
-from mixq.compat.presets import PRESET_DATA, QCONFIG_PRESETS
+from mixq.compat.presets import PRESET_DATA
+from mixq.compat.qconfig import QCONFIG_PRESETS
 from mixq.config import LayerRule, QuantConfig
 from mixq.errors import ConfigError
 

@@ -9,8 +9,8 @@ import pytest
 from mixq.config import QuantConfig
 from mixq.errors import ConfigError
 from mixq.finetune import AdaQuantConfig, AdaRoundConfig, EarlyStop
-from mixq.finetune.compat import (BFloat16Spec, Int8Spec, Int16Spec, MXFP4Spec, QConfig, QLayerConfig,
-                                  XInt8Spec)
+from mixq.compat import (BFloat16Spec, Int8Spec, Int16Spec, MXFP4Spec, QConfig, QLayerConfig,
+                         XInt8Spec)
 
 
 def test_defaults_and_frozen():
@@ -104,7 +104,7 @@ def test_compat_errors(make, match):
 
 
 def test_mixq_does_not_import_torch():
-    code = ("import sys, mixq, mixq.compat, mixq.finetune, mixq.finetune.compat; "
+    code = ("import sys, mixq, mixq.compat, mixq.finetune, mixq.compat.qconfig; "
             "from mixq.finetune import AdaQuantConfig; AdaQuantConfig(); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

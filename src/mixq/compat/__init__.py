@@ -23,8 +23,6 @@ import numpy as np
 from ..config import QuantConfig
 from ..config import get_default_config as _mixq_preset
 from ..errors import ConfigError
-from ..finetune.compat import SPECS as _SPECS
-from ..finetune.compat import DataTypeSpec, QConfig, QLayerConfig
 from .algo import (AdaQuantConfig, AdaRoundConfig, AutoMixprecisionConfig, BiasCorrectionConfig, CLEConfig,
                    GPTQConfig, QuarotConfig, SmoothQuantConfig)
 from .amp import WalkResult, average_l2, vendor_walk
@@ -34,7 +32,10 @@ from .enums import (CalibMethod, CalibrationMethod, ExtendedCalibrationMethod, E
 from .finetune_vocab import finetune_from_cli
 from .legacy import Config, QuantizationConfig, Translation
 from .names import check_names_against_model
-from .presets import QCONFIG_PRESETS, get_default_config, qconfig_preset
+from .presets import get_default_config
+from .qconfig import QCONFIG_PRESETS, QConfig, qconfig_preset
+from .qspecs import SPECS as _SPECS
+from .qspecs import DataTypeSpec, QLayerConfig
 
 
 def translate(config: Any) -> Translation:

@@ -60,7 +60,7 @@ class AmpRequest:
 
 
 def _layer_config_formats(value: Any) -> tuple[str, str, tuple[str, ...]]:
-    from ..finetune.compat import QLayerConfig
+    from .qspecs import QLayerConfig
 
     nodes: tuple[str, ...] = ()
     if isinstance(value, dict):

@@ -52,7 +52,8 @@ def _section(title: str, entries: list[Entry], note: str = "", accepts: bool = T
 
 
 def _presets() -> list[str]:
-    from .presets import PRESET_DATA, QCONFIG_PRESETS, get_default_config, qconfig_preset
+    from .presets import PRESET_DATA, get_default_config
+    from .qconfig import QCONFIG_PRESETS, qconfig_preset
 
     lines = ["## Presets: `get_default_config(name)` (65 names)", "",
              "`mixq.compat.get_default_config(name)` returns a QuantizationConfig, as the vendor's "

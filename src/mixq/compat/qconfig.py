@@ -1,17 +1,111 @@
-"""QConfig (the vendor's newer API) translated into a Translation, through the same extra_options
-and algorithm tables as the legacy configs."""
+"""The vendor's newer API: `QConfig` (data-type specs per layer, the algorithm list), translated
+once into mixq's typed QuantConfig plus a fast-finetuning config, through the same
+extra_options and algorithm tables as the legacy configs; and its `*_QCONFIG` presets.
+
+    from mixq.compat import AdaQuantConfig, BFloat16Spec, QConfig, QLayerConfig
+
+    config = QConfig(global_config=QLayerConfig(input_tensors=BFloat16Spec(), weight=BFloat16Spec()),
+                     algo_config=[AdaQuantConfig(num_iterations=1000, learning_rate=1e-6)])
+    mixq.quantize(model, config, calibration_data)          # runs AdaQuant before the rewrite
+
+`QConfig.to_mixq()` gives the QuantConfig (what `mixq.quantize` uses); `QConfig.finetune_config`
+the AdaRound/AdaQuant config (or None). Pure Python: no torch needed to build configs.
+"""
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import QuantConfig
 from ..errors import ConfigError
-from ..finetune.compat import QConfig, QLayerConfig, layer_rule_of
+from ..finetune.config import AdaQuantConfig, AdaRoundConfig
 from ..formats import get_format
 from .algo import apply_gptq, cle_steps, split_algo_config, wants_bias_correction
 from .amp import build_request, layer_wise_changes
 from .legacy import (Translation, _amp_type_names, _block_attrs_used, _finish, _npu_cnn_constraints,
-                     _op_type_changes, _tensor_precision)
+                     _op_type_changes, _tensor_precision, typed_config)
+from .qspecs import SPECS, QLayerConfig, _as_spec, layer_rule_of
 from .table import Ctx, translate_extra
+
+
+@dataclass(frozen=True, init=False)
+class QConfig:
+    """The documented top-level config.
+
+    global_config: a QLayerConfig for every layer. specific_layer_config / layer_type_config:
+    ``{QLayerConfig or spec: [node names]}`` / ``{...: [op types]}`` for other data types on some
+    layers (``None`` as the key excludes them). exclude: node names left float. algo_config: a
+    list with at most one AdaRoundConfig / AdaQuantConfig (fast finetuning) and at most one
+    AutoMixprecisionConfig. Other keyword arguments (and ``extra_options={...}``) are
+    extra_options keys."""
+
+    global_config: QLayerConfig
+    specific_layer_config: Mapping[Any, tuple[str, ...]] | None
+    layer_type_config: Mapping[Any, tuple[str, ...]] | None
+    exclude: tuple[str, ...]
+    algo_config: tuple[Any, ...]
+    use_external_data_format: bool
+    extra_options: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, global_config: Any = None, specific_layer_config: Any = None,
+                 layer_type_config: Any = None, exclude: Any = None, algo_config: Any = None,
+                 use_external_data_format: bool = False, **kwargs: Any) -> None:
+        s = object.__setattr__
+        if not isinstance(global_config, QLayerConfig):
+            raise ConfigError("QConfig needs global_config=QLayerConfig(input_tensors=..., weight=...); "
+                              f"got {global_config!r}.")
+        s(self, "global_config", global_config)
+        for opt, v in (("exclude", exclude), ("algo_config", algo_config)):
+            v = () if v is None else v
+            if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Iterable):
+                raise ConfigError(f"{opt} must be a list, not {v!r}.")
+            s(self, opt, tuple(v))
+        for e in self.exclude:
+            if not isinstance(e, str):
+                raise ConfigError(f"exclude: {e!r}: unsupported: mixq excludes nodes by name, not "
+                                  "(start, end) subgraphs (list the subgraph's node names).")
+        if not isinstance(use_external_data_format, bool):
+            raise ConfigError(f"use_external_data_format={use_external_data_format!r} must be True or False.")
+        s(self, "use_external_data_format", use_external_data_format)
+        extra = dict(kwargs.pop("extra_options", None) or {})
+        extra.update(kwargs)
+        s(self, "extra_options", extra)
+        for opt, v in (("specific_layer_config", specific_layer_config), ("layer_type_config", layer_type_config)):
+            if v is None:
+                s(self, opt, None)
+                continue
+            if not isinstance(v, Mapping):
+                raise ConfigError(f"{opt} must be a dict {{QLayerConfig or None: [names]}}, got {v!r}.")
+            clean: dict[Any, tuple[str, ...]] = {}
+            for k, names in v.items():
+                if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+                    raise ConfigError(f"{opt}[{k!r}] must be a list of names, not {names!r}.")
+                key = k if k is None or isinstance(k, QLayerConfig) else _as_spec(k, f"{opt} key")
+                clean[key] = tuple(names)
+            s(self, opt, clean)
+        self.translate()  # checked on creation
+
+    @staticmethod
+    def get_default_config(name: str) -> Any:
+        """The vendor's `QConfig.get_default_config(name)`: Config(global_quant_config=<preset name>)."""
+        from .legacy import Config
+        from .presets import get_default_config
+
+        return Config(global_quant_config=get_default_config(name))
+
+    def translate(self) -> Any:
+        """The mixq.compat Translation (QuantConfig, finetune config, AutoMixprecision request)."""
+        return translate_qconfig(self)
+
+    @property
+    def finetune_config(self) -> AdaRoundConfig | AdaQuantConfig | None:
+        """The fast-finetuning algorithm of `algo_config` (None when there is none)."""
+        return self.translate().finetune
+
+    def to_mixq(self) -> QuantConfig:
+        """The typed QuantConfig (the finetune config is `finetune_config`)."""
+        return typed_config(self.translate())
 
 
 def _spec_changes(g: QLayerConfig) -> dict[str, Any]:
@@ -105,3 +199,38 @@ def translate_qconfig(q: QConfig) -> Translation:
     tr = _finish(ctx, ft, amp)
     tr.config = apply_gptq(q.algo_config, tr.config)
     return tr
+
+
+#: The vendor's QConfig presets: (input spec, weight spec, algorithm, extra_options).
+_QCONFIG_PRESETS: dict[str, tuple[str, str, str | None, dict[str, Any]]] = {}
+_A8 = {"ForceQuantizeNoInputCheck": True, "AlignSlice": False, "FoldRelu": True, "AlignConcat": True}
+_VINT8 = {"OptimizeModel": False, "EnableNPUCnn": False, "UseRandomData": True, "ConvertBNToConv": True,
+          "ConvertSigmoidToHardSigmoid": False, "ConvertClipToRelu": True, "ConvertSplitToSlice": True,
+          "SplitLargeKernelPool": False, "ReplaceClip6Relu": True, "ConvertReduceMeanToGlobalAvgPool": False,
+          "RemoveQDQConvClip": False, "RemoveQDQConvPRelu": False, "RemoveQDQConvRelu": False,
+          "RemoveQDQConvLeakyRelu": False, "Int32Bias": False, "DedicatedQDQPair": True,
+          "QuantizeAllOpTypes": True}
+for _base, _a, _w, _extra in (("XINT8", "XInt8Spec", "XInt8Spec", {"ForceQuantizeNoInputCheck": True}),
+                              ("A8W8", "Int8Spec", "Int8Spec", _A8),
+                              ("A16W8", "Int16Spec", "Int8Spec", {**_A8, "AlignEltwiseQuantType": True})):
+    for _suffix, _algo in (("", None), ("_ADAROUND", "AdaRoundConfig"), ("_ADAQUANT", "AdaQuantConfig")):
+        _QCONFIG_PRESETS[f"{_base}{_suffix}_QCONFIG"] = (_a, _w, _algo, _extra)
+_QCONFIG_PRESETS["VINT8_QCONFIG"] = ("XInt8Spec", "XInt8Spec", None, _VINT8)
+_QCONFIG_PRESETS["BF16_QCONFIG"] = ("BFloat16Spec", "BFloat16Spec", None, {"ForceQuantizeNoInputCheck": True})
+_QCONFIG_PRESETS["BFP16_QCONFIG"] = ("BFP16Spec", "BFP16Spec", None, {})
+QCONFIG_PRESETS = tuple(_QCONFIG_PRESETS)
+
+
+def qconfig_preset(name: str) -> Any:
+    """The vendor's `name` QConfig object (e.g. 'A8W8_QCONFIG'); unsupported ones raise."""
+    from .algo import ALGO_CONFIGS
+
+    a, w, algo, extra = _QCONFIG_PRESETS[name]
+    try:
+        return QConfig(global_config=QLayerConfig(input_tensors=SPECS[a](), weight=SPECS[w]()),
+                       algo_config=[ALGO_CONFIGS[algo]()] if algo else None, extra_options=dict(extra))
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+__all__ = ["QConfig", "translate_qconfig", "qconfig_preset", "QCONFIG_PRESETS"]

@@ -684,7 +684,7 @@ BFP_MX: list[Entry] = [
 
 
 # --------------------------------------------------------------------------------------------
-# The QConfig API (documentation entries; the checks live in mixq.finetune.compat and
+# The QConfig API (documentation entries; the checks live in mixq.compat.qspecs and
 # mixq.compat.qconfig, and tests/unit/test_compat_vocab.py covers each)
 # --------------------------------------------------------------------------------------------
 def _doc(scope: str, name: str, text: str) -> Entry:

@@ -7,7 +7,8 @@
 
 or ``mixq.quantize(model, config, calib, finetune=AdaQuantConfig(...))``. The configs are pure
 Python; the optimization uses PyTorch on the CPU (``pip install mixq[finetune]``), imported only
-when a layer is finetuned. See `core` for the algorithm and `compat` for the QConfig vocabulary.
+when a layer is finetuned. See `core` for the algorithm; the documented QConfig vocabulary that asks for it
+(`algo_config=[AdaQuantConfig(...)]`) is `mixq.compat.qconfig`.
 """
 from __future__ import annotations
 

@@ -1,28 +1,20 @@
-"""The documented `QConfig` vocabulary (data-type specs, layer configs, algorithm list), translated
-once into mixq's typed `QuantConfig` plus a fast-finetuning config.
-
-    from mixq.compat import AdaQuantConfig, BFloat16Spec, QConfig, QLayerConfig
-
-    config = QConfig(global_config=QLayerConfig(input_tensors=BFloat16Spec(), weight=BFloat16Spec()),
-                     algo_config=[AdaQuantConfig(num_iterations=1000, learning_rate=1e-6)])
-    mixq.quantize(model, config, calibration_data)          # runs AdaQuant before the rewrite
-
-Spec defaults are the vendor's (Int8Spec: symmetric, float scales, Percentile calibration, per
-tensor; UInt8Spec / UInt16Spec: asymmetric; XInt8Spec: power-of-two scales by MinMSE). Every
-option changes the result or raises: see docs/COMPAT.md. `QConfig.to_mixq()` gives the
-QuantConfig (what `mixq.quantize` uses); `QConfig.finetune_config` the AdaRound/AdaQuant config
-(or None). Pure Python: no torch needed to build configs.
+"""The documented QConfig vocabulary's data types: the data-type specs (`Int8Spec`,
+`BFloat16Spec`, `MXFP4Spec`, ...) and `QLayerConfig`, with the vendor's defaults (Int8Spec:
+symmetric, float scales, Percentile calibration, per tensor; UInt8Spec / UInt16Spec:
+asymmetric; XInt8Spec: power-of-two scales by MinMSE). Plain checked values: the translators
+(`mixq.compat.qconfig`, `.amp`, `.presets`) read them; `QConfig`, which translates itself on
+creation, lives with its translator in `mixq.compat.qconfig`. Every option changes the result
+or raises: see docs/COMPAT.md. Pure Python: no torch needed.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..config import LayerRule, QuantConfig
+from ..config import LayerRule
 from ..errors import ConfigError, did_you_mean
 from ..formats import get_format
-from .config import AdaQuantConfig, AdaRoundConfig, EarlyStop
 
 _CALIB = ("minmax", "percentile", "entropy", "minmse", "layerwisepercentile", "distribution")
 
@@ -242,89 +234,6 @@ class QLayerConfig:
                               "QuantGranularity.Channel); use CalibMethod.MinMax or CalibMethod.MinMSE.")
 
 
-@dataclass(frozen=True, init=False)
-class QConfig:
-    """The documented top-level config.
-
-    global_config: a QLayerConfig for every layer. specific_layer_config / layer_type_config:
-    ``{QLayerConfig or spec: [node names]}`` / ``{...: [op types]}`` for other data types on some
-    layers (``None`` as the key excludes them). exclude: node names left float. algo_config: a
-    list with at most one AdaRoundConfig / AdaQuantConfig (fast finetuning) and at most one
-    AutoMixprecisionConfig. Other keyword arguments (and ``extra_options={...}``) are
-    extra_options keys."""
-
-    global_config: QLayerConfig
-    specific_layer_config: Mapping[Any, tuple[str, ...]] | None
-    layer_type_config: Mapping[Any, tuple[str, ...]] | None
-    exclude: tuple[str, ...]
-    algo_config: tuple[Any, ...]
-    use_external_data_format: bool
-    extra_options: dict[str, Any] = field(default_factory=dict)
-
-    def __init__(self, global_config: Any = None, specific_layer_config: Any = None,
-                 layer_type_config: Any = None, exclude: Any = None, algo_config: Any = None,
-                 use_external_data_format: bool = False, **kwargs: Any) -> None:
-        s = object.__setattr__
-        if not isinstance(global_config, QLayerConfig):
-            raise ConfigError("QConfig needs global_config=QLayerConfig(input_tensors=..., weight=...); "
-                              f"got {global_config!r}.")
-        s(self, "global_config", global_config)
-        for opt, v in (("exclude", exclude), ("algo_config", algo_config)):
-            v = () if v is None else v
-            if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Iterable):
-                raise ConfigError(f"{opt} must be a list, not {v!r}.")
-            s(self, opt, tuple(v))
-        for e in self.exclude:
-            if not isinstance(e, str):
-                raise ConfigError(f"exclude: {e!r}: unsupported: mixq excludes nodes by name, not "
-                                  "(start, end) subgraphs (list the subgraph's node names).")
-        if not isinstance(use_external_data_format, bool):
-            raise ConfigError(f"use_external_data_format={use_external_data_format!r} must be True or False.")
-        s(self, "use_external_data_format", use_external_data_format)
-        extra = dict(kwargs.pop("extra_options", None) or {})
-        extra.update(kwargs)
-        s(self, "extra_options", extra)
-        for opt, v in (("specific_layer_config", specific_layer_config), ("layer_type_config", layer_type_config)):
-            if v is None:
-                s(self, opt, None)
-                continue
-            if not isinstance(v, Mapping):
-                raise ConfigError(f"{opt} must be a dict {{QLayerConfig or None: [names]}}, got {v!r}.")
-            clean: dict[Any, tuple[str, ...]] = {}
-            for k, names in v.items():
-                if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
-                    raise ConfigError(f"{opt}[{k!r}] must be a list of names, not {names!r}.")
-                key = k if k is None or isinstance(k, QLayerConfig) else _as_spec(k, f"{opt} key")
-                clean[key] = tuple(names)
-            s(self, opt, clean)
-        self.translate()  # checked on creation
-
-    @staticmethod
-    def get_default_config(name: str) -> Any:
-        """The vendor's `QConfig.get_default_config(name)`: Config(global_quant_config=<preset name>)."""
-        from ..compat.legacy import Config
-        from ..compat.presets import get_default_config
-
-        return Config(global_quant_config=get_default_config(name))
-
-    def translate(self) -> Any:
-        """The mixq.compat Translation (QuantConfig, finetune config, AutoMixprecision request)."""
-        from ..compat.qconfig import translate_qconfig
-
-        return translate_qconfig(self)
-
-    @property
-    def finetune_config(self) -> AdaRoundConfig | AdaQuantConfig | None:
-        """The fast-finetuning algorithm of `algo_config` (None when there is none)."""
-        return self.translate().finetune
-
-    def to_mixq(self) -> QuantConfig:
-        """The typed QuantConfig (the finetune config is `finetune_config`)."""
-        from ..compat.legacy import typed_config
-
-        return typed_config(self.translate())
-
-
 def layer_rule_of(key: Any, global_config: QLayerConfig, opt: str, names: tuple[str, ...],
                   by: str) -> LayerRule:
     """A LayerRule for a specific_layer_config / layer_type_config entry: its formats; any other
@@ -355,5 +264,4 @@ def layer_rule_of(key: Any, global_config: QLayerConfig, opt: str, names: tuple[
     return LayerRule(nodes=names, activation=act, weight=w)
 
 
-__all__ = ["AdaQuantConfig", "AdaRoundConfig", "DataTypeSpec", "EarlyStop", "QConfig", "QLayerConfig",
-           "SPECS", "layer_rule_of", *SPECS]
+__all__ = ["DataTypeSpec", "QLayerConfig", "SPECS", "layer_rule_of", "Int4Spec", "UInt4Spec", "Int8Spec", "UInt8Spec", "XInt8Spec", "Int16Spec", "UInt16Spec", "Int32Spec", "UInt32Spec", "BFloat16Spec", "Float16Spec", "FP8E4M3Spec", "FP8E5M2Spec", "BFP16Spec", "MX4Spec", "MX6Spec", "MX9Spec", "MXINT8Spec", "MXFP8E4M3Spec", "MXFP8E5M2Spec", "MXFP6E3M2Spec", "MXFP6E2M3Spec", "MXFP4Spec", "MXInt8Spec", "MXFP4E2M1Spec"]
