@@ -69,6 +69,11 @@ class QuantizeResult:
                  + ", ".join(f"{k} {v:.2f}" for k, v in self.timings.items()) + ") |"]
         lines += ["", "| role | format | tensors |", "|---|---|---|"]
         lines += [f"| {r} | {f} | {n} |" for (r, f), n in sorted(counts.items())]
+        # the verdict first: how the output compares with the float model, and what may run
+        # differently from what was checked; then what was done on the way
+        lines.append("")
+        lines += [f"- {ln}" for ln in (self.fidelity.lines() if self.fidelity is not None else [])]
+        lines += [f"- {w}" for w in self.warnings]
         if self.plan.float_nodes:
             why: dict[str, int] = {}
             for r in self.plan.float_nodes.values():
@@ -81,8 +86,15 @@ class QuantizeResult:
         lines += [f"- kept float ({f.policy}): {f.tensor}: {f.reason}" for f in self.numerics]
         lines += [f"- {ln}" for ln in (self.weight_rounding.lines() if self.weight_rounding is not None else [])]
         lines += [f"- {ln}" for ln in (self.bias_correction.lines() if self.bias_correction is not None else [])]
-        lines += [f"- {ln}" for ln in (self.fidelity.lines() if self.fidelity is not None else [])]
-        for w in [*self.prepare.notes, *self.rewrite.notes, *self.warnings,
+        if self.rewrite.bias_grids:
+            shifts = [k for _, k in self.rewrite.bias_grids.values()]
+            named = ", ".join(f"{w} (x 2**{k})" for w, (_, k) in list(self.rewrite.bias_grids.items())[:3])
+            more = len(shifts) - 3
+            lines.append(f"- {len(shifts)} weight grid(s) widened by 2**{min(shifts)} to 2**{max(shifts)} "
+                         "so that their biases fit int32 at input scale x weight scale (onnxruntime's "
+                         f"8-bit Conv/Gemm kernels read them there): {named}"
+                         + (f" and {more} more (`QuantizeResult.rewrite.bias_grids`)" if more > 0 else ""))
+        for w in [*self.prepare.notes, *self.rewrite.notes,
                   *(f"not calibrated: {k}: {v}" for k, v in self.skipped.items())]:
             lines.append(f"- {w}")
         return "\n".join(lines)
@@ -226,15 +238,23 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         raise ModelError("the quantized model looks broken (strict): " + "; ".join(fid.lines()))
 
     saved, save_s = None, 0.0
+    warnings: list[str] = []
+    t = time.perf_counter()
+    if check_kernels and strict:
+        # strict: onnxruntime's fused kernels on this CPU must agree before anything is written
+        warnings, disagree = _check_optimized_kernels(pipe.model, qmodel, cfg, calibration_data, None, kept)
+        if disagree:
+            raise ModelError("the quantized model runs broken here (strict): " + "; ".join(warnings))
+    kernel_s = time.perf_counter() - t
     if out_path is not None:  # first: the kernel check then loads the file instead of a copy
         t = time.perf_counter()
         saved = save_model(qmodel, out_path, protect=protect, inputs=data_inputs, size=quant_bytes)
         save_s = time.perf_counter() - t
     t = time.perf_counter()
-    warnings = _check_optimized_kernels(pipe.model, qmodel, cfg, calibration_data, saved, kept) \
-        if check_kernels else []
+    if check_kernels and not strict:
+        warnings = _check_optimized_kernels(pipe.model, qmodel, cfg, calibration_data, saved, kept)[0]
     del kept
-    timings["kernel check"] = time.perf_counter() - t
+    timings["kernel check"] = kernel_s + time.perf_counter() - t
     warnings += [f"{why}; the quantized model runs only where that library is registered"
                  for why in custom_ops]
     warnings += [f"prepare: {n}" for n in pipe.prepare_report.notes if "shape inference failed" in n]
@@ -394,13 +414,25 @@ def cpu_has_vnni() -> bool | None:
     return None
 
 
+def _first_rows(feed: dict[str, np.ndarray], model: onnx.ModelProto, n: int) -> dict[str, np.ndarray]:
+    """The first `n` rows of `feed` where every input's batch axis is dynamic; the whole feed
+    where one is fixed (a model exported with a batch of 3 takes 3 rows, never 2)."""
+    from .calibration.data import input_specs_from_model
+
+    fixed = any(spec.shape and isinstance(spec.shape[0], int) and spec.shape[0] > 0
+                for spec in input_specs_from_model(model))
+    return dict(feed) if fixed else {k: (v[:n] if v.ndim else v) for k, v in feed.items()}
+
+
 #: SQNR (dB) between optimized and unoptimized runs below which the fused kernels are suspect.
 KERNEL_SQNR_WARN_DB = 30.0
 
 
 def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto, cfg: QuantConfig,
-                             data: Any, saved: Path | None = None, kept: HeldBack | None = None) -> list[str]:
-    """Warnings when onnxruntime's optimized int8 kernels disagree with the QDQ model. `saved`:
+                             data: Any, saved: Path | None = None, kept: HeldBack | None = None
+                             ) -> tuple[list[str], bool]:
+    """Warnings when onnxruntime's optimized int8 kernels disagree with the QDQ model, and
+    whether they do (what --strict refuses). `saved`:
     the file `qmodel` was written to; onnxruntime loads that instead of two serialized copies
     of the model (what would otherwise be the peak memory of quantizing a big model). `kept`:
     the calibration pass's first feed, for data that cannot be read again."""
@@ -408,9 +440,9 @@ def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto,
     # only 8-bit activations with full-range 8-bit weights reach onnxruntime's saturating u8 x s8
     # kernels, and only on x86 CPUs without VNNI
     if act.kind != "int" or wgt.kind != "int" or act.bits != 8 or wgt.bits != 8 or cfg.reduce_range:
-        return []
+        return [], False
     if cpu_has_vnni() is not False:
-        return []
+        return [], False
     from .calibration.data import as_feeds
     from .evaluate import sqnr_between_optimization_levels
 
@@ -419,12 +451,12 @@ def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto,
         kept.first if kept is not None else None
     if first is None:
         return ["kernel check skipped: the calibration data is a one-shot reader that no calibration "
-                "pass here read; run `mixq eval` to compare optimized and unoptimized onnxruntime runs"]
+                "pass here read; run `mixq eval` to compare optimized and unoptimized onnxruntime runs"], False
     sqnr = sqnr_between_optimization_levels(str(saved) if saved is not None else qmodel,
-                                            [{k: (v[:2] if v.ndim else v) for k, v in first.items()}])
+                                            [_first_rows(first, prepared, 2)])
     if sqnr >= KERNEL_SQNR_WARN_DB:
-        return []
-    return [f"onnxruntime's optimized int8 kernels disagree with the QDQ model on this CPU "
+        return [], False
+    return [f"WARNING: onnxruntime's optimized int8 kernels disagree with the QDQ model on this CPU "
             f"(SQNR {sqnr:.1f} dB between default and disabled optimizations): the CPU lacks VNNI "
             f"and its int8 dot products saturate. Remedy: reduce_range=True (--reduce-range) "
-            f"with the U8S8 preset, or run with optimizations disabled."]
+            f"with the U8S8 preset, or run with optimizations disabled."], True

@@ -461,7 +461,9 @@ def test_outlier_features_keep_the_residual_stream_float(preset):
     m, feeds = _outlier_block()
     cfg = mixq.get_default_config(preset)
     res = mixq.quantize(m, cfg, feeds, check_kernels=False)
-    on = compare(m, res.model, feeds).first()
+    # the QDQ semantics: on x86 CPUs without VNNI onnxruntime's fused 8-bit kernels saturate
+    # whatever the policy does (24.5 dB there at A8W8)
+    on = compare(m, res.model, feeds, optimize=False).first()
     assert on.sqnr_db >= 25 and on.cosine >= 0.99, res.summary()
     flagged = {f.tensor: f.reason for f in res.numerics if f.policy == "outliers"}
     if preset == "A16W8":  # 256x the codes: the bulk keeps hundreds of them

@@ -180,8 +180,10 @@ def test_gptq_brings_the_outputs_closer_to_float_on_the_same_grid(preset, weight
     assert scales and all(np.array_equal(a[k], b[k]) for k in scales)  # the same grid
     codes = [k for k in a if a[k].dtype.kind not in "fb" and a[k].size > 1 and "zero" not in k]
     assert sorted(a) == sorted(b) and any(not np.array_equal(a[k], b[k]) for k in codes)  # other codes
-    before = compare(m, plain.model, feeds).first().sqnr_db
-    after = compare(m, rounded.model, feeds).first().sqnr_db
+    # in the QDQ semantics (optimizations disabled): what the rounding is responsible for; on
+    # x86 CPUs without VNNI onnxruntime's fused 8-bit kernels saturate whatever the codes
+    before = compare(m, plain.model, feeds, optimize=False).first().sqnr_db
+    after = compare(m, rounded.model, feeds, optimize=False).first().sqnr_db
     # measured: A16W8 39.8 -> 51.6 dB; A8W8 32.8 -> 34.6 (its 8-bit activations dominate)
     assert after > before + gain, (before, after)
     again = mixq.quantize(m, cfg.with_options(weight_rounding="gptq"), feeds, check_kernels=False)

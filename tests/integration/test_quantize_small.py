@@ -52,6 +52,49 @@ def test_kernel_check_warns_when_optimized_run_disagrees(cnn):
         assert "reduce_range" in res.warnings[0]
 
 
+def test_saturating_kernels_are_the_summarys_verdict_and_strict_refuses_them(cnn, monkeypatch, tmp_path):
+    """On a CPU without VNNI onnxruntime's fused int8 kernels can compute another model than the
+    QDQ one (EfficientNet-Lite0 A8W8 on an AVX2 machine: 43.8 % agreement as run, 93.5 % in the
+    QDQ semantics). The warning stands with the guard's verdict at the top of the summary, not
+    after the informational notes, and --strict writes nothing (old code: the warning came last,
+    and --strict wrote the model)."""
+    import mixq.evaluate as ev
+
+    monkeypatch.setattr(mixq.api, "cpu_has_vnni", lambda: False)
+    monkeypatch.setattr(ev, "sqnr_between_optimization_levels", lambda model, fds: 4.5)
+    res = mixq.quantize(cnn, "A8W8", feeds(64, 8))
+    text = res.summary()
+    warning = text.index("WARNING: onnxruntime's optimized int8 kernels disagree")
+    assert warning < text.index("- GPTQ") and warning > text.index("- fidelity on")
+    out = tmp_path / "q.onnx"
+    # on a CPU without VNNI the guard's own runtime check may refuse it first ("looks broken")
+    with pytest.raises(ModelError, match="broken"):
+        mixq.quantize(cnn, "A8W8", feeds(64, 8), output_path=out, strict=True)
+    assert not out.exists()
+
+
+def test_the_kernel_check_keeps_a_fixed_batch_whole(monkeypatch):
+    """On a CPU without VNNI the kernel check runs the quantized model on the first feed, cut to
+    2 rows: a model exported with a fixed batch of 3 crashed `quantize` there with onnxruntime's
+    "invalid dimensions" (every 8-bit preset; found on an AVX2 machine). A fixed batch is now
+    fed whole, a dynamic one still cut."""
+    import mixq.evaluate as ev
+    from tests.graphs import model
+
+    seen = []
+    real = ev.sqnr_between_optimization_levels
+    monkeypatch.setattr(mixq.api, "cpu_has_vnni", lambda: False)
+    monkeypatch.setattr(ev, "sqnr_between_optimization_levels",
+                        lambda m, fds: seen.append(fds[0]["x"].shape) or real(m, fds))
+    m = model("""<ir_version: 8, opset_import: ["": 17]>
+        g (float[3,8] x) => (float[3,4] y) { y = MatMul(x, W) }""", W=(8, 4))
+    rng = np.random.default_rng(0)
+    data = [{"x": rng.standard_normal((3, 8)).astype(np.float32)} for _ in range(4)]
+    mixq.quantize(m, "A8W8", data)
+    mixq.quantize(small_cnn(), "A8W8", feeds(16, 8))
+    assert seen == [(3, 8), (2, 3, 16, 16)]
+
+
 def test_batch_size_does_not_change_the_output_bytes(cnn):
     a = _q(cnn, "A8W8", batch=1).model.SerializeToString()
     b = _q(cnn, "A8W8", batch=32).model.SerializeToString()
@@ -324,7 +367,8 @@ def test_an_8bit_bias_beyond_int32_keeps_its_value_in_onnxruntimes_fused_kernels
     rng = np.random.default_rng(1)
     data = [{"x": (rng.standard_normal(shape) * 1e-2).astype(np.float32)} for _ in range(4)]
     res = mixq.quantize(m, preset, data)
-    assert any("so that bias b fits int32" in n for n in res.rewrite.notes), res.rewrite.notes
+    assert res.rewrite.bias_grids.get("w", ("", 0))[0] == "b", res.rewrite.bias_grids
+    assert "so that their biases fit int32" in res.summary()
     from tests.graphs import run
 
     ref = run(m, data[0])[0]
@@ -399,6 +443,13 @@ def test_a_conv_whose_input_stays_float_keeps_a_float_bias():
     assert "not integer-quantized" in res.rewrite.biases_kept_float["b"]
 
 
+def _u8s8_here():
+    """U8S8 as this CPU runs it right: on x86 without VNNI onnxruntime's u8 x s8 MatMul kernels
+    saturate with full-range weights (README, int8 note) whatever the softmax does, so the
+    softmax tests take the documented remedy there (reduce_range) and measure the softmax alone."""
+    return get_default_config("U8S8").with_options(reduce_range=mixq.api.cpu_has_vnni() is False)
+
+
 def test_nearly_uniform_softmax_rows_keep_their_codes_in_onnxruntimes_qlinearsoftmax():
     """Attention over 50 keys with nearly uniform rows (largest probability under 1.7 / 50): the
     calibrated uint8 scale is below 1 / (50 e^5), where onnxruntime's QLinearSoftmax overflows
@@ -417,7 +468,7 @@ def test_nearly_uniform_softmax_rows_keep_their_codes_in_onnxruntimes_qlinearsof
          numpy_helper.from_array(rng.normal(0, 1, (n, 16)).astype(np.float32), "v")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     data = [{"x": rng.normal(0, 1, (2, n, 16)).astype(np.float32)} for _ in range(8)]
-    res = mixq.quantize(m, "U8S8", data)
+    res = mixq.quantize(m, _u8s8_here(), data)
     assert any("QLinearSoftmax" in note for note in res.rewrite.notes), res.rewrite.notes
     rep = res.fidelity
     assert abs(rep.runtime_sqnr_db - rep.runtime_qdq_sqnr_db) < 1.0 and rep.runtime_qdq_sqnr_db > 30
@@ -449,7 +500,7 @@ def test_a_softmax_axis_only_symbolic_inference_sizes_still_gets_its_bound():
                            numpy_helper.from_array(np.array([16], np.int64), "d")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     data = [{"x": rng.normal(0, 1, (2, n, 16)).astype(np.float32)} for _ in range(8)]
-    res = mixq.quantize(m, "U8S8", data)
+    res = mixq.quantize(m, _u8s8_here(), data)
     assert any("QLinearSoftmax" in note and "50 e^5" in note for note in res.rewrite.notes), res.rewrite.notes
     rep = res.fidelity
     assert not rep.runtime_disagrees and abs(rep.runtime_sqnr_db - rep.runtime_qdq_sqnr_db) < 1.0

@@ -34,6 +34,9 @@ class RewriteReport:
     biases_kept_float: dict[str, str] = field(default_factory=dict)
     boundary_conversions: int = 0
     notes: list[str] = field(default_factory=list)
+    #: weight -> (its bias, k): the weight's grid widened by 2**k so that the bias fits int32 at
+    #: input scale x weight scale (onnxruntime's 8-bit Conv/Gemm kernels read it there)
+    bias_grids: dict[str, tuple[str, int]] = field(default_factory=dict)
     passes: list[PassResult] = field(default_factory=list)
 
 
@@ -203,9 +206,7 @@ def _pass_bias_room(rw: _Rewrite) -> PassResult:
             continue
         k = k.reshape(qw.scale.shape) if qw.scale.size == k.size else np.asarray(k.max())
         widened[w] = QParams(np.ldexp(qw.scale, k).astype(np.float32), qw.zero_point, qw.axis)
-        rw.report.notes.append(f"weight {w}: scale x 2**{int(k.max())} so that bias {name} fits int32 "
-                               "at input scale x weight scale (onnxruntime's 8-bit Conv/Gemm kernels "
-                               "read it there)")
+        rw.report.bias_grids[w] = (name, int(k.max()))
         res.changed += 1
     if widened:
         rw.qparams = {**rw.qparams, **widened}
