@@ -414,16 +414,6 @@ def cpu_has_vnni() -> bool | None:
     return None
 
 
-def _first_rows(feed: dict[str, np.ndarray], model: onnx.ModelProto, n: int) -> dict[str, np.ndarray]:
-    """The first `n` rows of `feed` where every input's batch axis is dynamic; the whole feed
-    where one is fixed (a model exported with a batch of 3 takes 3 rows, never 2)."""
-    from .calibration.data import input_specs_from_model
-
-    fixed = any(spec.shape and isinstance(spec.shape[0], int) and spec.shape[0] > 0
-                for spec in input_specs_from_model(model))
-    return dict(feed) if fixed else {k: (v[:n] if v.ndim else v) for k, v in feed.items()}
-
-
 #: SQNR (dB) between optimized and unoptimized runs below which the fused kernels are suspect.
 KERNEL_SQNR_WARN_DB = 30.0
 
@@ -445,6 +435,7 @@ def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto,
         return [], False
     from .calibration.data import as_feeds
     from .evaluate import sqnr_between_optimization_levels
+    from .fidelity import batch_axis_dynamic, probe_feeds
 
     # one batch of up to 8 samples shows saturation; more only costs time on big models
     first = next(iter(as_feeds(data, prepared))) if readable_twice(data) else \
@@ -452,8 +443,9 @@ def _check_optimized_kernels(prepared: onnx.ModelProto, qmodel: onnx.ModelProto,
     if first is None:
         return ["kernel check skipped: the calibration data is a one-shot reader that no calibration "
                 "pass here read; run `mixq eval` to compare optimized and unoptimized onnxruntime runs"], False
-    sqnr = sqnr_between_optimization_levels(str(saved) if saved is not None else qmodel,
-                                            [_first_rows(first, prepared, 2)])
+    # two samples show saturation; a model with a fixed batch takes its whole first feed
+    two = probe_feeds([first], 2, sliceable=batch_axis_dynamic(prepared))
+    sqnr = sqnr_between_optimization_levels(str(saved) if saved is not None else qmodel, two)
     if sqnr >= KERNEL_SQNR_WARN_DB:
         return [], False
     return [f"WARNING: onnxruntime's optimized int8 kernels disagree with the QDQ model on this CPU "

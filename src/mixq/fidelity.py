@@ -471,7 +471,7 @@ def count_samples(feeds: list[dict[str, np.ndarray]]) -> int:
     return sum(_rows(f) for f in feeds)
 
 
-def _batch_axis_dynamic(model: onnx.ModelProto) -> bool:
+def batch_axis_dynamic(model: onnx.ModelProto) -> bool:
     """True when every graph input has a leading axis of no fixed size (rows can be sliced)."""
     inits = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in inits]
@@ -643,12 +643,12 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
     rep.broken = is_broken(rep.outputs)
     runtime = None
     if _fusable(q):  # the samples of the runtime check, scored after the probe (below)
-        rf = probe_feeds(feeds, RUNTIME_SAMPLES, sliceable=_batch_axis_dynamic(q))
+        rf = probe_feeds(feeds, RUNTIME_SAMPLES, sliceable=batch_axis_dynamic(q))
         whole = all(a is b for a, b in zip(rf, feeds))
         runtime = (rf, refs[:len(rf)] if whole else [fs().run(names, f) for f in rf],
                    gots[:len(rf)] if whole else [qs().run(names, f) for f in rf])
     if rep.broken and probe:
-        pf = probe_feeds(feeds, PROBE_SAMPLES, sliceable=_batch_axis_dynamic(q))
+        pf = probe_feeds(feeds, PROBE_SAMPLES, sliceable=batch_axis_dynamic(q))
         whole = all(a is b for a, b in zip(pf, feeds))  # no feed cut: its outputs are at hand
         prefs = refs[:len(pf)] if whole else [fs().run(names, f) for f in pf]
         pgots = gots[:len(pf)] if whole else [qs().run(names, f) for f in pf]

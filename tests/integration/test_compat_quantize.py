@@ -129,6 +129,31 @@ def test_calib_data_size_uses_the_first_samples(calib, tmp_path):
     assert a.SerializeToString() == ref.SerializeToString()
 
 
+def test_calib_data_size_keeps_a_fixed_batch_whole(tmp_path):
+    """CalibDataSize=10 on a model exported with a batch of 4: the reader's batches are whole,
+    so the first 12 samples calibrate (the 10th's batch in full); cutting the last batch to 2
+    rows made the user's valid data a DataError of mixq's own."""
+    from tests.graphs import model
+
+    m = model("""<ir_version: 8, opset_import: ["": 17]>
+        g (float[4,8] x) => (float[4,4] y) { y = MatMul(x, W) }""", W=(8, 4))
+    rng = np.random.default_rng(0)
+    batches = [{"x": rng.standard_normal((4, 8)).astype(np.float32)} for _ in range(5)]
+
+    class Once:
+        def __init__(self):
+            self.it = iter(batches)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    q = ModelQuantizer(QuantizationConfig(extra_options={"CalibDataSize": 10}, print_summary=False,
+                                          include_cle=False))
+    got = q.quantize_model(m, str(tmp_path / "q.onnx"), Once())
+    ref = mixq.quantize(m, QuantizationConfig(include_cle=False).to_mixq(), batches[:3]).model
+    assert got.SerializeToString() == ref.SerializeToString()
+
+
 def _vendor_l2(model_a, model_b, feeds):
     outs = []
     for m in (model_a, model_b):

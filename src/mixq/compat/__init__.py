@@ -52,18 +52,18 @@ def translate(config: Any) -> Translation:
 
 
 def _first_samples(data: Any, n: int, model: Any) -> list[dict[str, np.ndarray]]:
-    """The first `n` samples (rows) of calibration `data`, as feeds (CalibDataSize)."""
+    """The first `n` samples (rows) of calibration `data`, as feeds (CalibDataSize): whole feeds,
+    the last one cut to the rows still wanted where the model's batch axis is dynamic (a model
+    with a fixed batch takes whole feeds: 12 samples for 10 at a batch of 4)."""
     from ..calibration.data import as_feeds
+    from ..fidelity import batch_axis_dynamic, count_samples, probe_feeds
 
     out: list[dict[str, np.ndarray]] = []
-    left = n
     for feed in as_feeds(data, model):
-        rows = min(int(next(iter(feed.values())).shape[0]) if feed else 1, left)
-        out.append({k: v[:rows] if getattr(v, "ndim", 0) else v for k, v in feed.items()})
-        left -= rows
-        if left <= 0:
+        out.append(feed)
+        if count_samples(out) >= n:
             break
-    return out
+    return probe_feeds(out, n, sliceable=batch_axis_dynamic(model))
 
 
 def _equalized(model_input: Any, data: Any, steps: int) -> Any:
