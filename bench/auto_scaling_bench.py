@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -58,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         r = auto_quantize(path, auto, c, e, executor=ex)
         return time.perf_counter() - t, r
 
+    def cpu_s() -> float:
+        """This process's CPU seconds so far, every thread (onnxruntime's included)."""
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        return u.ru_utime + u.ru_stime
+
     print(f"model: PP-OCR text-direction classifier; {len(c)} calibration lines, {args.eval} "
           f"held-out lines; target relative L2 <= {args.target}; candidates {args.candidates}\n")
     print("| executor | workers | cold s | warm s | speed-up (warm) | full-model evaluations | "
@@ -78,11 +85,16 @@ def main(argv: list[str] | None = None) -> int:
                      ("Ray, local cluster", RayExecutor(workers=2), 0.0)]
         except ImportError:
             print("(Ray is not installed: pip install 'mixq[ray]'; its rows are left out)\n")
+    busy = 0.0
     for label, ex, _ in rows:
         if ex is not None and not isinstance(ex, SerialExecutor):
             ex.map(_warm, list(range(ex.workers)))  # start the workers outside the "warm" runs
         cold, r = run(ex)
-        warm, wr = min((run(ex) for _ in range(args.repeats)), key=lambda tr: tr[0])
+        cpu0 = cpu_s()
+        warm_runs = [run(ex) for _ in range(args.repeats)]
+        if ex is None:  # the cores the one-process run keeps busy, on average over its warm runs
+            busy = (cpu_s() - cpu0) / sum(w for w, _ in warm_runs)
+        warm, wr = min(warm_runs, key=lambda tr: tr[0])
         phases = " / ".join(f"{wr.timings.get(k, 0.0):.2f}" for k in ("calibrate", "sensitivity", "search"))
         digest = hashlib.sha256(r.model.SerializeToString()).hexdigest()
         if ex is None:
@@ -92,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{phases} |")
         if ex is not None:
             ex.close()
+    cores = os.cpu_count() or 1
+    print(f"\nthe one-process run keeps {busy:.2f} of this machine's {cores} cores busy on average "
+          f"(CPU seconds / wall seconds, every thread included): were all of it work, the same work "
+          f"split over {cores} workers on these cores could finish at most {cores / busy:.2f}x "
+          "sooner; part of it is onnxruntime's and the BLAS library's threads spinning while they "
+          "wait (docs/SCALING.md), so the bound is higher")
     if ray_s:
         print(f"\nray.init of the local cluster: {ray_s:.1f} s (once per cluster)")
         import ray

@@ -40,11 +40,13 @@ def test_binomial_bounds_at_the_ends():
 
 
 def test_two_valued_scores():
-    assert two_valued(np.array([0, 100, 100]), np.array([100, 0])) == (0.0, 100.0)
-    # a pass mark every sample of both models got: its fail is 0
-    assert two_valued(np.array([100.0, 100.0]), np.array([100.0])) == (0.0, 100.0)
-    assert two_valued(np.array([0.0, 0.0]), higher_is_better=False) is None  # an error rate of 0
-    assert two_valued(np.array([0.2, 0.5, 1.0])) is None
+    assert two_valued(np.array([0, 100, 100]), np.array([100, 0])) == (0.0, 100.0)  # float fails some
+    assert two_valued(np.array([1.0, 1.0]), np.array([0.0, 1.0])) == (0.0, 1.0)  # a plan fails one
+    # one value: nothing shows how far a changed sample would fall
+    assert two_valued(np.array([100.0, 100.0]), np.array([100.0, 100.0])) is None
+    # a continuous score that shows two values: one line's character accuracy fell to 97.4
+    assert two_valued(np.array([100.0, 100.0]), np.array([97.4, 100.0])) is None
+    assert two_valued(np.array([0.2, 0.5]), np.array([1.0, 0.5])) is None
 
 
 @pytest.mark.parametrize("rate, n", [(0.01, 60), (0.01, 120), (0.005, 300), (0.03, 100)])

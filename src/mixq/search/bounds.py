@@ -7,9 +7,10 @@ Three estimators, each for what the search can see of a metric:
 * :func:`drop_margin`: Student's t over per-sample drops of a continuous score (cosine, a
   per-line character accuracy, a per-file agreement).
 * :func:`binary_drop_margin`: exact binomial (Clopper-Pearson) bounds for pass/fail scores (a
-  user function returning 0 or 100 per sample). With few or no changed samples Student's t
-  measures no spread and adds nothing, however small the sample: a plan that flipped none of
-  120 images "meets" a 1-point target with certainty, where 1.9 % of images may flip.
+  user function returning 0 or 100 per sample, against labels the float model gets wrong on
+  some samples). With few or no changed samples Student's t measures no spread and adds
+  nothing, however small the sample: a plan that flipped none of 120 images "meets" a 1-point
+  target with certainty, where 1.9 % of images may flip.
 * :func:`flip_exposure` + :func:`top1_margin`: for top-1 metrics read from the outputs, each
   sample's probability of flipping under output noise of the size this plan shows it, from its
   float top-1 lead over the runner-ups: a near-tie that happened not to flip still counts as the
@@ -110,16 +111,18 @@ def binomial_lower(k: int, n: int, confidence: float) -> float:
     return 1.0 - binomial_upper(n - k, n, confidence)
 
 
-def two_valued(*scores: np.ndarray, higher_is_better: bool = True) -> tuple[float, float] | None:
-    """(low, high) when the per-sample scores are pass/fail: they take exactly two values (0/1,
-    0/100, True/False), or one positive value of a higher-is-better score that every sample
-    of every model scored (a pass mark nobody failed: its fail is read as 0). Else None."""
-    values = np.unique(np.concatenate([np.asarray(s, dtype=np.float64).ravel() for s in scores]))
-    if values.size == 2:
-        return float(values[0]), float(values[1])
-    if values.size == 1 and higher_is_better and values[0] > 0:
-        return 0.0, float(values[0])
-    return None
+def two_valued(reference: np.ndarray, scores: np.ndarray) -> tuple[float, float] | None:
+    """(low, high) when the per-sample scores of the float model (`reference`) and of a plan are
+    pass/fail: they take exactly two values, which the float model's own scores both take (a
+    labelled top-1 it gets wrong on some samples) or one of which is 0 (a failed sample). Else
+    None: scores that take one value show nothing of how far a changed sample would fall, and
+    a continuous score that happens to show two (one line's character accuracy at 97.4 beside
+    the others' 100) is no pass mark."""
+    ref = np.asarray(reference, dtype=np.float64).ravel()
+    values = np.unique(np.concatenate([ref, np.asarray(scores, dtype=np.float64).ravel()]))
+    if values.size != 2 or not (np.unique(ref).size == 2 or 0.0 in values):
+        return None
+    return float(values[0]), float(values[1])
 
 
 def binary_drop_margin(reference: np.ndarray, scores: np.ndarray, low: float, high: float,

@@ -28,9 +28,10 @@ bound of the drop does (`mixq.search.bounds`):
     its flip risk, the probability that its float top-1 class is overtaken under output noise
     of the size the plan shows on it (a near-tie counts as the probable flip it is, flipped
     this time or not); then Student's t over those drops;
-  * a function's pass/fail scores (two values): exact binomial bounds on the rates of samples
-    that fail or pass only with the plan (no changed sample among 120 still leaves room for
-    1.9 % of them to change, at 90 %).
+  * a function's pass/fail scores (two values seen, e.g. a labelled top-1 the float model gets
+    wrong on some samples): exact binomial bounds on the rates of samples that fail or pass
+    only with the plan (no changed sample among 120 still leaves room for 1.9 % of them to
+    change, at 90 %).
 l2 and sqnr are ratios of sums over the whole data, with no per-sample decomposition: they take
 no margin. The float model itself (a plan that quantizes nothing) drops nothing, on any data.
 """
@@ -188,7 +189,7 @@ class Top1Objective(Objective):
         """The margin of a function's per-sample scores against the float model's: exact
         binomial bounds for pass/fail scores, Student's t for the others."""
         assert self.float_samples is not None
-        values = two_valued(self.float_samples, samples, higher_is_better=self.higher_is_better)
+        values = two_valued(self.float_samples, samples)
         if values is not None:
             return binary_drop_margin(self.float_samples, samples, *values, self.confidence,
                                       higher_is_better=self.higher_is_better)
