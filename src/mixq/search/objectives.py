@@ -24,10 +24,11 @@ that returns per-sample scores) meets its target only when the one-sided c upper
 bound of the drop does (`mixq.search.bounds`):
   * continuous per-sample scores (cosine, a function's per-line accuracy): mean paired drop +
     t_c(n-1) * sd / sqrt(n), over the n per-sample drops and Student's t;
-  * top-1 read from the outputs (agreement, top1 with labels): each sample's drop is at least
-    its flip risk, the probability that its float top-1 class is overtaken under output noise
-    of the size the plan shows on it (a near-tie counts as the probable flip it is, flipped
-    this time or not); then Student's t over those drops;
+  * top-1 read from the outputs (agreement, top1 with labels): the largest of Student's t over
+    each sample's flip risk (the probability that its float top-1 class is overtaken under
+    output noise of the size the plan shows on it: a near-tie counts as the probable flip it
+    is, flipped this time or not), Student's t over the observed flips, and a Clopper-Pearson
+    bound on the near-ties a small sample can miss (`bounds.top1_margin`);
   * a function's pass/fail scores (two values seen, e.g. a labelled top-1 the float model gets
     wrong on some samples): exact binomial bounds on the rates of samples that fail or pass
     only with the plan (no changed sample among 120 still leaves room for 1.9 % of them to
