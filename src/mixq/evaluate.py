@@ -61,15 +61,27 @@ def make_session(model: onnx.ModelProto | str | bytes, *, optimize: bool | str =
     return ort.InferenceSession(src, so, providers=list(providers))
 
 
+#: A row is a near-tie when its float top-1 class leads the runner-up by at most this fraction
+#: of the two scores' magnitudes: half a bfloat16 ulp on each (2**-8 of their sum), the rounding
+#: of the scores alone. Any reduced precision may flip such a row, so its flip says nothing
+#: about the quantizer (photo crops of textures, ambiguous inputs).
+NEAR_TIE = 2.0 ** -8
+
+
 @dataclass
 class OutputMetrics:
-    """Agreement of one output with the float reference."""
+    """Agreement of one output with the float reference. For class-score outputs (rank 2),
+    `top1_agreement` over every row, and `decisive_agreement` over the `decisive_rows` rows that
+    are no near-ties (see NEAR_TIE)."""
 
     name: str
     sqnr_db: float
     cosine: float
     max_abs_err: float
     top1_agreement: float | None = None
+    decisive_agreement: float | None = None
+    decisive_rows: int = 0
+    rows: int = 0
 
 
 @dataclass
@@ -90,6 +102,8 @@ class ErrorStats:
     rows: int = 0
     classifier: bool = True
     bad: int = 0
+    near: int = 0  # rows whose float top-1 lead is a near-tie (NEAR_TIE)
+    agree_decisive: int = 0  # agreeing rows among the others
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
         ref, got = np.asarray(ref), np.asarray(got)
@@ -109,7 +123,11 @@ class ErrorStats:
             same = np.argmax(ref, 1) == np.argmax(got, 1)
             if got.shape == ref.shape:
                 same &= ~np.any(broken.reshape(ref.shape), axis=1)
+            top2 = np.partition(r, -2, axis=1)[:, -2:]
+            near = (top2[:, 1] - top2[:, 0]) <= NEAR_TIE * (np.abs(top2[:, 1]) + np.abs(top2[:, 0]))
             self.agree += int(np.sum(same))
+            self.near += int(np.sum(near))
+            self.agree_decisive += int(np.sum(same & ~near))
             self.rows += ref.shape[0]
         else:
             self.classifier = False
@@ -139,8 +157,11 @@ class ErrorStats:
 
     def result(self, name: str) -> OutputMetrics:
         top1 = self.agree / self.rows if self.classifier and self.rows else None
+        decisive = self.rows - self.near if self.classifier else 0
         return OutputMetrics(name, self.sqnr_db, float(self.cosine),
-                             math.inf if self.bad else self.maxerr, top1)
+                             math.inf if self.bad else self.maxerr, top1,
+                             self.agree_decisive / decisive if decisive else None, decisive,
+                             self.rows if self.classifier else 0)
 
 
 @dataclass

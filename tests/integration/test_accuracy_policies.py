@@ -400,6 +400,39 @@ def test_class_scores_of_any_rank_are_judged_by_agreement():
     assert check_fidelity(m, m, [{"x": x}], probe=False).outputs[0].top1_agreement == 1.0
 
 
+def test_near_ties_do_not_decide_the_guards_verdict():
+    """32 held-back rows of class scores: 24 led clearly, 8 near-ties whose top two scores are
+    5.0 and 5.00001, the winner at the higher index. BF16 rounds both to 5.0 and argmax takes
+    the first: all 8 flip, 75 % agreement, and the guard called a faithful BF16 model broken (as
+    it did BF16 EfficientNet-Lite0 on texture crops: 87.5 %, 28.7 dB SQNR). A near-tie (its lead
+    within a bfloat16 rounding of its top two scores) flips under any reduced precision: agreement
+    is judged on the other rows (100 % here), and a model that flips those is still broken."""
+    from mixq.evaluate import ErrorStats
+    from mixq.fidelity import check_fidelity
+
+    rng = np.random.default_rng(3)
+    feeds = []
+    for _ in range(4):
+        x = rng.normal(0, 1, (8, 10)).astype(np.float32)
+        x[np.arange(6), rng.integers(0, 10, 6)] += 4.0  # six rows led clearly
+        for r in (6, 7):  # two near-ties each feed, the winner at the higher index
+            x[r, 2], x[r, 5] = 5.0, 5.00001
+        feeds.append({"x": x})
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", ["N", 10])], [_vi("y", ["N", 10])],
+               {"w": np.eye(10, dtype=np.float32)})
+    st = ErrorStats().update(feeds[0]["x"], feeds[0]["x"].round(2)).result("y")
+    assert st.rows == 8 and st.decisive_rows == 6
+    res = mixq.quantize(m, "BF16", feeds)
+    o = res.fidelity.outputs[0]
+    assert o.top1_agreement == 0.75 and o.decisive_rows == 24 and o.decisive_agreement == 1.0
+    assert not res.fidelity.broken, res.summary()
+    assert "on the 24 rows that are no near-ties" in res.summary()
+    # flipping decisive rows is still broken: the same model with its scores negated
+    neg = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", ["N", 10])],
+                 [_vi("y", ["N", 10])], {"w": -np.eye(10, dtype=np.float32)})
+    assert check_fidelity(m, neg, feeds, probe=False).broken
+
+
 def test_probe_ranks_from_statistics_finds_the_mask_first(policies_off):
     """With the calibration statistics the probe needs no extra run, and a mask's huge values
     do not hide its damage: probing one tensor is enough to name it."""
