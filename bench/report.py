@@ -142,10 +142,11 @@ def _row_cells(r: dict[str, Any], metric: str) -> list[str]:
         notes += "; warns: kernels disagree (no VNNI)" if any("VNNI" in w for w in r["warnings"]) \
             else f"; {len(r['warnings'])} warning(s)"
     guard = r.get("guard") or {}
-    if guard.get("broken"):
+    if guard.get("broken") or guard.get("likely_loss"):
         named = [c["tensor"] for c in guard.get("culprits", [])]
         named += [f"{len(g['tensors'])} {g['kind']}s together" for g in guard.get("damage_groups", [])]
-        notes += "; guard: WARNS looks broken" + (f" (names {', '.join(named)})" if named else "")
+        notes += ("; guard: WARNS looks broken" if guard.get("broken") else
+                  "; guard: WARNS likely loses > 5 points") + (f" (names {', '.join(named)})" if named else "")
     return [r["preset"], tool, q, qr, _f(r.get("peak_rss_mb"), 0), _f(r.get("size_mb"), 3), lat,
             lr, _metric_cell(r, "metric_opt", metric), _metric_cell(r, "metric_noopt", metric),
             dm, notes.replace("|", "\\|")]

@@ -8,7 +8,7 @@ The weights are random (nothing is downloaded), so the metrics say little about 
 what the sweep checks is that every preset either writes a model that runs in stock
 onnxruntime with its default optimizations, with the guard's verdict, or stops with a clear
 mixq error, never an internal one. Prints one table (model x preset: the output SQNR of the
-guard, `broken` where it warns, or the error's class). `--half` exports the float16 model
+guard, `broken` or `likely loss` where it warns, or the error's class). `--half` exports the float16 model
 (`.half()`: float16 weights, inputs and outputs).
 """
 from __future__ import annotations
@@ -236,6 +236,7 @@ def run_one(path: str, feeds: list[dict[str, np.ndarray]], preset: str, d: Path)
     if fid is not None and getattr(fid, "outputs", None):
         row["sqnr"] = round(min(o.sqnr_db for o in fid.outputs), 1)
         row["broken"] = bool(fid.broken)
+        row["likely_loss"] = fid.likely_loss is not None
         row["named"] = len(fid.culprits) + len(getattr(fid, "damage_groups", []) or [])
         if fid.runtime_sqnr_db is not None:  # the same model at default optimizations (fused kernels)
             row["runtime_sqnr"] = round(fid.runtime_sqnr_db, 1)
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_one(path, feeds, p, d)
                 rows[name][p] = r
                 brief = r.get("sqnr", r.get("kind", r.get("not_checked", "")))
-                print(f"{name} {p}: {r['status']} {brief}{' broken' if r.get('broken') else ''}"
+                print(f"{name} {p}: {r['status']} {brief}{' broken' if r.get('broken') else (' likely loss' if r.get('likely_loss') else '')}"
                       f"{' RUNTIME ' + str(r['runtime_sqnr']) if r.get('runtime_disagrees') else ''}"
                       f"{' NONFINITE' if r.get('finite') is False else ''}", flush=True)
                 if r["status"] != "ok":
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(f"{c['status']}: cosine {row[1]}, {row[3]} MB of weights" if len(row) > 3
                              else f"**{c['status']}**: {c.get('kind', '')}")
             elif c["status"] == "ok":
-                cells.append(f"{c.get('sqnr', '-')}{' broken' if c.get('broken') else ''}"
+                cells.append(f"{c.get('sqnr', '-')}{' broken' if c.get('broken') else (' likely loss' if c.get('likely_loss') else '')}"
                              f"{' (runtime ' + str(c['runtime_sqnr']) + ')' if c.get('runtime_disagrees') else ''}"
                              f"{'' if c.get('finite', True) else ' non-finite'}")
             else:

@@ -48,6 +48,9 @@ class QuantizeResult:
     fidelity: Any = None  # mixq.fidelity.FidelityReport: quantized vs float on held-back samples
     bias_correction: Any = None  # mixq.passes.bias_correction.BiasCorrectionReport when asked for
     weight_rounding: Any = None  # mixq.passes.gptq.WeightRoundingReport: what GPTQ did, or why it did not run
+    #: the kernel check found onnxruntime's fused int8 kernels saturating on this CPU (its warning
+    #: is in `warnings`, and says why the guard's runtime check disagrees too)
+    kernels_disagree: bool = False
 
     def summary(self) -> str:
         """A short Markdown report."""
@@ -72,7 +75,8 @@ class QuantizeResult:
         # the verdict first: how the output compares with the float model, and what may run
         # differently from what was checked; then what was done on the way
         lines.append("")
-        lines += [f"- {ln}" for ln in (self.fidelity.lines() if self.fidelity is not None else [])]
+        fid = self.fidelity.lines(runtime=not self.kernels_disagree) if self.fidelity is not None else []
+        lines += [f"- {ln}" for ln in fid]
         lines += [f"- {w}" for w in self.warnings]
         if self.plan.float_nodes:
             why: dict[str, int] = {}
@@ -239,6 +243,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
 
     saved, save_s = None, 0.0
     warnings: list[str] = []
+    disagree = False
     t = time.perf_counter()
     if check_kernels and strict:
         # strict: onnxruntime's fused kernels on this CPU must agree before anything is written
@@ -252,7 +257,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         save_s = time.perf_counter() - t
     t = time.perf_counter()
     if check_kernels and not strict:
-        warnings = _check_optimized_kernels(pipe.model, qmodel, cfg, calibration_data, saved, kept)[0]
+        warnings, disagree = _check_optimized_kernels(pipe.model, qmodel, cfg, calibration_data, saved, kept)
     del kept
     timings["kernel check"] = kernel_s + time.perf_counter() - t
     warnings += [f"{why}; the quantized model runs only where that library is registered"
@@ -265,7 +270,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
                             bias_correction=bias_rep, weight_rounding=round_rep,
                             model=qmodel, plan=the_plan, config=cfg, prepare=pipe.prepare_report,
                             rewrite=rew, calibrated=len(pipe.stats), skipped=dict(pipe.calib_skipped),
-                            timings=timings, float_bytes=float_bytes, quant_bytes=quant_bytes)
+                            timings=timings, float_bytes=float_bytes, quant_bytes=quant_bytes,
+                            kernels_disagree=disagree)
     if saved is not None:
         result.output_path = saved
         timings["save"] = save_s

@@ -68,6 +68,72 @@ def make_session(model: onnx.ModelProto | str | bytes, *, optimize: bool | str =
 NEAR_TIE = 2.0 ** -8
 
 
+# -- how near each row's top-1 class is to flipping ----------------------------------------------
+#: the runner-up classes whose overtaking counts towards a sample's flip risk
+COMPETITORS = 5
+#: a sample is near a tie when its top-1 lead is within this many noise spreads
+NEAR_BAND = 3.0
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    return a.reshape(1, -1) if a.ndim == 0 else a.reshape(a.shape[0], -1)
+
+
+def _upper_normal_tail(z: np.ndarray) -> np.ndarray:
+    """P(N(0, 1) > z), elementwise."""
+    erfc = np.frompyfunc(math.erfc, 1, 1)
+    return np.asarray(0.5 * erfc(z / math.sqrt(2.0)), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class FlipExposure:
+    """How exposed each output row's top-1 class is to a plan's output noise.
+
+    risk: the probability that the row's float top-1 class is overtaken under noise of the size
+      the plan shows on this row (see `flip_exposure`), 1 for a row with a non-finite value;
+    near: whether the row's lead over its runner-up is within NEAR_BAND noise spreads."""
+
+    risk: np.ndarray
+    near: np.ndarray
+
+    @staticmethod
+    def concat(parts: list["FlipExposure"]) -> "FlipExposure":
+        if not parts:
+            return FlipExposure(np.zeros(0), np.zeros(0, dtype=bool))
+        return FlipExposure(np.concatenate([p.risk for p in parts]),
+                            np.concatenate([p.near for p in parts]))
+
+
+def flip_exposure(quantized: np.ndarray, reference: np.ndarray,
+                  competitors: int = COMPETITORS) -> FlipExposure:
+    """The `FlipExposure` of each row (sample) of a quantized output against the float one.
+
+    A row's noise is e = quantized - reference; the lead of the top-1 class over a runner-up
+    moves by the difference of two entries of e, whose spread is taken as sqrt(2) * std(e) over
+    the row (a shift of the whole row changes no ranking). Its risk is the sum, over its
+    `competitors` closest runner-ups, of P(N(0, 1) > lead / spread) (at most 1): a near-tie
+    flips under little noise whether or not it flipped this time; a row led by a wide margin
+    does not."""
+    f, q = _rows(reference), _rows(quantized)
+    n, c = f.shape
+    if c < 2 or n == 0:
+        return FlipExposure(np.zeros(n), np.zeros(n, dtype=bool))
+    bad = ~(np.all(np.isfinite(f), axis=1) & np.all(np.isfinite(q), axis=1))
+    f = np.where(np.isfinite(f), f, 0.0)
+    e = np.where(np.isfinite(q), q, 0.0) - f
+    k = min(int(competitors), c - 1)
+    top = np.argpartition(-f, k, axis=1)[:, :k + 1]
+    vals = -np.sort(-np.take_along_axis(f, top, axis=1), axis=1)
+    lead = vals[:, :1] - vals[:, 1:]  # >= 0, closest runner-up first
+    spread = math.sqrt(2.0) * np.std(e, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(spread[:, None] > 0, lead / spread[:, None], np.inf)
+    risk = np.minimum(_upper_normal_tail(z).sum(axis=1), 1.0)
+    risk[bad] = 1.0
+    return FlipExposure(risk, (z[:, 0] < NEAR_BAND) | bad)
+
+
 @dataclass
 class OutputMetrics:
     """Agreement of one output with the float reference. For class-score outputs (rank 2),
@@ -82,6 +148,11 @@ class OutputMetrics:
     decisive_agreement: float | None = None
     decisive_rows: int = 0
     rows: int = 0
+    #: the agreement to expect on the decisive rows from their flip risks (`flip_exposure`: how
+    #: near each row's top-1 class is to being overtaken under the noise its scores show), a
+    #: steadier estimate than counting the few flips a small sample shows; None where the rows
+    #: are no samples (a sequence's frames) or the output is no class scores
+    expected_agreement: float | None = None
 
 
 @dataclass
@@ -104,6 +175,7 @@ class ErrorStats:
     bad: int = 0
     near: int = 0  # rows whose float top-1 lead is a near-tie (NEAR_TIE)
     agree_decisive: int = 0  # agreeing rows among the others
+    risk_decisive: float = 0.0  # the sum of their flip risks (flip_exposure)
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
         ref, got = np.asarray(ref), np.asarray(got)
@@ -128,6 +200,9 @@ class ErrorStats:
             self.agree += int(np.sum(same))
             self.near += int(np.sum(near))
             self.agree_decisive += int(np.sum(same & ~near))
+            if got.shape == ref.shape:  # a row the float model leaves non-finite risks nothing
+                risk = np.where(np.all(ref_ok, axis=1), flip_exposure(got, ref).risk, 0.0)
+                self.risk_decisive += float(np.sum(risk[~near]))
             self.rows += ref.shape[0]
         else:
             self.classifier = False
@@ -161,7 +236,8 @@ class ErrorStats:
         return OutputMetrics(name, self.sqnr_db, float(self.cosine),
                              math.inf if self.bad else self.maxerr, top1,
                              self.agree_decisive / decisive if decisive else None, decisive,
-                             self.rows if self.classifier else 0)
+                             self.rows if self.classifier else 0,
+                             1.0 - self.risk_decisive / decisive if decisive else None)
 
 
 @dataclass

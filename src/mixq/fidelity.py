@@ -2,11 +2,12 @@
 
 `check_fidelity` runs both models once on a few held-back samples and scores every output (SQNR,
 cosine, top-1 agreement where the output looks like class scores; NaN/inf score worst). When the
-model looks broken, a cheap probe names the quantized tensors that do the most damage: every
-quantized activation is put back to float at once (its QuantizeLinear/DequantizeLinear pair, or
-its block format's function call, bypassed; under 1 dB gained, none of them is the cause), then
-a halving descent, noisiest first, finds the one (or the smallest group) that costs most; the
-weights get the same treatment when no activation is named.
+model looks broken, or a classifier likely loses more than 5 points of top-1 agreement, a cheap
+probe names the quantized tensors that do the most damage: every quantized activation is put
+back to float at once (its QuantizeLinear/DequantizeLinear pair, or its block format's function
+call, bypassed; under 1 dB gained, none of them is the cause), then a halving descent, noisiest
+first, finds the one (or the smallest group) that costs most; the weights get the same treatment
+when no activation is named.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import math
 import time
 import os
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -32,6 +33,11 @@ BROKEN_AGREEMENT = 0.90
 #: many are, on every row otherwise.
 MIN_DECISIVE_ROWS = 8
 BROKEN_SQNR_DB = 10.0
+#: Short of broken, the summary warns that the model likely loses accuracy when a class-score
+#: output (one row per sample) is expected to agree on fewer than 1 - LIKELY_DROP of its
+#: decisive rows (`OutputMetrics.expected_agreement`): 32 samples show too few flips to count
+#: a 5-point drop (two flips is 94 %), the rows' nearness to a flip shows it.
+LIKELY_DROP = 0.05
 #: How many activation tensors the probe puts back to float (the noisiest ones).
 MAX_PROBED = 32
 #: Samples the probe runs on (the first held-back ones; exactly these many where the model's batch
@@ -117,12 +123,23 @@ class FidelityReport:
         return (self.runtime_sqnr_db < RUNTIME_SQNR_DB
                 and self.runtime_sqnr_db < self.runtime_qdq_sqnr_db - RUNTIME_GAP_DB)
 
+    @property
+    def likely_loss(self) -> OutputMetrics | None:
+        """Short of broken: the class-score output expected to lose more than LIKELY_DROP of its
+        top-1 agreement (the lowest such), else None."""
+        if self.broken:
+            return None
+        low = [o for o in self.outputs if o.expected_agreement is not None
+               and o.decisive_rows >= MIN_DECISIVE_ROWS and o.expected_agreement < 1.0 - LIKELY_DROP]
+        return min(low, key=lambda o: o.expected_agreement or 0.0) if low else None
+
     def worst(self) -> OutputMetrics | None:
         """The output with the lowest SQNR."""
         return min(self.outputs, key=lambda o: o.sqnr_db) if self.outputs else None
 
-    def lines(self) -> list[str]:
-        """Markdown lines for the quantize summary."""
+    def lines(self, runtime: bool = True) -> list[str]:
+        """Markdown lines for the quantize summary (`runtime` False: without the runtime check's
+        warning, where the kernel check says the same with its cause)."""
         if self.not_checked:
             return [f"fidelity not checked: {self.not_checked}"]
         out = [f"fidelity on {self.samples} held-back samples: " + "; ".join(
@@ -131,9 +148,19 @@ class FidelityReport:
             + (f" ({100 * o.decisive_agreement:.1f}% on the {o.decisive_rows} rows that are no near-ties)"
                if o.decisive_agreement is not None and o.decisive_rows < o.rows else "")
             for o in self.outputs)]
-        if self.broken:
-            out.append(f"WARNING: the quantized model looks broken (SQNR < {BROKEN_SQNR_DB:g} dB or "
-                       f"agreement < {100 * BROKEN_AGREEMENT:.0f}% on rows that are no near-ties)")
+        likely = self.likely_loss
+        if likely is not None:
+            flips = round((1.0 - (likely.decisive_agreement or 0.0)) * likely.decisive_rows)
+            out.append(f"WARNING: {likely.name} likely loses more than {100 * LIKELY_DROP:.0f} points of "
+                       f"top-1 agreement: from how near the held-back samples' top classes are to "
+                       f"being overtaken under the noise this model adds, about "
+                       f"{100 * (1.0 - (likely.expected_agreement or 0.0)):.0f}% of samples like them "
+                       f"change class ({flips} of {likely.decisive_rows} changed here); measure it on "
+                       "your own data, or keep the tensors below wider")
+        if self.broken or likely is not None:
+            if self.broken:
+                out.append(f"WARNING: the quantized model looks broken (SQNR < {BROKEN_SQNR_DB:g} dB or "
+                           f"agreement < {100 * BROKEN_AGREEMENT:.0f}% on rows that are no near-ties)")
             if self.culprits:
                 out.append("most damage from (back to float, output SQNR gain): " + ", ".join(
                     f"{c.tensor} ({f'weight of {c.producer_op} {c.node}' if c.kind == 'weight' else c.producer_op}, "
@@ -153,7 +180,7 @@ class FidelityReport:
                                                                 else ": nor is it in the weights alone"))
             if self.fix_command:
                 out.append(f"try: {self.fix_command}")
-        if self.runtime_disagrees:
+        if runtime and self.runtime_disagrees:
             out.append(f"WARNING: with onnxruntime's default optimizations (its fused 8-bit kernels) the "
                        f"model scores SQNR {self.runtime_sqnr_db:.1f} dB against float, where the QDQ "
                        f"semantics score {self.runtime_qdq_sqnr_db:.1f} dB on the same samples: the "
@@ -176,7 +203,9 @@ class FidelityReport:
         """JSON-ready form (inf as None)."""
         def num(v: float | None) -> float | None:
             return None if v is None or not math.isfinite(v) else float(v)
-        return {"samples": self.samples, "broken": self.broken, "probed": self.probed,
+        likely = self.likely_loss
+        return {"samples": self.samples, "broken": self.broken,
+                "likely_loss": None if likely is None else likely.name, "probed": self.probed,
                 "together_gain_db": num(self.together_gain_db), "group": self.group,
                 "weights_gain_db": num(self.weights_gain_db), "weights": self.weights,
                 "weight_probes": self.weight_probes,
@@ -189,7 +218,8 @@ class FidelityReport:
                 "outputs": [{"name": o.name, "sqnr_db": num(o.sqnr_db), "cosine": num(o.cosine),
                              "top1_agreement": num(o.top1_agreement),
                              "decisive_agreement": num(o.decisive_agreement),
-                             "decisive_rows": o.decisive_rows} for o in self.outputs],
+                             "decisive_rows": o.decisive_rows,
+                             "expected_agreement": num(o.expected_agreement)} for o in self.outputs],
                 "culprits": [{"tensor": c.tensor, "kind": c.kind, "op": c.producer_op, "node": c.node,
                               "sqnr_gain_db": num(c.sqnr_gain_db)} for c in self.culprits]}
 
@@ -240,12 +270,17 @@ def class_score_outputs(model: onnx.ModelProto) -> set[str]:
 def _score(names: list[str], refs: list[list[np.ndarray]], gots: list[list[np.ndarray]],
            classes: frozenset[str] | set[str] = frozenset()) -> list[OutputMetrics]:
     accs = {n: ErrorStats() for n in names}
+    frames: set[str] = set()
     for ref, got in zip(refs, gots):
         for n, r, q in zip(names, ref, got):
             if n in classes and r.ndim > 2 and r.shape == q.shape and r.shape[-1] > 1:
                 r, q = r.reshape(-1, r.shape[-1]), q.reshape(-1, q.shape[-1])  # rows of class scores
+                frames.add(n)
             accs[n].update(r, q)
-    return [accs[n].result(n) for n in names]
+    # a sequence's frames are no samples: a CTC recognizer's blank/repeat frames flip without
+    # changing the text, so no expected loss is read from them
+    return [replace(accs[n].result(n), expected_agreement=None) if n in frames else accs[n].result(n)
+            for n in names]
 
 
 def _block_call(n: onnx.NodeProto) -> bool:
@@ -631,9 +666,10 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
                    stats: dict | None = None, runs: Runs | None = None) -> FidelityReport:
     """Score `qmodel` against `float_model` on `feeds` (one onnxruntime run of each; keep the
     feeds small, e.g. <= 64 samples; `runs`: those runs, already made on these feeds). When
-    broken and `probe`, name the tensors that do the most damage and the `mixq auto` command
-    that would fix them (`stats`: the calibration statistics, name -> TensorStats, which rank
-    the tensors to probe without a run)."""
+    broken or likely to lose accuracy (`FidelityReport.likely_loss`) and `probe`, name the
+    tensors that do the most damage and the `mixq auto` command that would fix them (`stats`:
+    the calibration statistics, name -> TensorStats, which rank the tensors to probe without a
+    run)."""
     sessions: dict[str, Any] = {}
 
     def fs() -> Any:  # sessions only where a run is still needed
@@ -668,7 +704,7 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
         whole = all(a is b for a, b in zip(rf, feeds))
         runtime = (rf, refs[:len(rf)] if whole else [fs().run(names, f) for f in rf],
                    gots[:len(rf)] if whole else [qs().run(names, f) for f in rf])
-    if rep.broken and probe:
+    if (rep.broken or rep.likely_loss is not None) and probe:
         pf = probe_feeds(feeds, PROBE_SAMPLES, sliceable=batch_axis_dynamic(q))
         whole = all(a is b for a, b in zip(pf, feeds))  # no feed cut: its outputs are at hand
         prefs = refs[:len(pf)] if whole else [fs().run(names, f) for f in pf]

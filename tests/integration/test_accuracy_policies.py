@@ -771,3 +771,73 @@ def test_a_4bit_grid_alone_is_not_outliers():
     plan = PrecisionPlan(tensors={n: TensorPrecision(n, "activation", "int4", "test") for n in ("bell", "spiky")})
     stats = {"bell": TensorStats.from_array(bell), "spiky": TensorStats.from_array(spiky)}
     assert set(outlier_tensors(plan, stats)) == {"spiky"}
+
+
+def _close_calls(rng: np.random.Generator, n: int, w: np.ndarray, lead: float) -> np.ndarray:
+    """Inputs of `x @ w` (w orthogonal) whose 10 class scores are N(0, 1) with the top class
+    ahead of the runner-up by U(0, lead)."""
+    z = rng.normal(0, 1, (n, 10))
+    order = np.argsort(-z, axis=1)
+    z[np.arange(n), order[:, 0]] = z[np.arange(n), order[:, 1]] + rng.uniform(0.0, lead, n)
+    return (z @ w.T).astype(np.float32)
+
+
+def test_guard_warns_of_a_likely_loss_that_too_few_flips_show():
+    """A linear classifier whose samples' top two classes are close (leads U(0, 0.06) on N(0, 1)
+    scores): A8W8's noise flips about 9 % of samples (4000 fresh ones), but the 29 decisive
+    held-back samples show one flip (96.6 %), above the broken line (90 %), and the guard said
+    nothing. Each sample's nearness to a flip under the noise its scores show (the risk `mixq
+    auto` bounds by) expects about 93 %: the summary warns, names tensors, and A16W8 (its noise
+    128x smaller) stays quiet. Fails on the old code (no likely-loss warning)."""
+    from mixq.evaluate import ErrorStats, make_session
+
+    rng = np.random.default_rng(6)
+    w = np.linalg.qr(rng.normal(0, 1, (10, 10)))[0].astype(np.float32)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", ["N", 10])], [_vi("y", ["N", 10])],
+               {"w": w})
+    x = _close_calls(rng, 256, w, 0.06)
+    feeds = [{"x": x[i:i + 32]} for i in range(0, 256, 32)]
+    fresh = _close_calls(rng, 4000, w, 0.06)
+    ref = make_session(m).run(None, {"x": fresh})[0]
+
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    fid, o = res.fidelity, res.fidelity.outputs[0]
+    truth = ErrorStats().update(ref, make_session(res.model, optimize="basic").run(None, {"x": fresh})[0]).result("y")
+    assert truth.decisive_agreement is not None and truth.decisive_agreement < 0.93  # the loss is real
+    assert o.decisive_agreement is not None and o.decisive_agreement > 0.95  # the flips seen say little
+    assert o.expected_agreement is not None and o.expected_agreement < 0.945
+    assert not fid.broken and fid.likely_loss is o, res.summary()
+    assert "y likely loses more than 5 points of top-1 agreement" in res.summary()
+    assert fid.culprits or fid.damage_groups, res.summary()  # and says where
+    assert fid.to_dict()["likely_loss"] == "y"
+
+    wide = mixq.quantize(m, "A16W8", feeds, check_kernels=False)
+    assert wide.fidelity.likely_loss is None and not wide.fidelity.broken, wide.summary()
+    assert "likely loses" not in wide.summary()
+
+
+def test_expected_agreement_reads_rows_of_samples_only():
+    """ErrorStats' expected agreement: 1 without noise, lower as the noise nears the leads, a
+    row the float model leaves non-finite risks nothing; the guard reads none from a sequence's
+    frames (a CTC recognizer's rows)."""
+    from mixq.evaluate import ErrorStats
+    from mixq.fidelity import _score
+
+    rng = np.random.default_rng(0)
+    f = rng.normal(0, 1, (64, 10))
+    f[np.arange(64), rng.integers(0, 10, 64)] += 1.0
+    assert ErrorStats().update(f, f).result("y").expected_agreement == 1.0
+    small = ErrorStats().update(f, f + rng.normal(0, 0.01, f.shape)).result("y").expected_agreement
+    large = ErrorStats().update(f, f + rng.normal(0, 0.3, f.shape)).result("y").expected_agreement
+    assert small is not None and large is not None and 1.0 > small > 0.97 > large
+    noisy = f + rng.normal(0, 0.1, f.shape)
+    g = f.copy()
+    g[0, 0] = np.nan
+    rest = ErrorStats().update(f[1:], noisy[1:]).result("y").expected_agreement
+    one_nan = ErrorStats().update(g, noisy).result("y").expected_agreement
+    assert rest is not None and one_nan is not None and math.isclose(1 - one_nan, (1 - rest) * 63 / 64)
+    seq = f.reshape(4, 16, 10)
+    got = seq + rng.normal(0, 0.3, seq.shape)
+    framed = _score(["y"], [[seq]], [[got]], {"y"})[0]
+    assert framed.top1_agreement is not None and framed.expected_agreement is None
+    assert _score(["y"], [[f]], [[f + 0.3]], set())[0].expected_agreement is not None

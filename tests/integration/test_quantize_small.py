@@ -73,6 +73,24 @@ def test_saturating_kernels_are_the_summarys_verdict_and_strict_refuses_them(cnn
     assert not out.exists()
 
 
+def test_one_warning_for_saturating_kernels(cnn, monkeypatch):
+    """The guard's runtime check and the kernel check see the same thing on a CPU without VNNI:
+    the summary gave two warnings, the guard's advising to report the model. Where the kernel
+    check names the cause (and the remedy), the guard's line is left out; alone, it stays."""
+    from mixq.fidelity import FidelityReport
+
+    monkeypatch.setattr(mixq.api, "cpu_has_vnni", lambda: False)
+    monkeypatch.setattr(mixq.evaluate, "sqnr_between_optimization_levels", lambda model, fds: 4.5)
+    res = mixq.quantize(cnn, "A8W8", feeds(64, 8))
+    res.fidelity.runtime_sqnr_db, res.fidelity.runtime_qdq_sqnr_db = 5.0, 40.0  # as such a CPU gives
+    assert res.kernels_disagree and res.fidelity.runtime_disagrees
+    text = res.summary()
+    assert text.count("WARNING:") == 1 and "lacks VNNI" in text and "report it with the model" not in text
+    alone = FidelityReport(outputs=res.fidelity.outputs, samples=32, runtime_sqnr_db=5.0,
+                           runtime_qdq_sqnr_db=40.0)
+    assert "report it with the model" in alone.lines()[-1]
+
+
 def test_the_kernel_check_keeps_a_fixed_batch_whole(monkeypatch):
     """On a CPU without VNNI the kernel check runs the quantized model on the first feed, cut to
     2 rows: a model exported with a fixed batch of 3 crashed `quantize` there with onnxruntime's

@@ -21,9 +21,14 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
+
+# a sample's flip risk is an output metric (the fidelity guard reads it too); the bounds build on it
+from ..evaluate import COMPETITORS as COMPETITORS
+from ..evaluate import NEAR_BAND as NEAR_BAND
+from ..evaluate import FlipExposure as FlipExposure
+from ..evaluate import flip_exposure as flip_exposure
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -151,72 +156,9 @@ def binary_drop_margin(reference: np.ndarray, scores: np.ndarray, low: float, hi
 
 
 # -- top-1 from the outputs ------------------------------------------------------------------------
-#: the runner-up classes whose overtaking counts towards a sample's flip risk
-COMPETITORS = 5
-#: a sample is near a tie when its top-1 lead is within this many noise spreads
-NEAR_BAND = 3.0
 #: the flip rate of samples whose leads spread evenly over [0, NEAR_BAND) noise spreads:
 #: int_0^inf P(N(0,1) > t) dt / NEAR_BAND = phi(0) / NEAR_BAND
 NEAR_FLIP_RATE = 1.0 / math.sqrt(2.0 * math.pi) / NEAR_BAND
-
-
-def _rows(a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, dtype=np.float64)
-    return a.reshape(1, -1) if a.ndim == 0 else a.reshape(a.shape[0], -1)
-
-
-def _upper_normal_tail(z: np.ndarray) -> np.ndarray:
-    """P(N(0, 1) > z), elementwise."""
-    erfc = np.frompyfunc(math.erfc, 1, 1)
-    return np.asarray(0.5 * erfc(z / math.sqrt(2.0)), dtype=np.float64)
-
-
-@dataclass(frozen=True)
-class FlipExposure:
-    """How exposed each output row's top-1 class is to a plan's output noise.
-
-    risk: the probability that the row's float top-1 class is overtaken under noise of the size
-      the plan shows on this row (see `flip_exposure`), 1 for a row with a non-finite value;
-    near: whether the row's lead over its runner-up is within NEAR_BAND noise spreads."""
-
-    risk: np.ndarray
-    near: np.ndarray
-
-    @staticmethod
-    def concat(parts: list["FlipExposure"]) -> "FlipExposure":
-        if not parts:
-            return FlipExposure(np.zeros(0), np.zeros(0, dtype=bool))
-        return FlipExposure(np.concatenate([p.risk for p in parts]),
-                            np.concatenate([p.near for p in parts]))
-
-
-def flip_exposure(quantized: np.ndarray, reference: np.ndarray,
-                  competitors: int = COMPETITORS) -> FlipExposure:
-    """The `FlipExposure` of each row (sample) of a quantized output against the float one.
-
-    A row's noise is e = quantized - reference; the lead of the top-1 class over a runner-up
-    moves by the difference of two entries of e, whose spread is taken as sqrt(2) * std(e) over
-    the row (a shift of the whole row changes no ranking). Its risk is the sum, over its
-    `competitors` closest runner-ups, of P(N(0, 1) > lead / spread) (at most 1): a near-tie
-    flips under little noise whether or not it flipped this time; a row led by a wide margin
-    does not."""
-    f, q = _rows(reference), _rows(quantized)
-    n, c = f.shape
-    if c < 2 or n == 0:
-        return FlipExposure(np.zeros(n), np.zeros(n, dtype=bool))
-    bad = ~(np.all(np.isfinite(f), axis=1) & np.all(np.isfinite(q), axis=1))
-    f = np.where(np.isfinite(f), f, 0.0)
-    e = np.where(np.isfinite(q), q, 0.0) - f
-    k = min(int(competitors), c - 1)
-    top = np.argpartition(-f, k, axis=1)[:, :k + 1]
-    vals = -np.sort(-np.take_along_axis(f, top, axis=1), axis=1)
-    lead = vals[:, :1] - vals[:, 1:]  # >= 0, closest runner-up first
-    spread = math.sqrt(2.0) * np.std(e, axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(spread[:, None] > 0, lead / spread[:, None], np.inf)
-    risk = np.minimum(_upper_normal_tail(z).sum(axis=1), 1.0)
-    risk[bad] = 1.0
-    return FlipExposure(risk, (z[:, 0] < NEAR_BAND) | bad)
 
 
 def top1_margin(observed: np.ndarray, exposure: FlipExposure, exposed: np.ndarray,
