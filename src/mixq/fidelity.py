@@ -493,11 +493,14 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
 
 
 def fix_command(culprits: list[Culprit], *, preset: str | None, model_path: str | None,
-                calib_path: str | None, formats: tuple[str, str] | None = None) -> str:
+                calib_path: str | None, formats: tuple[str, str] | None = None,
+                classifier: bool = False) -> str:
     """The `mixq auto` command that searches a mixed plan between a wide base and the preset's
     formats, over these ops. The base is wider than the preset where it can be: int16/int8 over
     8-bit integers, int16/int16 over 16-bit activations with narrower weights (A16W8: its loss is
-    in the weights), bf16 over block formats, float over 16-bit formats."""
+    in the weights), bf16 over block formats, float over 16-bit formats. Its target: at most a
+    1-point drop of top-1 agreement for a `classifier` (class scores, one row per sample: what
+    its user measures), else a relative L2 of 0.1."""
     from .formats import get_format
 
     ops = sorted({"Conv", "ConvTranspose", "Gemm", "MatMul"} | {c.producer_op for c in culprits
@@ -514,7 +517,8 @@ def fix_command(culprits: list[Culprit], *, preset: str | None, model_path: str 
         base = "float"
     return (f"mixq auto {model_path or 'MODEL.onnx'} OUT.onnx --calib {calib_path or 'CALIB.npz'} "
             f"--candidates {base},{act}/{wgt}" + (f" --preset {preset}" if preset else "")
-            + f" --op-types {','.join(ops)} --l2-target 0.1")
+            + f" --op-types {','.join(ops)}"
+            + (" --metric agreement --target 0.01" if classifier else " --l2-target 0.1"))
 
 
 def _rows(feed: dict[str, np.ndarray]) -> int:
@@ -724,7 +728,8 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
             rep.culprits += found
             rep.damage_groups += [wgroup] if wgroup else []
         rep.fix_command = fix_command(rep.culprits, preset=preset, model_path=model_path,
-                                      calib_path=calib_path, formats=formats)
+                                      calib_path=calib_path, formats=formats,
+                                      classifier=any(o.expected_agreement is not None for o in rep.outputs))
     if runtime is not None:
         rf, rrefs, rgots = runtime
         sessions.clear()  # one session in memory at a time: the optimized one holds prepacked weights

@@ -809,6 +809,7 @@ def test_guard_warns_of_a_likely_loss_that_too_few_flips_show():
     assert not fid.broken and fid.likely_loss is o, res.summary()
     assert "y likely loses more than 5 points of top-1 agreement" in res.summary()
     assert fid.culprits or fid.damage_groups, res.summary()  # and says where
+    assert fid.fix_command is not None and "--metric agreement --target 0.01" in fid.fix_command
     assert fid.to_dict()["likely_loss"] == "y"
 
     wide = mixq.quantize(m, "A16W8", feeds, check_kernels=False)
@@ -841,3 +842,25 @@ def test_expected_agreement_reads_rows_of_samples_only():
     framed = _score(["y"], [[seq]], [[got]], {"y"})[0]
     assert framed.top1_agreement is not None and framed.expected_agreement is None
     assert _score(["y"], [[f]], [[f + 0.3]], set())[0].expected_agreement is not None
+
+
+def test_a_classifiers_suggested_command_meets_its_target(tmp_path):
+    """The guard's `mixq auto` suggestion for the likely-loss classifier above targets what its
+    user measures (a 1-point drop of top-1 agreement, not a relative L2), runs as printed, and
+    meets it."""
+    import shlex
+
+    from mixq.cli.main import main
+
+    rng = np.random.default_rng(6)
+    w = np.linalg.qr(rng.normal(0, 1, (10, 10)))[0].astype(np.float32)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", ["N", 10])], [_vi("y", ["N", 10])],
+               {"w": w})
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "c.npz", x=_close_calls(rng, 256, w, 0.06))
+    res = mixq.quantize(str(tmp_path / "m.onnx"), "A8W8", str(tmp_path / "c.npz"), check_kernels=False)
+    cmd = res.fidelity.fix_command
+    assert cmd is not None and "--metric agreement --target 0.01" in cmd
+    out = tmp_path / "fixed.onnx"
+    assert main(shlex.split(cmd.replace("OUT.onnx", str(out)))[1:]) == 0
+    assert out.exists()
