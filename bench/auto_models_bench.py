@@ -5,7 +5,7 @@ For each model of `bench/cases.py` the evaluation data is cut in two halves of w
 for the check: the case's data is ordered by source, e.g. two recording sets, and both halves
 should see every source): the search sees only its half, as its held-out data or through an
 ``EvaluateFunction(model_path) -> task metric`` (below); the chosen model is then scored on the
-other half, which the search never saw. The uniform presets A8W8, A16W8 and BF16 (and the float
+other half, which the search never saw. The uniform presets A8W8, A16W8, BF16 and FP16 (and the float
 model) are quantized from the same calibration data and scored on the same check half, so that
 the table says whether the search met the target, and whether its model is larger than the
 smallest uniform model that meets it.
@@ -38,7 +38,7 @@ from .feeds import load_feeds
 
 WORK_DIR = env.ROOT / ".cache" / "bench" / "auto"
 RESULTS = env.ROOT / "bench" / "results" / "auto_models.json"
-UNIFORM = ("A8W8", "A16W8", "BF16")
+UNIFORM = ("A8W8", "A16W8", "BF16", "FP16")
 #: the largest allowed drop in the task metric's units (points; cosine for MiniLM)
 TARGETS = {"minilm_l6": 0.01}
 DEFAULT_TARGET = 1.0
@@ -160,26 +160,26 @@ def _smaller(kb: float, a8w8_kb: float) -> bool:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     """The markdown table of `results` and the acceptance lines under it."""
-    rows = ["| model (task metric) | target drop | float | A8W8 | A16W8 | BF16 | auto (check half) "
+    rows = ["| model (task metric) | target drop | float | A8W8 | A16W8 | BF16 | FP16 | auto (check half) "
             "| met | evaluations | auto kB | smallest uniform meeting it | ≤ it | vs A8W8 | wall s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ok = {"met": True, "evals": True, "not_larger": True, "below_a8w8": False}
     for name in CASES:
         r = results.get(name)
         if r is None:
             continue
         if "skipped" in r:
-            rows.append(f"| {name} | skipped: {r['skipped']} |" + " |" * 12)
+            rows.append(f"| {name} | skipped: {r['skipped']} |" + " |" * 13)
             ok["met"] = False
             continue
         u = r["uniform"]
 
         def cell(k: str) -> str:
-            return f"{u[k]['check']:.4g} ({u[k]['kb']:.0f} kB)"
+            return f"{u[k]['check']:.4g} ({u[k]['kb']:.0f} kB)" if k in u else "-"
 
         rows.append(
             f"| {name} ({r['metric']}) | {r['target_drop']:g} | {r['float_check']:.4g} | "
-            f"{cell('A8W8')} | {cell('A16W8')} | {cell('BF16')} | {r['check_metric']:.4g} | "
+            f"{cell('A8W8')} | {cell('A16W8')} | {cell('BF16')} | {cell('FP16')} | {r['check_metric']:.4g} | "
             f"{'yes' if r['met_check'] else '**no**'} | {r['evaluations']} | {r['kb']:.0f} | "
             f"{r['smallest_uniform']} ({u[r['smallest_uniform']]['kb']:.0f} kB) | "
             f"{'yes' if r['not_larger'] else '**no**'} | {r['kb'] / u['A8W8']['kb']:.2f}x | "

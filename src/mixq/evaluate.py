@@ -77,7 +77,8 @@ NEAR_BAND = 3.0
 
 def _rows(a: np.ndarray) -> np.ndarray:
     a = np.asarray(a, dtype=np.float64)
-    return a.reshape(1, -1) if a.ndim == 0 else a.reshape(a.shape[0], -1)
+    # the row length spelled out: -1 cannot be inferred for zero rows (a batch of 0)
+    return a.reshape(1, 1) if a.ndim == 0 else a.reshape(a.shape[0], int(np.prod(a.shape[1:])))
 
 
 def _upper_normal_tail(z: np.ndarray) -> np.ndarray:

@@ -842,6 +842,8 @@ def test_expected_agreement_reads_rows_of_samples_only():
     framed = _score(["y"], [[seq]], [[got]], {"y"})[0]
     assert framed.top1_agreement is not None and framed.expected_agreement is None
     assert _score(["y"], [[f]], [[f + 0.3]], set())[0].expected_agreement is not None
+    empty = ErrorStats().update(np.zeros((0, 4)), np.zeros((0, 4))).result("y")  # a batch of 0 rows
+    assert empty.rows == 0 and empty.expected_agreement is None
 
 
 def test_a_classifiers_suggested_command_meets_its_target(tmp_path):
