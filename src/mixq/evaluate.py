@@ -1,7 +1,9 @@
 """Compare a quantized model with its float original in onnxruntime.
 
 Metrics per output: SQNR (dB), cosine similarity, max absolute error, and top-1 agreement for
-classifier-like outputs (rank 2, more than one class). Everything streams batch by batch.
+classifier-like outputs (rank 2, more than one class), with the agreement to expect from how
+near each row's top class is to being overtaken under the noise it shows (`flip_exposure`).
+Everything streams batch by batch.
 """
 from __future__ import annotations
 
