@@ -179,6 +179,9 @@ class ErrorStats:
     near: int = 0  # rows whose float top-1 lead is a near-tie (NEAR_TIE)
     agree_decisive: int = 0  # agreeing rows among the others
     risk_decisive: float = 0.0  # the sum of their flip risks (flip_exposure)
+    #: rows are samples, whose flip risks give the expected agreement; False for a sequence's
+    #: frames (no risk read: a CTC recognizer's frames flip without changing the text)
+    samples: bool = True
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
         ref, got = np.asarray(ref), np.asarray(got)
@@ -203,7 +206,7 @@ class ErrorStats:
             self.agree += int(np.sum(same))
             self.near += int(np.sum(near))
             self.agree_decisive += int(np.sum(same & ~near))
-            if got.shape == ref.shape:  # a row the float model leaves non-finite risks nothing
+            if self.samples and got.shape == ref.shape:  # a row left non-finite by float risks nothing
                 risk = np.where(np.all(ref_ok, axis=1), flip_exposure(got, ref).risk, 0.0)
                 self.risk_decisive += float(np.sum(risk[~near]))
             self.rows += ref.shape[0]
@@ -240,7 +243,7 @@ class ErrorStats:
                              math.inf if self.bad else self.maxerr, top1,
                              self.agree_decisive / decisive if decisive else None, decisive,
                              self.rows if self.classifier else 0,
-                             1.0 - self.risk_decisive / decisive if decisive else None)
+                             1.0 - self.risk_decisive / decisive if decisive and self.samples else None)
 
 
 @dataclass

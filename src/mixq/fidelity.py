@@ -15,7 +15,7 @@ import math
 import time
 import os
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -270,17 +270,13 @@ def class_score_outputs(model: onnx.ModelProto) -> set[str]:
 def _score(names: list[str], refs: list[list[np.ndarray]], gots: list[list[np.ndarray]],
            classes: frozenset[str] | set[str] = frozenset()) -> list[OutputMetrics]:
     accs = {n: ErrorStats() for n in names}
-    frames: set[str] = set()
     for ref, got in zip(refs, gots):
         for n, r, q in zip(names, ref, got):
             if n in classes and r.ndim > 2 and r.shape == q.shape and r.shape[-1] > 1:
                 r, q = r.reshape(-1, r.shape[-1]), q.reshape(-1, q.shape[-1])  # rows of class scores
-                frames.add(n)
+                accs[n].samples = False  # a sequence's frames: no expected loss read from them
             accs[n].update(r, q)
-    # a sequence's frames are no samples: a CTC recognizer's blank/repeat frames flip without
-    # changing the text, so no expected loss is read from them
-    return [replace(accs[n].result(n), expected_agreement=None) if n in frames else accs[n].result(n)
-            for n in names]
+    return [accs[n].result(n) for n in names]
 
 
 def _block_call(n: onnx.NodeProto) -> bool:
