@@ -14,6 +14,12 @@ no near-ties, `mixq.evaluate.NEAR_TIE`), the guard's verdict on its held-back sa
 likely loss / quiet), the agreement it expected on them (`OutputMetrics.expected_agreement`)
 and the flips it saw. A model that loses more than 5 points on the fresh samples while the
 guard is quiet is marked "missed".
+
+    python -m bench.guard_sweep --bench efficientnet_lite0,fashion_cnn,ppocr_cls [--presets ...]
+
+prints instead, for bench models (their full-suite calibration data, built into the bench
+cache), the guard's verdict and the agreement it expects on each class-score output: what a
+model within 1 point of float must not warn about.
 """
 from __future__ import annotations
 
@@ -178,13 +184,39 @@ def run(name: str, presets: list[str], d: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_verdicts(names: list[str], presets: list[str]) -> None:
+    """The guard's verdict, and the agreement it expects, for each bench model and preset."""
+    import mixq
+
+    from .auto_models_bench import _built
+    from .cases import get_case
+    from .feeds import load_feeds
+
+    print("| model | preset | guard | output: expected agreement (flips seen) |")
+    print("|---|---|---|---|")
+    for name in names:
+        d = _built(get_case(name))
+        calib = load_feeds(d / "calib.npz")
+        for preset in presets:
+            fid = mixq.quantize(str(d / "float.onnx"), preset, calib, check_kernels=False).fidelity
+            verdict = "broken" if fid.broken else "likely loss" if fid.likely_loss is not None else "quiet"
+            outs = "; ".join(f"{o.name}: {100 * o.expected_agreement:.1f} % "
+                             f"({round((1 - (o.decisive_agreement or 0.0)) * o.decisive_rows)} of {o.decisive_rows})"
+                             for o in fid.outputs if o.expected_agreement is not None) or "no class scores read"
+            print(f"| {name} | {preset} | {verdict} | {outs} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="attn,gru,seresnet,unet,mixer")
     ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--bench", help="comma-separated bench cases: print their guard verdicts instead")
     args = ap.parse_args(argv)
+    if args.bench:
+        bench_verdicts(args.bench.split(","), args.presets.split(","))
+        return 0
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
