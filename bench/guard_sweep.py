@@ -176,7 +176,7 @@ def run(name: str, presets: list[str], d: Path) -> list[dict[str, Any]]:
         rows.append({"model": name, "preset": preset, "fresh": 100 * (fresh.top1_agreement or 0.0),
                      "fresh_decisive": 100 * (fresh.decisive_agreement or 0.0), "verdict": verdict,
                      "expected": 100 * (held.expected_agreement or 0.0),
-                     "flips": round((1 - (held.decisive_agreement or 0.0)) * held.decisive_rows),
+                     "flips": held.decisive_flips,
                      "held": held.decisive_rows, "missed": verdict == "quiet" and drop > 5,
                      "s": time.perf_counter() - t})
         r = rows[-1]
@@ -201,7 +201,7 @@ def bench_verdicts(names: list[str], presets: list[str]) -> None:
             fid = mixq.quantize(str(d / "float.onnx"), preset, calib, check_kernels=False).fidelity
             verdict = "broken" if fid.broken else "likely loss" if fid.likely_loss is not None else "quiet"
             outs = "; ".join(f"{o.name}: {100 * o.expected_agreement:.1f} % "
-                             f"({round((1 - (o.decisive_agreement or 0.0)) * o.decisive_rows)} of {o.decisive_rows})"
+                             f"({o.decisive_flips} of {o.decisive_rows})"
                              for o in fid.outputs if o.expected_agreement is not None) or "no class scores read"
             print(f"| {name} | {preset} | {verdict} | {outs} |", flush=True)
 

@@ -157,6 +157,11 @@ class OutputMetrics:
     #: are no samples (a sequence's frames) or the output is no class scores
     expected_agreement: float | None = None
 
+    @property
+    def decisive_flips(self) -> int:
+        """How many of the decisive rows changed their top-1 class."""
+        return round((1.0 - (self.decisive_agreement or 0.0)) * self.decisive_rows)
+
 
 @dataclass
 class ErrorStats:

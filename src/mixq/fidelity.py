@@ -150,12 +150,11 @@ class FidelityReport:
             for o in self.outputs)]
         likely = self.likely_loss
         if likely is not None:
-            flips = round((1.0 - (likely.decisive_agreement or 0.0)) * likely.decisive_rows)
             out.append(f"WARNING: {likely.name} likely loses more than {100 * LIKELY_DROP:.0f} points of "
                        f"top-1 agreement: from how near the held-back samples' top classes are to "
                        f"being overtaken under the noise this model adds, about "
                        f"{100 * (1.0 - (likely.expected_agreement or 0.0)):.0f}% of samples like them "
-                       f"change class ({flips} of {likely.decisive_rows} changed here); measure it on "
+                       f"change class ({likely.decisive_flips} of {likely.decisive_rows} changed here); measure it on "
                        "your own data, or keep the tensors below wider")
         if self.broken or likely is not None:
             if self.broken:
