@@ -19,6 +19,7 @@ shard count.
 """
 from __future__ import annotations
 
+import multiprocessing.context as mpc
 import os
 import pickle
 import tempfile
@@ -41,7 +42,7 @@ from .search.workbench import plan_outputs
 
 __all__ = ["Executor", "SerialExecutor", "ProcessExecutor", "RayExecutor", "WorkerError",
            "executor_from", "shard_bounds", "calibrate_sharded", "SplitMetric",
-           "evaluate_plans", "RELATIVE_L2", "sensitivity_rows", "plan_outputs"]
+           "evaluate_plans", "RELATIVE_L2", "sensitivity_rows", "plan_outputs", "WORKER_THREADS_ENV"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -102,10 +103,43 @@ def _process_task(fn: Callable[[Any, Any], Any], token: str, path: str | None, i
     return fn(_WORKER_SHARED[1], item)
 
 
+#: Thread counts a local worker process starts with (unless this process's environment sets
+#: them): one compute thread per worker, as Ray gives each task. Two workers whose BLAS runs
+#: a thread per core each contend on the cores (GPTQ's grams took 2x longer that way).
+WORKER_THREADS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _spawn_one_thread(start: Callable[[], None]) -> None:
+    """`start()` a spawned process with WORKER_THREADS_ENV set to 1 where unset (the child
+    copies the environment when it starts; this process's is restored at once)."""
+    added = [k for k in WORKER_THREADS_ENV if k not in os.environ]
+    try:
+        for k in added:
+            os.environ[k] = "1"
+        start()
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+class _OneThreadProcess(mpc.SpawnProcess):
+    """A spawned worker process started by `_spawn_one_thread`."""
+
+    def start(self) -> None:
+        _spawn_one_thread(super().start)
+
+
+class _OneThreadContext(mpc.SpawnContext):
+    """The spawn context of the local workers (module level: its processes are pickled)."""
+
+    Process = _OneThreadProcess
+
+
 class ProcessExecutor(_ContextMixin):
     """`workers` local processes (spawn context: a fresh interpreter each, no forked
-    onnxruntime threads). The pool starts on the first `map` and lives until `close()`; a task
-    whose worker died is run again once in a new pool, then :class:`WorkerError`."""
+    onnxruntime threads; one BLAS / OpenMP thread each, see WORKER_THREADS_ENV). The pool
+    starts on the first `map` and lives until `close()`; a task whose worker died is run again
+    once in a new pool, then :class:`WorkerError`."""
 
     def __init__(self, workers: int, *, retries: int = 1) -> None:
         self.workers = check_workers(workers)
@@ -115,10 +149,7 @@ class ProcessExecutor(_ContextMixin):
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            import multiprocessing
-
-            self._pool = ProcessPoolExecutor(max_workers=self.workers,
-                                             mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_OneThreadContext())
         return self._pool
 
     def map(self, fn: Callable[[Any, T], R], items: Sequence[T], shared: Any = None) -> list[R]:

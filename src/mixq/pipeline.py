@@ -31,7 +31,7 @@ from .graph import GraphIndex, with_weights
 from .passes.prepare import PrepareReport, prepare
 from .passes.qdq import RewriteReport, apply_plan
 from .plan.plan import PrecisionPlan, deployed_weight_bytes
-from .plan.qparams import activation_qparams, constant_qparams
+from .plan.qparams import RangeMemo, activation_qparams, constant_qparams
 from .plan.rules import build_plan
 
 if TYPE_CHECKING:
@@ -94,6 +94,10 @@ class Pipeline:
     calib_skipped: dict[str, str] = field(default_factory=dict)
     _index: GraphIndex | None = field(default=None, repr=False)
     _elems: dict[str, int] | None = field(default=None, repr=False)
+    # activation ranges chosen so far (see activation_qparams): a search builds many plans
+    _ranges: RangeMemo = field(default_factory=dict, repr=False)
+    # the last `shared_form` and the statistics it was made of (a search ships it every round)
+    _shared: tuple[tuple[tuple[str, TensorStats], ...], Any] | None = field(default=None, repr=False)
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -152,6 +156,7 @@ class Pipeline:
         """Forget the views after the prepared model was changed (finetuned weights)."""
         self._index = None
         self._elems = None
+        self._shared = None
 
     @property
     def weight_elems(self) -> dict[str, int]:
@@ -256,12 +261,13 @@ class Pipeline:
     def qparams(self, plan: PrecisionPlan, config: QuantConfig) -> dict[str, QParams]:
         """Activation parameters from the statistics, constant parameters from the weights
         (deferred weights read one at a time)."""
-        out = activation_qparams(plan, self.stats, config)
-        out.update(self._constant_qparams(plan, config))
+        out = activation_qparams(plan, self.stats, config, self._ranges)
+        out.update(self.constant_qparams(plan, config))
         return out
 
-    def _constant_qparams(self, plan: PrecisionPlan, config: QuantConfig) -> dict[str, QParams]:
-        """constant_qparams, reading deferred weights one at a time: each is loaded into a
+    def constant_qparams(self, plan: PrecisionPlan, config: QuantConfig) -> dict[str, QParams]:
+        """The parameters of `qparams` that weights and constants get (no statistics read):
+        constant_qparams, reading deferred weights one at a time: each is loaded into a
         one-tensor model that is dropped once its parameters are known, so the float weights
         are never all in memory (protobuf never gives back the memory of a cleared field)."""
         from dataclasses import replace
@@ -310,9 +316,17 @@ def shared_form(pipe: Pipeline) -> tuple[tuple[bytes, dict[str, dict[str, Any]],
     which a worker keeps the pipeline it parsed."""
     from ._shards import digest
 
+    # the model changes only with `invalidate`; statistics are added, never changed in place
+    # (the cache holds the objects it was made of: their identity stands for their values)
+    seen = tuple(pipe.stats.items())
+    if pipe._shared is not None and len(pipe._shared[0]) == len(seen) and all(
+            a == c and b is d for (a, b), (c, d) in zip(pipe._shared[0], seen)):
+        return pipe._shared[1]
     part = (pipe.model.SerializeToString(), {n: s.to_dict() for n, s in pipe.stats.items()},
             None if pipe.base_dir is None else str(pipe.base_dir))
-    return part, digest(part)[0]
+    out = (part, digest(part)[0])
+    pipe._shared = (seen, out)
+    return out
 
 
 # the pipeline a worker built last, by the digest of (model, statistics): a search's rounds

@@ -17,7 +17,8 @@ from mixq.calibration.collect import collect_stats
 from mixq.calibration.stats import TensorStats
 from mixq.data import default_model_path, load_default_samples
 from mixq.distributed import (ProcessExecutor, RayExecutor, SerialExecutor, calibrate_sharded,
-                              RELATIVE_L2, evaluate_plans, executor_from, shard_bounds)
+                              RELATIVE_L2, WORKER_THREADS_ENV, evaluate_plans, executor_from,
+                              shard_bounds)
 from mixq.errors import ConfigError
 from mixq.pipeline import Pipeline
 
@@ -110,6 +111,23 @@ def test_shared_data_goes_to_each_worker_once_per_content():
     assert first[0] == first[1] == again[0]  # same process, same object: read once
     assert other[0][1] != first[0][1] and other[0][2] == 2
     assert len(files) == 1  # the previous content's file was removed
+
+
+def _thread_env(shared, item):
+    return {k: os.environ.get(k) for k in WORKER_THREADS_ENV}
+
+
+def test_local_workers_compute_with_one_thread_each(monkeypatch):
+    """Each local worker starts with one BLAS / OpenMP thread (two workers with a BLAS thread
+    per core each fought over the cores: GPTQ's grams took twice as long), unless the user set
+    the count; the driver's own environment is left as it was."""
+    for k in WORKER_THREADS_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    with ProcessExecutor(2) as ex:
+        got = ex.map(_thread_env, [0, 1])
+    assert got == [{"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "3"}] * 2
+    assert "OMP_NUM_THREADS" not in os.environ and "OPENBLAS_NUM_THREADS" not in os.environ
 
 
 def test_data_errors_surface_before_any_worker_starts(calib):

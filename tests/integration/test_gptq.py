@@ -132,6 +132,42 @@ def test_grams_are_the_inputs_second_moments_shared_and_batch_size_free():
     assert all(np.array_equal(grams[0], gr) for gr in grams[1:])
 
 
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 150), batch=st.sampled_from([1, 3, 8, 13]), shards=st.integers(1, 5),
+       huge=st.booleans(), seed=st.integers(0, 2**16))
+def test_grams_of_shards_are_the_bytes_of_one_pass(n, batch, shards, huge, seed):
+    """Calibration cut into shards (any count, edges anywhere in a block of samples, blocks of
+    SAMPLE_BLOCK samples for the Convs and ROW_BLOCK rows for the Gemm and MatMul) gives every
+    layer's H the bits of one pass over the samples, rescaled blocks (values > 2^40) included;
+    the grams are summed on the workers, with no float pass of the driver's own."""
+    from mixq.calibration.sharded import calibrate_sharded
+    from mixq.distributed import SerialExecutor
+    from mixq.pipeline import Pipeline
+
+    m, _ = _model()
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3, 8, 8)).astype(np.float32)
+    if huge:
+        x[rng.integers(n)] *= np.float32(2.0 ** 45)
+    feeds = [{"x": x[i:i + batch]} for i in range(0, n, batch)]
+    pipe = Pipeline.load(m)
+    plan = pipe.plan(mixq.get_default_config("A8W8"))
+    one = gptq.GramTap(pipe.model, plan)
+    one.run(pipe.model, feeds)
+    part = gptq.GramTap(pipe.model, plan)
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("the driver ran a float pass of its own for the grams")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gptq.GramTap, "run", no_pass)
+        calibrate_sharded(pipe.model, ["c1", "h"], feeds, SerialExecutor(shards), tap=part)
+    assert part.complete and part.samples == one.samples == n
+    for a, b in zip(one.targets, part.targets):
+        assert a.finite == b.finite
+        assert a.gram is not None and a.gram.tobytes() == b.gram.tobytes(), a.weight
+
+
 def _model() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
     """Conv -> depthwise Conv -> Gemm -> MatMul on strongly correlated inputs (a smooth image):
     rounding errors of neighbouring weights add up in the output, which GPTQ can cancel."""

@@ -6,6 +6,7 @@ import onnx
 
 import mixq
 from mixq.graph import GraphIndex
+from mixq.plan.plan import PrecisionPlan
 from mixq.plan.rules import _requests, _resolve, build_plan
 
 from ..graphs import model
@@ -74,3 +75,56 @@ def test_operand_only_configs_say_why_outputs_stay_float():
     assert "not in op_types" in plan.skipped["r"]          # Relu is not a compute op
     assert "quantize_outputs=False" in plan.skipped["y"]   # the compute output stays float
     assert plan.config == mixq.get_default_config("BFP16").to_dict()
+
+
+def _stats(seed: int) -> dict:
+    import numpy as np
+
+    from mixq.calibration.stats import TensorStats
+
+    rng = np.random.default_rng(seed)
+    return {n: TensorStats.from_array(rng.normal(0, s, 4096).astype(np.float32))
+            for n, s in (("x", 1.0), ("c", 3.0), ("r", 2.0), ("p", 2.0))}
+
+
+def test_range_memo_reuses_choices_and_never_serves_other_statistics(monkeypatch):
+    """activation_qparams through a memo gives the parameters it gives without one, chooses
+    each (statistics, format, options) once across plans, and statistics that are other
+    objects (recollected) get their own choice."""
+    import numpy as np
+
+    import mixq.plan.qparams as qp_mod
+
+    calls = []
+    real = qp_mod.compute_range
+    monkeypatch.setattr(qp_mod, "compute_range", lambda *a, **k: calls.append(1) or real(*a, **k))
+    m = onnx.shape_inference.infer_shapes(model(CHAIN, W=(4, 3, 3, 3), B=(4,), W2=(4, 4, 1, 1)))
+    a8, a16 = mixq.get_default_config("A8W8"), mixq.get_default_config("A16W8")
+    stats, memo = _stats(0), {}
+
+    def same(a, b):
+        return a.keys() == b.keys() and all(np.array_equal(a[k].scale, b[k].scale) and
+                                            np.array_equal(a[k].zero_point, b[k].zero_point) for k in a)
+
+    new_choices = []
+    for cfg in (a8, a16, a8):
+        plan = build_plan(m, cfg)
+        want = qp_mod.activation_qparams(plan, stats, cfg)
+        n = len(calls)
+        assert same(qp_mod.activation_qparams(plan, stats, cfg, memo), want)
+        new_choices.append(len(calls) - n)
+    assert new_choices[0] > 0 and new_choices[1] > 0 and new_choices[2] == 0
+    plan, other = build_plan(m, a8), _stats(1)
+    got = qp_mod.activation_qparams(plan, other, a8, memo)
+    assert same(got, qp_mod.activation_qparams(plan, other, a8))
+    assert not same(got, qp_mod.activation_qparams(plan, stats, a8))
+
+
+def test_plan_json_has_every_field_of_every_tensor():
+    import json
+    from dataclasses import asdict
+
+    m = onnx.shape_inference.infer_shapes(model(CHAIN, W=(4, 3, 3, 3), B=(4,), W2=(4, 4, 1, 1)))
+    plan = build_plan(m, mixq.get_default_config("A8W8"))
+    assert json.loads(plan.to_json())["tensors"] == [asdict(t) for t in plan.tensors.values()]
+    assert PrecisionPlan.from_json(plan.to_json()) == plan

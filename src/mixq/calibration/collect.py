@@ -22,7 +22,7 @@ from mixq._io import approx_model_size, has_external_data, model_size, tensor_ar
 from mixq.errors import DataError, ModelError, did_you_mean
 from mixq.evaluate import onnxruntime_max_ir_version
 
-from .data import FeedSource, input_specs_from_model
+from .data import FeedSource, feed_rows, input_specs_from_model
 from .stats import TensorStats
 
 __all__ = ["CollectResult", "collect_stats"]
@@ -465,8 +465,7 @@ def _run(result: CollectResult, m: onnx.ModelProto, sess: Any, fetch: list[str],
                     values[n] = arr
             del outs
         if taps:
-            f0 = next(iter(feed.values()), None)
-            rows = int(f0.shape[0]) if f0 is not None and np.ndim(f0) else 1
+            rows = feed_rows(feed)
             for t in taps:
                 t.update({n: values[n] for n in t.names if n in values}, rows)
         del feed, values

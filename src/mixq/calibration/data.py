@@ -49,7 +49,7 @@ import onnx
 
 from mixq.errors import DataError, did_you_mean
 
-__all__ = ["InputSpec", "input_specs_from_model", "as_feeds", "readable_twice", "FeedSource", "CalibData",
+__all__ = ["InputSpec", "feed_rows", "input_specs_from_model", "as_feeds", "readable_twice", "FeedSource", "CalibData",
            "validate_feed", "DEFAULT_MAX_SAMPLES", "MAX_FEED_BYTES", "MAX_WHOLE_MEMBER_BYTES"]
 
 #: Feeds one pass reads by default; more are left unread (with a warning naming the bound).
@@ -86,6 +86,14 @@ def _np_dtype(elem_type: int) -> np.dtype:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
     except (KeyError, TypeError, ValueError):
         return np.dtype(np.float32)
+
+
+def feed_rows(feed: Mapping[str, Any]) -> int:
+    """The samples of one feed as a calibration pass counts them (its first input's first
+    axis; 1 for a scalar or an empty feed): sample indices (GPTQ's draws and blocks, shard
+    offsets) follow it."""
+    f0 = next(iter(feed.values()), None)
+    return int(f0.shape[0]) if f0 is not None and np.ndim(f0) else 1
 
 
 def input_specs_from_model(model: onnx.ModelProto) -> list[InputSpec]:

@@ -16,17 +16,21 @@ from .._shards import Executor, shard_bounds
 __all__ = ["calibrate_sharded"]
 
 
-def _calib_shard(shared: tuple[bytes, list[str], list[dict[str, np.ndarray]], str | None],
-                 bounds: tuple[int, int]) -> tuple[dict[str, dict[str, Any]], dict[str, str], int]:
-    """Task: statistics of one shard of the feeds, as plain data
-    (``{name: TensorStats.to_dict()}``, ``{name: why skipped}``, feeds run)."""
+def _calib_shard(shared: tuple[bytes, list[str], list[dict[str, np.ndarray]], str | None, Any, int],
+                 bounds: tuple[int, int, int, int]
+                 ) -> tuple[dict[str, dict[str, Any]], dict[str, str], int, dict[str, Any] | None]:
+    """Task: statistics of one shard of the feeds (feeds ``[lo, hi)``, samples ``[first,
+    last)``), as plain data (``{name: TensorStats.to_dict()}``, ``{name: why skipped}``, feeds
+    run, and the GPTQ grams' part of the shard when a GramTap came along)."""
     from .collect import collect_stats
 
-    model_bytes, names, feeds, base_dir = shared
-    lo, hi = bounds
+    model_bytes, names, feeds, base_dir, tap, total = shared
+    lo, hi, first, last = bounds
+    part = tap.shard(first, last, total) if tap is not None else None
     res = collect_stats(onnx.load_from_string(model_bytes), names, feeds[lo:hi],
-                        base_dir=base_dir)
-    return {n: s.to_dict() for n, s in res.items()}, dict(res.skipped), res.num_batches
+                        base_dir=base_dir, tap=part)
+    return ({n: s.to_dict() for n, s in res.items()}, dict(res.skipped), res.num_batches,
+            part.partial() if part is not None else None)
 
 
 def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data: Any,
@@ -39,8 +43,9 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
     statistics as one pass. Initializers are read once here, not per shard. The data is read
     here once (every feed validated) and sent to the workers once. `progress` is called with
     every batch index once its shard's results are back; `kept` (mixq.fidelity.HeldBack) sees
-    the feeds as they are read; `tap` (mixq.passes.gptq.GramTap) runs its own float pass over
-    them here (GPTQ's statistics, which the workers do not send back). Returns a CollectResult."""
+    the feeds as they are read; `tap` (mixq.passes.gptq.GramTap, empty) is fed on the workers
+    too, each shard's GPTQ statistics merged here into the same bytes as one pass. Returns a
+    CollectResult."""
     from .collect import CollectResult, collect_stats
     from .data import FeedSource
     from .stats import TensorStats
@@ -56,19 +61,24 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
         for f in feeds:
             kept.add(f)
         kept.finish()
-    if tap is not None and run_names:  # the feeds are in memory: also for a one-shot reader
-        tap.run(model, feeds)
     merged: dict[str, TensorStats] = {}
     skipped: dict[str, str] = dict(local.skipped)
     n_batches = 0
     if run_names:
+        from .data import feed_rows
+
         bounds = shard_bounds(len(feeds), shards if shards is not None else executor.workers)
+        starts = np.concatenate([[0], np.cumsum([feed_rows(f) for f in feeds])]).astype(int)
         shared = (model.SerializeToString(), run_names, feeds,
-                  None if base_dir is None else str(base_dir))
+                  None if base_dir is None else str(base_dir), tap, int(starts[-1]))
+        items = [(lo, hi, int(starts[lo]), int(starts[hi])) for lo, hi in bounds]
+        partials = []
         set_total = getattr(progress, "set_total", None)  # a mixq._progress.Progress
         if callable(set_total):
             set_total(len(feeds))
-        for part_stats, part_skipped, nb in executor.map(_calib_shard, bounds, shared):
+        for part_stats, part_skipped, nb, part_tap in executor.map(_calib_shard, items, shared):
+            if part_tap is not None:
+                partials.append(part_tap)
             for n, d in part_stats.items():  # in shard order (merging is exact in any order)
                 s = TensorStats.from_dict(d)
                 if n in merged:
@@ -80,5 +90,7 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
                 for i in range(n_batches, n_batches + nb):
                     progress(i)
             n_batches += nb
+        if tap is not None:
+            tap.merge(partials)
     out = {**local.stats, **{n: s for n, s in merged.items() if n not in skipped}}
     return CollectResult({n: out[n] for n in names if n in out}, skipped, n_batches)

@@ -25,14 +25,17 @@ here). It returns the float weights it replaced, which bias correction then meas
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+import copy
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from .._io import has_external_data
+from ..calibration.data import feed_rows
 from ..errors import MixqError
 from ..formats import QParams, get_format
 from ..formats.integer import IntFormat, expand_param
@@ -204,9 +207,15 @@ class GramTap:
 
     Each sample's rows wait in a block of SAMPLE_BLOCK samples by index (ROW_BLOCK for 2-D
     inputs, a row per sample) carried across batches; a full block is summed in float32 (with
-    a power-of-two rescale where a value could overflow) and added to H in float64: no sum
-    depends on the batch size. Targets that read one input through the same view (kind,
-    transA, or the Conv's kernel, pads, strides, dilations and groups) share one H."""
+    a power-of-two rescale where a value could overflow) and the blocks are added in float64 in
+    a tree fixed by their index (`_TreeSum`): no sum depends on the batch size, nor on how the
+    samples were cut into shards. Targets that read one input through the same view (kind,
+    transA, or the Conv's kernel, pads, strides, dilations and groups) share one H.
+
+    Sharded (`shard` on a worker, `merge` in the driver): a shard sums the blocks that lie
+    wholly inside it and sends back the rows of the samples of blocks that cross its edges;
+    the driver completes those blocks and adds everything in the same tree, so H is the same
+    bytes as one pass over all samples."""
 
     def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan) -> None:
         self.targets, self.skipped = _targets(model, plan)
@@ -220,6 +229,12 @@ class GramTap:
         for ti, t in enumerate(self.targets):
             self._owner[ti] = seen.setdefault(self._view(t), ti)
         self._pending: dict[int, _Block] = {}
+        self._sums: dict[int, _TreeSum] = {}
+        # a shard's samples [lo, hi) of `total` (None: one pass over everything); the rows of
+        # samples whose block crosses the shard's edges, per target, in sample order
+        self._span: tuple[int, int, int] | None = None
+        self._edges: dict[int, list[tuple[int, np.ndarray]]] = {}
+        self._block: dict[int, int] = {}  # samples per block of each target (by its input's rank)
 
     def _view(self, t: _Target) -> tuple[object, ...]:
         """What H depends on besides the data: the input and how the layer reads it."""
@@ -249,13 +264,21 @@ class GramTap:
                     else:
                         x = v[j].reshape(-1, v.shape[-1])
                         r = x[_pick(x.shape[0], rng)][None]
-                self._take(ti, r, block)
+                self._take(ti, first + j, r, block)
         self.samples += rows
 
     def finish(self) -> None:
-        """After the last batch: the samples still pending enter H; shared grams are handed out."""
+        """After the last batch: the samples still pending enter H; shared grams are handed out.
+        (A shard only closes its blocks: `merge` finishes in the driver.)"""
         for ti in list(self._pending):
             self._flush(ti)
+        if self._span is not None:
+            return
+        for ti, s in self._sums.items():
+            self.targets[ti].gram = s.total()
+        self._hand_out()
+
+    def _hand_out(self) -> None:
         for ti, owner in self._owner.items():
             if owner != ti:
                 self.targets[ti].gram = self.targets[owner].gram
@@ -274,44 +297,138 @@ class GramTap:
         for feed in feeds:
             values = dict(zip(fetch, sess.run(fetch, feed))) if fetch else {}
             values.update({k: v for k, v in feed.items() if k in self.names})
-            f0 = next(iter(feed.values()), None)
-            self.update(values, int(f0.shape[0]) if f0 is not None and f0.ndim else 1)
+            self.update(values, feed_rows(feed))
         self.finish()
 
-    def _take(self, ti: int, r: np.ndarray, block: int) -> None:
-        """A sample's rows r (groups, rows, k) into target ti's block of `block` samples: its
-        product now where it has at least as many rows as H has columns (the rows are then
-        dropped), else its rows, for one product of the block's rows put together."""
-        b = self._pending.setdefault(ti, _Block())
-        b.n += 1
+    # -- shards --------------------------------------------------------------------------------
+    def shard(self, lo: int, hi: int, total: int) -> GramTap:
+        """An empty copy of this tap (no grams yet) that accumulates the samples ``[lo, hi)`` of
+        `total`, for a worker: its batches are given as usual (`update`), from sample `lo` on."""
+        if self.samples or self._pending or self._sums:
+            raise MixqError("GramTap.shard: the tap has seen samples already (shard an empty tap)")
+        if not 0 <= lo <= hi <= total:
+            raise MixqError(f"GramTap.shard: samples [{lo}, {hi}) are not within 0..{total}")
+        part = copy.copy(self)
+        part.targets = [replace(t) for t in self.targets]
+        part._pending, part._sums, part._edges, part._block = {}, {}, {}, {}
+        part.samples, part._span = lo, (lo, hi, total)
+        return part
+
+    def partial(self) -> dict[str, Any]:
+        """A shard's result after its pass, as plain data: per accumulating target, its tree's
+        pieces (aligned runs of whole blocks and their float64 sums), the rows of its edge
+        samples, and whether every value was finite."""
+        if self._span is None:
+            raise MixqError("GramTap.partial is the result of a shard (see GramTap.shard)")
+        lo, hi, _ = self._span
+        if self.samples != hi:
+            raise MixqError(f"GramTap shard of samples [{lo}, {hi}) saw {self.samples - lo} samples")
+        for ti in list(self._pending):
+            self._flush(ti)
+        out = {}
+        for ti, t in enumerate(self.targets):
+            if self._owner[ti] == ti:
+                s = self._sums.get(ti)
+                out[str(ti)] = {"pieces": list(s.stack) if s is not None else [],
+                                "edges": self._edges.get(ti, []), "finite": t.finite,
+                                "block": self._block.get(ti, 0)}
+        return {"lo": lo, "hi": hi, "targets": out}
+
+    def merge(self, partials: Sequence[dict[str, Any]]) -> None:
+        """The grams of the shards' `partial` results (in any order, covering every sample once):
+        the blocks that crossed shard edges are completed here from their rows, and every block
+        enters the same tree as in one pass. The tap is then `complete`."""
+        if self.samples or self._pending or self._sums:
+            raise MixqError("GramTap.merge needs an empty tap (the shards' own)")
+        parts = sorted(partials, key=lambda p: int(p["lo"]))
+        edge = 0
+        for p in parts:
+            if int(p["lo"]) != edge:
+                raise MixqError(f"GramTap.merge: the shards do not cover samples {edge}..{int(p['lo'])}")
+            edge = int(p["hi"])
+        self.samples = edge
+        for ti, t in enumerate(self.targets):
+            if self._owner[ti] != ti:
+                continue
+            got = [p["targets"][str(ti)] for p in parts if str(ti) in p["targets"]]
+            t.finite = all(bool(g["finite"]) for g in got)
+            pieces = [tuple(pc) for g in got for pc in g["pieces"]]
+            rows = [e for g in got for e in g["edges"]]
+            block = next((int(g["block"]) for g in got if g["block"]), SAMPLE_BLOCK)
+            by_block: dict[int, list[np.ndarray]] = {}
+            for idx, r in sorted(rows, key=lambda e: int(e[0])):
+                by_block.setdefault(int(idx) // block, []).append(r)
+            for bid, rs in by_block.items():
+                b = _Block()
+                for r in rs:
+                    self._add(t, b, r)
+                pieces.append((bid, 1, self._leaf(t, b)))
+            tree = _TreeSum()
+            for start, size, value in sorted(pieces, key=lambda pc: int(pc[0])):
+                tree.push(int(start), int(size), value)
+            t.gram = tree.total()
+        self._hand_out()
+
+    # -- accumulation --------------------------------------------------------------------------
+    def _take(self, ti: int, idx: int, r: np.ndarray, block: int) -> None:
+        """Sample `idx`'s rows r (groups, rows, k) into target ti's block of `block` samples by
+        index (or, in a shard, kept as an edge row where the block crosses the shard's edge)."""
+        self._block[ti] = block
+        bid = idx // block
+        if self._span is not None:
+            lo, hi, total = self._span
+            if bid * block < lo or min(bid * block + block, total) > hi:
+                self._edges.setdefault(ti, []).append((idx, r))
+                return
+        b = self._pending.get(ti)
+        if b is not None and b.bid != bid:  # a block left incomplete (not in a shard)
+            self._flush(ti)
+            b = None
+        if b is None:
+            b = self._pending[ti] = _Block(bid=bid)
+        self._add(self.targets[ti], b, r)
+        end = bid * block + block
+        if self._span is not None:
+            end = min(end, self._span[2])
+        if idx + 1 == end:
+            self._flush(ti)
+
+    def _add(self, t: _Target, b: _Block, r: np.ndarray) -> None:
+        """One sample's rows into block b: its product now where it has at least as many rows
+        as H has columns (the rows are then dropped), else its rows, for one product of the
+        block's rows put together."""
         if r.shape[1] >= r.shape[2]:
-            g = self._gram32(self.targets[ti], r)
+            g = self._gram32(t, b, r)
             if g is not None:
                 b.g = g if b.g is None else np.add(b.g, g, out=b.g)
         else:
             b.parts.append(r)
-        if b.n == block:
-            self._flush(ti)
 
     def _flush(self, ti: int) -> None:
-        """Target ti's block (full, or the last one) into its H, in float64."""
+        """Target ti's pending block (full, or the last one) into its tree, in float64."""
         b = self._pending.pop(ti, None)
         if b is None:
             return
-        t = self.targets[ti]
+        leaf = self._leaf(self.targets[ti], b)
+        self._sums.setdefault(ti, _TreeSum()).push(b.bid, 1, leaf)
+
+    def _leaf(self, t: _Target, b: _Block) -> np.ndarray | None:
+        """Block b's sum in float64: its float32 products, then the rescaled ones."""
         if b.parts:
-            g = self._gram32(t, b.parts[0] if len(b.parts) == 1 else np.concatenate(b.parts, axis=1))
+            g = self._gram32(t, b, b.parts[0] if len(b.parts) == 1 else np.concatenate(b.parts, axis=1))
             if g is not None:
                 b.g = g if b.g is None else b.g + g
-        if b.g is not None:
-            g64 = b.g.astype(np.float64)
-            t.gram = g64 if t.gram is None else t.gram + g64
+            b.parts = []
+        leaf = None if b.g is None else b.g.astype(np.float64)
+        if b.h64 is not None:
+            leaf = b.h64 if leaf is None else leaf + b.h64
+        return leaf
 
     @staticmethod
-    def _gram32(t: _Target, r: np.ndarray) -> np.ndarray | None:
-        """r^T r in float32; None where it went into t's H already (rescaled by a power of two,
-        exact, since the products or their sums could over- or underflow float32) or r holds
-        inf / NaN (t is marked)."""
+    def _gram32(t: _Target, b: _Block, r: np.ndarray) -> np.ndarray | None:
+        """r^T r in float32; None where it went into b's float64 part already (rescaled by a
+        power of two, exact, since the products or their sums could over- or underflow float32)
+        or r holds inf / NaN (t is marked)."""
         big = max(abs(float(r.max())), abs(float(r.min()))) if r.size else 0.0
         if not np.isfinite(big):
             t.finite = False
@@ -321,18 +438,51 @@ class GramTap:
             return np.matmul(r.transpose(0, 2, 1), r)
         rs = r / np.float32(2.0 ** e)
         g64 = np.matmul(rs.transpose(0, 2, 1), rs).astype(np.float64) * (4.0 ** e)
-        t.gram = g64 if t.gram is None else t.gram + g64
+        b.h64 = g64 if b.h64 is None else b.h64 + g64
         return None
 
 
 @dataclass
 class _Block:
-    """A target's samples of one block so far: how many, the float32 sum of their products,
-    the rows still to be multiplied."""
+    """A target's samples of one block so far: its index, the float32 sum of their products,
+    the rows still to be multiplied, the float64 sum of the rescaled products."""
 
-    n: int = 0
+    bid: int = 0
     g: np.ndarray | None = None
     parts: list[np.ndarray] = field(default_factory=list)
+    h64: np.ndarray | None = None
+
+
+class _TreeSum:
+    """A float64 sum of blocks 0..n-1 whose rounding depends on n only: each aligned run of
+    2^j blocks is the sum of its two halves, and [0, n) is the sum, left to right, of its
+    largest aligned runs. Pieces (start block, blocks, sum) are pushed in order; two adjacent
+    halves of one aligned run are added as soon as both are there, so whoever summed a run
+    (one pass, or a shard) the total gets the same bits. None is an empty sum."""
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[int, int, np.ndarray | None]] = []
+
+    def push(self, start: int, size: int, value: np.ndarray | None) -> None:
+        self.stack.append((start, size, value))
+        while len(self.stack) >= 2:
+            s1, n1, v1 = self.stack[-2]
+            s2, n2, v2 = self.stack[-1]
+            if n1 != n2 or s1 % (2 * n1) or s1 + n1 != s2:
+                break
+            self.stack[-2:] = [(s1, 2 * n1, _add64(v1, v2))]
+
+    def total(self) -> np.ndarray | None:
+        out: np.ndarray | None = None
+        for _, _, v in self.stack:
+            out = _add64(out, v)
+        return out
+
+
+def _add64(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 def _layout(t: _Target, w: np.ndarray) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:

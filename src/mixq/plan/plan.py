@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from ..errors import ConfigError
@@ -44,6 +44,9 @@ class TensorPrecision:
     calibrate: bool = True
     consumer_formats: dict[str, str] = field(default_factory=dict)
     block_size: int | None = None
+
+
+_PRECISION_FIELDS = tuple(f.name for f in fields(TensorPrecision))
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,12 @@ class PrecisionPlan:
         return out
 
     def to_json(self) -> str:
+        # the fields read directly (dataclasses.asdict deep-copies every value: a search writes
+        # a plan of every point for its cache key)
         return json.dumps({"version": 2, "config_name": self.config_name, "config": self.config,
-                           "tensors": [asdict(t) for t in self.tensors.values()],
+                           "tensors": [{f: dict(t.consumer_formats) if f == "consumer_formats"
+                                        else getattr(t, f) for f in _PRECISION_FIELDS}
+                                       for t in self.tensors.values()],
                            "float_nodes": self.float_nodes, "skipped": self.skipped},
                           indent=1, sort_keys=True)
 

@@ -27,11 +27,21 @@ def consumer_key(tensor: str, fmt: str) -> str:
     return f"{tensor}@{fmt}"
 
 
-def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], config: QuantConfig
-                       ) -> dict[str, QParams]:
+#: A memo of `activation_qparams`' range choices (see `RangeMemo`).
+RangeMemo = dict[tuple[Any, ...], tuple[tuple[TensorStats, ...], "QParams | None"]]
+
+
+def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], config: QuantConfig,
+                       memo: RangeMemo | None = None) -> dict[str, QParams]:
     """Parameters per activation group (keyed by the group's name, or the tensor's) in its
-    producer format, and per (tensor, consumer format) at precision boundaries."""
+    producer format, and per (tensor, consumer format) at precision boundaries.
+
+    `memo` (a dict the caller keeps) remembers each choice by the statistics objects it read,
+    the format and the options that choose a range: the plans of one search share most of
+    their tensors, and a MinMSE range costs a scan of the histogram. Statistics are never
+    changed in place once collected (a group merges copies), so an object stands for its values."""
     merged: dict[str, TensorStats] = {}
+    members: dict[str, list[TensorStats]] = {}
     fmts: dict[str, str] = {}
     for name, tp in plan.tensors.items():
         if tp.role != "activation" or tp.format is None:
@@ -40,23 +50,39 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
         fmts.setdefault(key, tp.format)
         if name in stats and tp.calibrate:
             merged[key] = merged[key].copy().merge(stats[name]) if key in merged else stats[name]
+            members.setdefault(key, []).append(stats[name])
     out: dict[str, QParams] = {}
     for key, st in merged.items():
-        qp = _choose(get_format(fmts[key]), st, config)
+        qp = _chosen(get_format(fmts[key]), st, tuple(members[key]), config, memo)
         if qp is not None:
             out[key] = qp
     for name, tp in plan.tensors.items():
         for fmt_name in set(tp.consumer_formats.values()):
-            found = stats.get(name) or merged.get(tp.group or name)
-            if found is None:
+            read: tuple[TensorStats, ...]
+            if name in stats:
+                st, read = stats[name], (stats[name],)
+            elif (tp.group or name) in merged:
+                st, read = merged[tp.group or name], tuple(members[tp.group or name])
+            else:
                 continue
-            st = found
-            if st is None:
-                continue
-            qp = _choose(get_format(fmt_name), st, config)
+            qp = _chosen(get_format(fmt_name), st, read, config, memo)
             if qp is not None:
                 out[consumer_key(name, fmt_name)] = qp
     return out
+
+
+def _chosen(fmt: Any, st: TensorStats, read: tuple[TensorStats, ...], config: QuantConfig,
+            memo: RangeMemo | None) -> QParams | None:
+    """`_choose`, through `memo` (keyed by the identity of the statistics merged into `st`,
+    which the memo keeps alive so that no identity is reused)."""
+    if memo is None:
+        return _choose(fmt, st, config)
+    key = (tuple(id(s) for s in read), fmt.name, config.power_of_two, config.activation_symmetric,
+           config.calibration, config.percentile, config.minmse_min_gain)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (read, _choose(fmt, st, config))
+    return hit[1]
 
 
 def _choose(fmt, st: TensorStats, config: QuantConfig) -> QParams | None:

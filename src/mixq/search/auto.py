@@ -713,6 +713,8 @@ class _Search:
         return self.objective.meets(m.value, m.margin)
 
     def _run_point(self, p: _Path, k: int) -> tuple[float, bool, float]:
+        if self.executor is not None:  # on the workers too, its feeds split between them
+            return self._run_points(p, [k])[0]
         metric = self.metric(p, k)
         if self.progress:
             self.progress("evaluate", self.count + 1, self.count + 1 + max(p.n - p.ev.count, 0))
@@ -877,7 +879,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
             if executor is not None and executor.workers > 1:
                 from ..calibration.sharded import calibrate_sharded
 
-                stats = dict(calibrate_sharded(prepared, sorted(needed), calib, executor).stats)
+                stats = dict(calibrate_sharded(prepared, sorted(needed), calib, executor, tap=tap).stats)
             else:
                 stats = dict(collect_stats(prepared, sorted(needed), calib, tap=tap).stats)
         cache.put(stats_key, {k: v.to_dict() for k, v in stats.items()})

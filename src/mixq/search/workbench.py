@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .._shards import Executor, in_worker
+from .._shards import Executor, in_worker, shard_bounds
 from ..config import QuantConfig
 from ..graph import with_weights
 from ..pipeline import Pipeline, model_from_shared, shared_form
@@ -118,7 +118,9 @@ class Workbench:
         nearest rounding)."""
         if not self.rounder or config.weight_rounding == "nearest":
             return {}
-        return self.rounder.weights(plan, qparams if qparams is not None else self.pipeline.qparams(plan, config))
+        # the weights' parameters only: no activation range is chosen for them
+        return self.rounder.weights(plan, qparams if qparams is not None
+                                    else self.pipeline.constant_qparams(plan, config))
 
     def size_bytes(self, plan: PrecisionPlan) -> float:
         """Deployed weight bytes of a plan (see `deployed_weight_bytes`)."""
@@ -150,27 +152,34 @@ class Workbench:
 # -- on an executor's workers (see auto's speculative bisection) ---------------------------------
 def _outputs_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | None], str,
                                 list[dict[str, np.ndarray]], int],
-                  item: tuple[str, dict[str, Any], dict[str, np.ndarray]]) -> list[np.ndarray]:
-    """Task: output `index` of one candidate (plan JSON, config dict, rounded weights) on every
-    evaluation feed, computed as `Workbench.outputs` computes it."""
+                  item: tuple[str, dict[str, Any], dict[str, np.ndarray], int, int]) -> list[np.ndarray]:
+    """Task: output `index` of one candidate (plan JSON, config dict, rounded weights) on the
+    evaluation feeds ``[lo, hi)``, computed as `Workbench.outputs` computes it."""
     model_part, key, feeds, index = shared
-    plan_json, config, weights = item
+    plan_json, config, weights, lo, hi = item
     # one thread per worker: the workers share the cores (onnxruntime computes each output
     # element the same way whatever its thread count)
-    return run_output(model_from_shared(model_part, plan_json, config, key, weights), feeds, index,
-                      threads=1 if in_worker() else None)
+    return run_output(model_from_shared(model_part, plan_json, config, key, weights), feeds[lo:hi],
+                      index, threads=1 if in_worker() else None)
 
 
 def plan_outputs(executor: Executor, pipe: Any, candidates: Sequence[tuple[Any, Any]],
                  feeds: list[dict[str, np.ndarray]], output_index: int,
                  weights: Sequence[dict[str, np.ndarray]] | None = None) -> list[list[np.ndarray]]:
-    """Output `output_index` on every feed of each ``(PrecisionPlan, QuantConfig)``, one task
-    per candidate: the same arrays as ``Workbench.outputs`` of the materialized model (the model
-    is rebuilt on the worker from the same prepared model and statistics, byte for byte;
-    `weights`: per candidate, the rounded weights ``Workbench.rounded_weights`` gives, which the
-    driver computes and ships with the task). The prepared model, statistics and feeds are
-    shared (sent once, reused while unchanged)."""
+    """Output `output_index` on every feed of each ``(PrecisionPlan, QuantConfig)``: the same
+    arrays as ``Workbench.outputs`` of the materialized model (the model is rebuilt on the
+    worker from the same prepared model and statistics, byte for byte; `weights`: per
+    candidate, the rounded weights ``Workbench.rounded_weights`` gives, which the driver
+    computes and ships with the task). Fewer candidates than workers: each candidate's feeds
+    are cut into contiguous shards, a task each, so that no worker idles. The prepared model,
+    statistics and feeds are shared (sent once, reused while unchanged)."""
+    if not candidates:
+        return []
     model_part, key = shared_form(pipe)
     per = list(weights) if weights is not None else [{} for _ in candidates]
-    items = [(plan.to_json(), cfg.to_dict(), w) for (plan, cfg), w in zip(candidates, per)]
-    return executor.map(_outputs_task, items, (model_part, key, feeds, output_index))
+    bounds = shard_bounds(len(feeds), -(-executor.workers // len(candidates))) if feeds else [(0, 0)]
+    items = [(plan.to_json(), cfg.to_dict(), w, lo, hi)
+             for (plan, cfg), w in zip(candidates, per) for lo, hi in bounds]
+    parts = executor.map(_outputs_task, items, (model_part, key, feeds, output_index))
+    k = len(bounds)
+    return [[o for part in parts[c * k:(c + 1) * k] for o in part] for c in range(len(candidates))]
