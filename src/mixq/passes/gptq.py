@@ -14,8 +14,9 @@ batch in memory). For a Conv the inputs are the patches each output reads (im2co
 Conv's pads, strides, dilations and groups); each group has its own H. At most `MAX_ROWS`
 patches (or tokens) per layer and sample enter H, drawn with a seed of the sample's index, and
 H is summed over blocks of `SAMPLE_BLOCK` samples by index (2-D inputs, a row per sample:
-`ROW_BLOCK`), each block summed in float32, the blocks in float64: the same data give the
-same bytes whatever the batch size. Layers that read the same input the same way (attention's
+`ROW_BLOCK`), each block summed in float32, the blocks in float64 along a tree fixed by the
+block index: the same data give the same bytes whatever the batch size, and whatever the
+shards the calibration was cut into (`GramTap.shard` / `merge`). Layers that read the same input the same way (attention's
 query, key and value projections) share one H.
 
 The pass changes the weight initializers of the prepared model in place to the dequantized
@@ -24,8 +25,8 @@ here). It returns the float weights it replaced, which bias correction then meas
 """
 from __future__ import annotations
 
-from collections import Counter
 import copy
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
