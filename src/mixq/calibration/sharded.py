@@ -47,7 +47,7 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
     too, each shard's GPTQ statistics merged here into the same bytes as one pass. Returns a
     CollectResult."""
     from .collect import CollectResult, collect_stats
-    from .data import FeedSource
+    from .data import FeedSource, feed_rows
     from .stats import TensorStats
 
     names = list(dict.fromkeys(tensor_names))
@@ -65,8 +65,6 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
     skipped: dict[str, str] = dict(local.skipped)
     n_batches = 0
     if run_names:
-        from .data import feed_rows
-
         bounds = shard_bounds(len(feeds), shards if shards is not None else executor.workers)
         starts = np.concatenate([[0], np.cumsum([feed_rows(f) for f in feeds])]).astype(int)
         shared = (model.SerializeToString(), run_names, feeds,

@@ -254,7 +254,7 @@ class GramTap:
             v = np.asarray(values[t.node.input[0]], dtype=np.float32)
             if t.kind == "gemm" and _int(t.node, "transA", 0):
                 v = v.T
-            block = ROW_BLOCK if v.ndim == 2 else SAMPLE_BLOCK
+            block = self._block[ti] = ROW_BLOCK if v.ndim == 2 else SAMPLE_BLOCK
             for j in range(v.shape[0]):
                 if v.ndim == 2:  # one row per sample
                     r = v[j:j + 1][None]
@@ -374,7 +374,6 @@ class GramTap:
     def _take(self, ti: int, idx: int, r: np.ndarray, block: int) -> None:
         """Sample `idx`'s rows r (groups, rows, k) into target ti's block of `block` samples by
         index (or, in a shard, kept as an edge row where the block crosses the shard's edge)."""
-        self._block[ti] = block
         bid = idx // block
         if self._span is not None:
             lo, hi, total = self._span
