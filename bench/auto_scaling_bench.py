@@ -9,8 +9,9 @@ What runs on the workers (see docs/SCALING.md): the calibration shards, one task
 the sensitivities, and the candidate models of the search (built and evaluated on the workers,
 the bisection evaluating its likely next points at once). "cold" is the first run on a new
 executor, starting the worker processes included; "warm" the fastest of --repeats runs on the
-same executor. Ray's own start (`ray.init` of a local cluster) is shown apart: a real cluster is
-started once, not per search. The cache is off: every run does the whole search.
+same executor, the rows' warm runs taken in turns. Ray's own start (`ray.init` of a local
+cluster) is shown apart: a real cluster is started once, not per search. The cache is off:
+every run does the whole search.
 """
 from __future__ import annotations
 
@@ -70,9 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| executor | workers | cold s | warm s | speed-up (warm) | full-model evaluations | "
           "same bytes | calibrate / sensitivities / search s (warm) |")
     print("|---|---|---|---|---|---|---|---|")
-    ref_digest, base_s = "", 0.0
-    rows: list[tuple[str, Any, float]] = [("one process (no executor)", None, 0.0)]
-    rows += [("local processes", ProcessExecutor(1), 0.0), ("local processes", ProcessExecutor(2), 0.0)]
+    rows: list[tuple[str, Any]] = [("one process (no executor)", None)]
+    rows += [("local processes", ProcessExecutor(1)), ("local processes", ProcessExecutor(2))]
     ray_s = 0.0
     if not args.no_ray:
         try:
@@ -81,27 +81,37 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
             ray_s = time.perf_counter() - t
-            rows += [("Ray, local cluster", RayExecutor(workers=1), 0.0),
-                     ("Ray, local cluster", RayExecutor(workers=2), 0.0)]
+            rows += [("Ray, local cluster", RayExecutor(workers=1)),
+                     ("Ray, local cluster", RayExecutor(workers=2))]
         except ImportError:
             print("(Ray is not installed: pip install 'mixq[ray]'; its rows are left out)\n")
-    busy = 0.0
-    for label, ex, _ in rows:
+    # every row's cold run, then the warm runs in turns (one of each row per repeat): a slow
+    # spell of a shared machine then slows every row alike, not the row it happened to fall on
+    cold: list[tuple[float, Any]] = []
+    for _, ex in rows:
         if ex is not None and not isinstance(ex, SerialExecutor):
-            ex.map(_warm, list(range(ex.workers)))  # start the workers outside the "warm" runs
-        cold, r = run(ex)
-        cpu0 = cpu_s()
-        warm_runs = [run(ex) for _ in range(args.repeats)]
-        if ex is None:  # the cores the one-process run keeps busy, on average over its warm runs
-            busy = (cpu_s() - cpu0) / sum(w for w, _ in warm_runs)
-        warm, wr = min(warm_runs, key=lambda tr: tr[0])
+            ex.map(_warm, list(range(ex.workers)))  # start the workers outside the timed runs
+        cold.append(run(ex))
+    warm_runs: list[list[tuple[float, Any]]] = [[] for _ in rows]
+    busy_cpu = busy_wall = 0.0
+    for _ in range(args.repeats):
+        for i, (_, ex) in enumerate(rows):
+            cpu0 = cpu_s()
+            warm_runs[i].append(run(ex))
+            if ex is None:  # the cores the one-process run keeps busy, on average
+                busy_cpu += cpu_s() - cpu0
+                busy_wall += warm_runs[i][-1][0]
+    busy = busy_cpu / busy_wall
+    ref_digest = hashlib.sha256(cold[0][1].model.SerializeToString()).hexdigest()
+    base_s = min(w for w, _ in warm_runs[0])
+    for (label, ex), (cold_s, r), runs in zip(rows, cold, warm_runs):
+        warm, wr = min(runs, key=lambda tr: tr[0])
         phases = " / ".join(f"{wr.timings.get(k, 0.0):.2f}" for k in ("calibrate", "sensitivity", "search"))
-        digest = hashlib.sha256(r.model.SerializeToString()).hexdigest()
-        if ex is None:
-            ref_digest, base_s = digest, warm
-        print(f"| {label} | {1 if ex is None else ex.workers} | {cold:.2f} | {warm:.2f} | "
-              f"{base_s / warm:.2f}x | {r.full_evaluations} | {'yes' if digest == ref_digest else 'NO'} | "
-              f"{phases} |")
+        same = all(hashlib.sha256(x.model.SerializeToString()).hexdigest() == ref_digest
+                   for x in [r, *(x for _, x in runs)])
+        print(f"| {label} | {1 if ex is None else ex.workers} | {cold_s:.2f} | {warm:.2f} | "
+              f"{base_s / warm:.2f}x | {r.full_evaluations} | {'yes' if same else 'NO'} | {phases} |")
+    for _, ex in rows:
         if ex is not None:
             ex.close()
     cores = os.cpu_count() or 1

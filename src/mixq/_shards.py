@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -42,7 +43,9 @@ class Executor(Protocol):
 
     def map(self, fn: Callable[[Any, T], R], items: Sequence[T], shared: Any = None) -> list[R]:
         """``[fn(shared, item) for item in items]``, in item order. `fn` must be a module-level
-        function; `shared` is sent to the workers once per call."""
+        function; `shared` is sent to the workers once per call (a `Shared`: its value, sent
+        only when its token is new to them; `fn` reads a Shared through `shared_value`, so an
+        executor may also pass it on as it is)."""
         ...
 
     def close(self) -> None:
@@ -56,10 +59,30 @@ def check_workers(workers: Any, what: str = "workers") -> int:
     return int(workers)
 
 
+@dataclass(frozen=True)
+class Shared:
+    """A map call's shared data whose content digest the caller knows already (made from the
+    digests of what it holds): executors find the copy their workers hold by `token`, and
+    pickle `value` only to send it. A search sends the same model and feeds in every round."""
+
+    value: Any
+    token: str
+
+
 def digest(shared: Any) -> tuple[str, bytes]:
     """(content digest, pickle) of a shared object."""
     blob = pickle.dumps(shared, protocol=pickle.HIGHEST_PROTOCOL)
     return hashlib.sha256(blob).hexdigest(), blob
+
+
+def shared_token(shared: Any) -> str:
+    """`digest(shared)[0]`, without pickling a `Shared`."""
+    return shared.token if isinstance(shared, Shared) else digest(shared)[0]
+
+
+def shared_value(shared: Any) -> Any:
+    """What the tasks receive: a `Shared`'s value, anything else as it is."""
+    return shared.value if isinstance(shared, Shared) else shared
 
 
 def shard_bounds(n_items: int, shards: int) -> list[tuple[int, int]]:

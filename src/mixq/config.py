@@ -7,6 +7,7 @@ translated into these objects once, in `mixq.compat`.
 from __future__ import annotations
 
 import fnmatch
+import functools
 from dataclasses import InitVar, asdict, dataclass, fields, replace
 from typing import Any
 
@@ -46,9 +47,20 @@ class LayerRule:
                 object.__setattr__(self, opt, get_format(v).name)
 
     def matches(self, op_type: str, node_name: str) -> bool:
+        """Whether the rule applies to a node: its op type is listed, or its name is listed or
+        matches a listed fnmatch pattern."""
         if op_type in self.op_types:
             return True
-        return any(node_name == p or fnmatch.fnmatchcase(node_name, p) for p in self.nodes)
+        names, globs = _names_and_patterns(self.nodes)
+        return node_name in names or any(node_name == p or fnmatch.fnmatchcase(node_name, p) for p in globs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _names_and_patterns(nodes: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """A rule's plain node names (looked up) and its fnmatch patterns: a search's rules name
+    dozens of nodes, and every node of the graph meets every rule in each plan it builds."""
+    globs = tuple(p for p in nodes if any(c in p for c in "*?["))
+    return frozenset(nodes).difference(globs), globs
 
 
 def _choice(option: str, value: str, allowed: tuple[str, ...]) -> str:

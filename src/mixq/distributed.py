@@ -33,14 +33,14 @@ from typing import Any, TypeVar
 import numpy as np
 import onnx
 
-from ._shards import Executor, check_workers, digest, mark_worker, shard_bounds
+from ._shards import Executor, Shared, check_workers, mark_worker, shard_bounds, shared_token, shared_value
 from .calibration.sharded import calibrate_sharded
 from .errors import ConfigError, MixqError
 from .pipeline import model_from_shared, shared_form
 from .search.sensitivity import sensitivity_rows
 from .search.workbench import plan_outputs
 
-__all__ = ["Executor", "SerialExecutor", "ProcessExecutor", "RayExecutor", "WorkerError",
+__all__ = ["Executor", "Shared", "SerialExecutor", "ProcessExecutor", "RayExecutor", "WorkerError",
            "executor_from", "shard_bounds", "calibrate_sharded", "SplitMetric",
            "evaluate_plans", "RELATIVE_L2", "sensitivity_rows", "plan_outputs", "WORKER_THREADS_ENV"]
 
@@ -158,16 +158,16 @@ class ProcessExecutor(_ContextMixin):
         if shared is not None:
             # the file is named by its content: a search's rounds send the same model and
             # feeds again and again, and each worker keeps what it read last
-            token, blob = digest(shared)
+            token = shared_token(shared)
             if self._tmp is None:
                 self._tmp = tempfile.TemporaryDirectory(prefix="mixq_shared_")
             path = os.path.join(self._tmp.name, f"{token}.pkl")
             if not os.path.exists(path):
                 for old in Path(self._tmp.name).glob("*.pkl"):
                     old.unlink()
-                with open(path, "wb") as f:
-                    f.write(blob)
-            del blob
+                with open(path + ".part", "wb") as f:  # named by its token only once whole
+                    pickle.dump(shared_value(shared), f, protocol=pickle.HIGHEST_PROTOCOL)
+                os.replace(path + ".part", path)
         results: dict[int, Any] = {}
         for attempt in range(self.retries + 1):
             pool = self._get_pool()
@@ -257,10 +257,10 @@ class RayExecutor(_ContextMixin):
         ray = self._ray
         # once: every task gets the reference; the same content again (a search's next round)
         # reuses the object already in the store
-        token = digest(shared)[0]
+        token = shared_token(shared)
         if self._shared is None or self._shared[0] != token:
             self._shared = None  # the old object can go from the store
-            self._shared = (token, ray.put(shared))
+            self._shared = (token, ray.put(shared_value(shared)))
         ref = self._shared[1]
         refs = [self._remote.remote(fn, ref, it) for it in items]
         try:

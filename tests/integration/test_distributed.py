@@ -16,7 +16,8 @@ import mixq
 from mixq.calibration.collect import collect_stats
 from mixq.calibration.stats import TensorStats
 from mixq.data import default_model_path, load_default_samples
-from mixq.distributed import (ProcessExecutor, RayExecutor, SerialExecutor, calibrate_sharded,
+from mixq._shards import shared_value
+from mixq.distributed import (ProcessExecutor, RayExecutor, SerialExecutor, Shared, calibrate_sharded,
                               RELATIVE_L2, WORKER_THREADS_ENV, evaluate_plans, executor_from,
                               shard_bounds)
 from mixq.errors import ConfigError
@@ -111,6 +112,43 @@ def test_shared_data_goes_to_each_worker_once_per_content():
     assert first[0] == first[1] == again[0]  # same process, same object: read once
     assert other[0][1] != first[0][1] and other[0][2] == 2
     assert len(files) == 1  # the previous content's file was removed
+
+
+_PICKLED: list[int] = []
+
+
+class _Counted:
+    """Shared data that records each time this process pickles it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __reduce__(self):
+        _PICKLED.append(self.n)
+        return (_Counted, (self.n,))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _value_of(shared, item):
+    value = shared_value(shared)
+    return type(value).__name__, len(value)
+
+
+@pytest.mark.parametrize("kind", ["serial", "processes"])
+def test_shared_with_a_known_token_is_pickled_only_to_be_sent(kind):
+    """A search's rounds send the same model and feeds: with the digest known (`Shared`), the
+    executor names the data by its token and pickles it only when a worker lacks it; the task
+    reads the value, on any executor."""
+    _PICKLED.clear()
+    ex = SerialExecutor(2) if kind == "serial" else ProcessExecutor(1)
+    with ex:
+        first = ex.map(_value_of, [0, 1], shared=Shared(_Counted(3), "t1"))
+        again = ex.map(_value_of, [0], shared=Shared(_Counted(3), "t1"))
+        other = ex.map(_value_of, [0], shared=Shared(_Counted(5), "t2"))
+    assert first == [("_Counted", 3)] * 2 and again == [("_Counted", 3)] and other == [("_Counted", 5)]
+    assert _PICKLED == ([] if kind == "serial" else [3, 5])  # a new token only
 
 
 def _thread_env(shared, item):
@@ -306,6 +344,11 @@ def test_ray_puts_equal_shared_data_once(ray_cluster):
     assert ex._shared[1] is ref
     ex.map(_where, [0], shared=(b"abd",))
     assert ex._shared[1] is not ref
+    _PICKLED.clear()
+    assert ex.map(_value_of, [0], shared=Shared(_Counted(3), "t1")) == [("_Counted", 3)]
+    ref = ex._shared[1]
+    assert ex.map(_value_of, [0, 1], shared=Shared(_Counted(3), "t1")) == [("_Counted", 3)] * 2
+    assert ex._shared[1] is ref and _PICKLED == [3]  # put once, by its token
 
 
 def test_ray_task_errors_are_the_mixq_error_and_not_retried(ray_cluster):
@@ -329,6 +372,25 @@ def _auto(calib, executor=None, strategy="bisection"):
                       l2_target=0.08, cache_dir=None, strategy=strategy)
     feeds = [{"image": calib[i:i + 4]} for i in range(0, len(calib), 4)]
     return auto_quantize(default_model_path(), auto, feeds[:6], feeds[6:], executor=executor)
+
+
+def test_a_search_collects_every_statistic_in_its_one_calibration_pass(calib, monkeypatch):
+    """A mixed plan's precision boundary after a pass-through op (a MaxPool's output read in
+    another format than its input's) needs that output's own range: the search's calibration
+    pass collects it with the rest, so no plan costs a float pass of its own in the driver."""
+    import mixq.calibration.collect as cc
+
+    passes: list[list[str]] = []
+    real = cc.collect_stats
+
+    def counted(model, names, *a, **k):
+        if names:
+            passes.append(sorted(names))
+        return real(model, names, *a, **k)
+
+    monkeypatch.setattr(cc, "collect_stats", counted)
+    r = _auto(calib)
+    assert r.full_evaluations >= 3 and len(passes) == 1, passes[1:]
 
 
 def _auto_record(r) -> tuple:

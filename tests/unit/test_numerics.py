@@ -1,6 +1,8 @@
 """Numerics detectors on hand-made statistics, and apply_numerics on a plan."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
@@ -80,3 +82,41 @@ def test_tensor_override_is_left_as_set():
     plan = PrecisionPlan(tensors={"x": TensorPrecision("x", "activation", "int8", "tensor override")})
     new, findings = apply_numerics(plan, m, {"x": _st(RNG.normal(0, 1, 100))})
     assert findings == [] and new.tensors["x"].format == "int8"
+
+
+def test_a_memo_gives_the_same_findings_and_reads_each_statistics_once(monkeypatch):
+    """A search plans many points over one set of statistics: with a StatsMemo the per-tensor
+    verdicts (sentinel, outlier quantile) are computed once per statistics object, the findings
+    are those of the memo-less call, and other statistics (even equal in value) are read anew."""
+    import mixq.plan.numerics as nm
+
+    m = _graph([helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])])
+    scores = RNG.normal(0, 3, 2000)
+    stats = {"x": _st(np.r_[scores * 1e-2, 40.0]),  # an outlier: the 99th percentile under a code
+             "s": _st(scores + np.where(RNG.random(2000) < 0.3, -1e4, 0)), "y": _st(scores)}
+    tp = {n: TensorPrecision(n, "activation", "int8", "in") for n in stats}
+    plans = [PrecisionPlan(tensors=tp), PrecisionPlan(tensors={**tp, "y": replace(tp["y"], format="int16")})]
+    calls = {"sentinel": 0, "quantile": 0}
+    real_sentinel, real_quantile = nm._sentinel_reason, nm._quantile_abs
+
+    def sentinel(*a):
+        calls["sentinel"] += 1
+        return real_sentinel(*a)
+
+    def quantile(*a):
+        calls["quantile"] += 1
+        return real_quantile(*a)
+
+    monkeypatch.setattr(nm, "_sentinel_reason", sentinel)
+    monkeypatch.setattr(nm, "_quantile_abs", quantile)
+    memo = nm.StatsMemo()
+    for plan in plans * 3:
+        with_memo = apply_numerics(plan, m, stats, memo=memo)
+        without = apply_numerics(plan, m, stats)
+        assert with_memo[1] == without[1] and with_memo[0].tensors == without[0].tensors
+    assert {f.tensor: f.policy for f in with_memo[1]} == {"s": "sentinel", "x": "outliers"}
+    # 6 plans without the memo read the 3 tensors each time; with it, each tensor once
+    assert calls == {"sentinel": 3 * 6 + 3, "quantile": 3 * 6 + 3}, calls
+    copies = {n: st.copy() for n, st in stats.items()}
+    apply_numerics(plans[0], m, copies, memo=memo)
+    assert calls == {"sentinel": 3 * 6 + 6, "quantile": 3 * 6 + 6}, calls

@@ -3,8 +3,11 @@ the op table, resolution into producer and consumer formats, and the policies.""
 from __future__ import annotations
 
 import onnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mixq
+from mixq.config import LayerRule
 from mixq.graph import GraphIndex
 from mixq.plan.plan import PrecisionPlan
 from mixq.plan.rules import _requests, _resolve, build_plan
@@ -128,3 +131,19 @@ def test_plan_json_has_every_field_of_every_tensor():
     plan = build_plan(m, mixq.get_default_config("A8W8"))
     assert json.loads(plan.to_json())["tensors"] == [asdict(t) for t in plan.tensors.values()]
     assert PrecisionPlan.from_json(plan.to_json()) == plan
+
+
+@given(nodes=st.lists(st.text("ab*?[]!.0", max_size=4), max_size=6),
+       names=st.lists(st.text("ab*?[]!.0", max_size=4), min_size=1, max_size=8))
+@settings(max_examples=300, deadline=None)
+def test_layer_rule_matches_names_and_patterns_as_fnmatch(nodes, names):
+    """LayerRule looks plain names up and sends only patterns through fnmatch: the same answer
+    as comparing every entry and matching it as a pattern, for any mix of names, patterns and
+    broken patterns ('[' without ']')."""
+    import fnmatch
+
+    rule = LayerRule(nodes=tuple(nodes), weight="int8") if nodes else LayerRule(op_types={"Conv"}, weight="int8")
+    for name in names:
+        want = any(name == p or fnmatch.fnmatchcase(name, p) for p in nodes)
+        assert rule.matches("Relu", name) == want, (nodes, name)
+        assert rule.matches("Conv", name) == (want or not nodes)

@@ -29,7 +29,9 @@ Each detector is a pure function returning {tensor: reason}:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import onnx
@@ -38,6 +40,8 @@ from ..calibration.stats import TensorStats
 from ..formats import get_format
 from ..formats.integer import IntFormat
 from .plan import PrecisionPlan, TensorPrecision
+
+T = TypeVar("T")
 
 #: (a) an empty gap of this many binades below the largest values marks a sentinel cluster
 SENTINEL_GAP_LOG2 = 8
@@ -145,50 +149,77 @@ def _rms(st: TensorStats) -> float:
     return float(math.sqrt(float(np.sum(cnt * mid * mid)) / float(np.sum(cnt))))
 
 
+class StatsMemo:
+    """Values computed from single statistics objects, remembered by the object's identity (which
+    the memo keeps alive, so no identity is reused) and what was computed. A search plans many
+    points over one set of statistics; statistics are never changed in place once collected
+    (see `activation_qparams`), so an object stands for its values."""
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[Any, ...], tuple[TensorStats, Any]] = {}
+
+    def get(self, st: TensorStats, what: tuple[Any, ...], compute: Callable[[], T]) -> T:
+        """`compute()`, or its value from an earlier call with the same `st` and `what`."""
+        key = (id(st), *what)
+        hit = self._values.get(key)
+        if hit is None or hit[0] is not st:
+            hit = self._values[key] = (st, compute())
+        return cast(T, hit[1])
+
+
 def sentinel_tensors(stats: dict[str, TensorStats], *, gap_log2: int = SENTINEL_GAP_LOG2,
-                     bulk_log2: int = SENTINEL_BULK_LOG2) -> dict[str, str]:
+                     bulk_log2: int = SENTINEL_BULK_LOG2, memo: StatsMemo | None = None) -> dict[str, str]:
     """(a) Tensors holding +-inf or NaN in calibration (a -inf attention mask), and tensors
     whose range is set by a few huge values: an empty gap of `gap_log2` binades
     or more between a cluster at the absmax and at least 1% of the non-zero values below it (an
     additive mask: real scores, then -1e4 or -3.4e38), a float-limit magnitude (>= 2^100), or
     99.9% of the non-zero values more than 2^bulk_log2 below the absmax. Tensors within
-    [0, 1] (probabilities, gates) are skipped: their small values are small in absolute terms."""
+    [0, 1] (probabilities, gates) are skipped: their small values are small in absolute terms.
+    `memo`: each tensor's verdict is a function of its statistics alone."""
     out: dict[str, str] = {}
     for name, st in stats.items():
-        if st.inf_count or st.nan_count:
-            # no grid holds them: integer codes saturate -inf to a finite value (a -inf attention
-            # mask would stop masking), a block format turns the whole block into NaN
-            what = " and ".join(f"{n} {k}" for n, k in ((st.inf_count, "infinite"), (st.nan_count, "NaN"))
-                                if n)
-            out[name] = (f"additive mask / sentinel: holds {what} value(s) of {st.count} calibrated "
-                         "(a -inf mask); a quantized grid cannot represent them")
-            continue
-        if st.empty or (st.min >= 0.0 and st.max <= 1.0):
-            continue
-        amax = st.absmax
-        lo, hi, cnt = st.abs_bins()
-        nz = lo > 0  # exact zeros (what a mask leaves unmasked, ReLU's zeros) are not counted
-        lo, hi, cnt = lo[nz], hi[nz], cnt[nz]
-        if cnt.size == 0:
-            continue
-        nonzero = float(np.sum(cnt))
-        gap, i = 0.0, -1
-        if cnt.size > 1:  # the widest gap between consecutive non-empty bins (ascending)
-            ratios = np.log2(lo[1:] / np.maximum(hi[:-1], np.finfo(np.float64).tiny))
-            i = int(np.argmax(ratios))
-            gap = float(ratios[i])
-        lower = float(np.sum(cnt[:i + 1])) if i >= 0 else 0.0
-        below = float(np.sum(cnt[hi <= amax * 2.0 ** -bulk_log2]))
-        if gap >= gap_log2 and lower >= 0.01 * nonzero and amax >= 2.0 ** SENTINEL_MIN_LOG2:
-            k = int(math.floor(math.log2(amax / hi[i])))
-            out[name] = (f"additive mask / sentinel: {100 * lower / nonzero:.1f}% of the non-zero values "
-                         f"lie 2^{k} below absmax ({amax:.3g}), which {100 - 100 * lower / nonzero:.2g}% set")
-        elif amax >= 2.0 ** SENTINEL_ABS_LOG2:
-            out[name] = f"additive mask / sentinel: absmax {amax:.3g} is a float-limit value, not an activation"
-        elif below >= 0.999 * nonzero and below < nonzero:
-            out[name] = (f"additive mask / sentinel: {100 * below / nonzero:.1f}% of the non-zero values "
-                         f"lie 2^{bulk_log2} below absmax ({amax:.3g})")
+        why = (_sentinel_reason(st, gap_log2, bulk_log2) if memo is None else
+               memo.get(st, ("sentinel", gap_log2, bulk_log2), lambda: _sentinel_reason(st, gap_log2, bulk_log2)))
+        if why is not None:
+            out[name] = why
     return out
+
+
+def _sentinel_reason(st: TensorStats, gap_log2: int, bulk_log2: int) -> str | None:
+    """`sentinel_tensors`' verdict on one tensor (None: not a sentinel)."""
+    if st.inf_count or st.nan_count:
+        # no grid holds them: integer codes saturate -inf to a finite value (a -inf attention
+        # mask would stop masking), a block format turns the whole block into NaN
+        what = " and ".join(f"{n} {k}" for n, k in ((st.inf_count, "infinite"), (st.nan_count, "NaN"))
+                            if n)
+        return (f"additive mask / sentinel: holds {what} value(s) of {st.count} calibrated "
+                "(a -inf mask); a quantized grid cannot represent them")
+    if st.empty or (st.min >= 0.0 and st.max <= 1.0):
+        return None
+    amax = st.absmax
+    lo, hi, cnt = st.abs_bins()
+    nz = lo > 0  # exact zeros (what a mask leaves unmasked, ReLU's zeros) are not counted
+    lo, hi, cnt = lo[nz], hi[nz], cnt[nz]
+    if cnt.size == 0:
+        return None
+    nonzero = float(np.sum(cnt))
+    gap, i = 0.0, -1
+    if cnt.size > 1:  # the widest gap between consecutive non-empty bins (ascending)
+        ratios = np.log2(lo[1:] / np.maximum(hi[:-1], np.finfo(np.float64).tiny))
+        i = int(np.argmax(ratios))
+        gap = float(ratios[i])
+    lower = float(np.sum(cnt[:i + 1])) if i >= 0 else 0.0
+    below = float(np.sum(cnt[hi <= amax * 2.0 ** -bulk_log2]))
+    if gap >= gap_log2 and lower >= 0.01 * nonzero and amax >= 2.0 ** SENTINEL_MIN_LOG2:
+        k = int(math.floor(math.log2(amax / hi[i])))
+        return (f"additive mask / sentinel: {100 * lower / nonzero:.1f}% of the non-zero values "
+                f"lie 2^{k} below absmax ({amax:.3g}), which {100 - 100 * lower / nonzero:.2g}% set")
+    if amax >= 2.0 ** SENTINEL_ABS_LOG2:
+        return f"additive mask / sentinel: absmax {amax:.3g} is a float-limit value, not an activation"
+    if below >= 0.999 * nonzero and below < nonzero:
+        return (f"additive mask / sentinel: {100 * below / nonzero:.1f}% of the non-zero values "
+                f"lie 2^{bulk_log2} below absmax ({amax:.3g})")
+    return None
 
 
 def nonfinite_initializers(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
@@ -365,14 +396,15 @@ def _quantile_abs(st: TensorStats, q: float) -> float:
 
 
 def outlier_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats], *,
-                    min_codes: float = OUTLIER_MIN_CODES, q: float = OUTLIER_QUANTILE) -> dict[str, str]:
+                    min_codes: float = OUTLIER_MIN_CODES, q: float = OUTLIER_QUANTILE,
+                    memo: StatsMemo | None = None) -> dict[str, str]:
     """(f) Activations planned on an integer grid where the `q`-quantile of the non-zero
     magnitudes gets fewer than `min_codes` codes of the grid MinMax would give (absmax at the
     largest code): nearly every value rounds to 0 or one code, and clipping the few outliers
     instead changes what the model computes (a transformer's outlier features). Tensors within
     [0, 1] (probabilities) are skipped; a 16-bit grid gives the same tensors 256 times the codes.
     The absmax must also be OUTLIER_MIN_RATIO times the quantile (implied on 8- and 16-bit grids):
-    on a 4-bit grid few codes is the format, not outliers."""
+    on a 4-bit grid few codes is the format, not outliers. `memo` keeps each tensor's quantile."""
     out: dict[str, str] = {}
     for name, st in stats.items():
         tp = plan.tensors.get(name)
@@ -384,7 +416,8 @@ def outlier_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats], *,
         if not ints:
             continue
         grid = min(ints, key=lambda f: f.symmetric_limit)  # the coarsest grid it is read on
-        quantile = _quantile_abs(st, q)
+        quantile = (_quantile_abs(st, q) if memo is None else
+                    memo.get(st, ("quantile", q), lambda: _quantile_abs(st, q)))
         codes = quantile / st.absmax * grid.symmetric_limit
         if codes < min_codes and st.absmax >= OUTLIER_MIN_RATIO * quantile:
             out[name] = (f"outliers: {100 * q:g}% of the non-zero values get at most {codes:.1f} of the "
@@ -427,10 +460,12 @@ def _gridded(tp: TensorPrecision, int_only: bool) -> bool:
 
 def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats],
                   policies: tuple[str, ...] = POLICIES, *,
-                  nonfinite: dict[str, tuple[int, int]] | None = None) -> list[Finding]:
+                  nonfinite: dict[str, tuple[int, int]] | None = None,
+                  memo: StatsMemo | None = None) -> list[Finding]:
     """The activation tensors of `plan` that policies (a)-(d) and (f) keep float, first reason wins
     (tensors the user set with tensor_formats are left as set); `nonfinite` as in
-    `nonfinite_constants`."""
+    `nonfinite_constants`; `memo` (kept by the caller across the plans of one set of statistics)
+    remembers what each tensor's statistics alone decide."""
     unknown = set(policies) - set(POLICIES)
     if unknown:
         from ..errors import ConfigError
@@ -448,11 +483,11 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
         found.update((t, Finding(t, "overflow", why)) for t, why in overflow_constants(plan, model).items()
                      if t not in found)
     detectors = {
-        "sentinel": lambda: sentinel_tensors(cal),
+        "sentinel": lambda: sentinel_tensors(cal, memo=memo),
         "small_values": lambda: small_value_inputs(model, cal),
         "cancellation": lambda: cancellation_inputs(model, cal),
         "concat": lambda: concat_range_outputs(model, cal),
-        "outliers": lambda: outlier_tensors(plan, cal),
+        "outliers": lambda: outlier_tensors(plan, cal, memo=memo),
         "overflow": lambda: overflow_tensors(plan, every),
     }
     for pol in POLICIES:
@@ -507,16 +542,16 @@ def _passthrough_inputs(model: onnx.ModelProto, plan: PrecisionPlan, flagged: di
 
 def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats], *,
                    enabled: bool = True, policies: tuple[str, ...] = POLICIES,
-                   nonfinite: dict[str, tuple[int, int]] | None = None
+                   nonfinite: dict[str, tuple[int, int]] | None = None, memo: StatsMemo | None = None
                    ) -> tuple[PrecisionPlan, list[Finding]]:
     """A new plan with the activation tensors the policies flag left float (format None, no
     consumer formats), each with its reason ("kept float: ..."), and the findings. Tensors that
     only reuse a flagged tensor's parameters (pass-through outputs, fused pre-activations of
     its group) are left float with it. `enabled=False` returns the plan unchanged; `nonfinite`
-    as in `nonfinite_constants`."""
+    as in `nonfinite_constants`, `memo` as in `find_numerics`."""
     if not enabled:
         return plan, []
-    findings = find_numerics(plan, model, stats, policies, nonfinite=nonfinite)
+    findings = find_numerics(plan, model, stats, policies, nonfinite=nonfinite, memo=memo)
     if not findings:
         return plan, []
     tensors = dict(plan.tensors)

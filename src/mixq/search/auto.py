@@ -324,6 +324,11 @@ def cache_max_bytes() -> int:
     return int(mb * 1e6)
 
 
+def _scaled(fmt: str) -> bool:
+    """Whether a format's grid takes parameters (a scale) chosen from statistics."""
+    return get_format(fmt).needs_qparams
+
+
 def _key(*parts: Any) -> str:
     h = hashlib.sha256()
     for p in parts:
@@ -543,8 +548,8 @@ class _Path:
     start: dict[str, Candidate]
     moves: list[tuple[str, Candidate]]
     assignments: list[dict[str, Candidate]]
-    configs: list[QuantConfig]
     ev: Evaluator
+    configs: dict[int, QuantConfig] = field(default_factory=dict)  # P[k]'s, see _Search.config
     plans: dict[int, PrecisionPlan] = field(default_factory=dict)
     keys: dict[int, str] = field(default_factory=dict)  # the evaluation cache's key of P[k]
 
@@ -597,9 +602,7 @@ class _Search:
             a = dict(assignments[-1])
             a[layer] = c
             assignments.append(a)
-        configs = [_assignment_config(self.auto.base, a, self.passthroughs.idle(
-            frozenset(layer for layer, c in a.items() if c.is_float))) for a in assignments]
-        path = _Path(start, moves, assignments, configs, Evaluator(lambda k: (0.0, False, 0.0), None))
+        path = _Path(start, moves, assignments, Evaluator(lambda k: (0.0, False, 0.0), None))
         ex = self.executor
         path.ev = Evaluator(lambda k: self._run_point(path, k), self.deadline,
                             batch=None if ex is None else (lambda ks: self._run_points(path, ks)),
@@ -639,10 +642,11 @@ class _Search:
                 self.ev_cache[keys[k]] = [exact.value, exact.margin]
         todo = [k for k in ks if keys[k] not in self.ev_cache]
         if todo and self.executor is not None:
-            cands = [(self.plan(p, k), p.configs[k]) for k in todo]
+            cands = [(self.plan(p, k), self.config(p, k)) for k in todo]
             outs = plan_outputs(self.executor, self.wb.pipeline, cands, self.wb.eval_feeds,
                                 self.wb.output_index,
-                                weights=[self.wb.rounded_weights(c, pl) for pl, c in cands])
+                                weights=[self.wb.rounded_weights(c, pl) for pl, c in cands],
+                                feeds_key=self.wb.eval_digest)
             for k, o in zip(todo, outs):
                 m = self.objective.measure_outputs(self.wb, o)
                 self.ev_cache[keys[k]] = [m.value, m.margin]
@@ -654,9 +658,18 @@ class _Search:
             self.progress("evaluate", self.count + len(ks), self.count + len(ks))
         return out
 
+    def config(self, p: _Path, k: int) -> QuantConfig:
+        """The config of P[k], made when first asked for (a path has a point per layer; a
+        search builds a handful)."""
+        if k not in p.configs:
+            a = p.assignments[k]
+            p.configs[k] = _assignment_config(self.auto.base, a, self.passthroughs.idle(
+                frozenset(layer for layer, c in a.items() if c.is_float)))
+        return p.configs[k]
+
     def plan(self, p: _Path, k: int) -> PrecisionPlan:
         if k not in p.plans:
-            p.plans[k] = self.wb.plan(p.configs[k])
+            p.plans[k] = self.wb.plan(self.config(p, k))
             # a mixed plan may calibrate a tensor no uniform plan does (a Conv output whose Relu
             # was left float): collect what is missing, once (nothing when nothing is)
             self.wb.pipeline.calibrate(p.plans[k], self.calib)
@@ -685,7 +698,7 @@ class _Search:
         if pk not in self.ev_cache:
             got = self.exact(p, k)
             if got is None:
-                m, _ = self.wb.materialize(p.configs[k], self.plan(p, k))
+                m, _ = self.wb.materialize(self.config(p, k), self.plan(p, k))
                 got = self.objective.measure(self.wb, m)
             self.ev_cache[pk] = [got.value, got.margin]
         value, margin = self.ev_cache[pk]
@@ -859,11 +872,14 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         if c.is_float:
             continue
         cfg = base.with_options(activation=c.activation, weight=c.weight)
-        needed |= set(pipe.plan(cfg).calibrated_tensors(lambda f: get_format(f).needs_qparams))
         # and the outputs a fused Relu/Clip hides: a mixed plan that leaves the activation in
         # another format calibrates them (in this pass, not in one pass per plan)
-        unfused = cfg.with_options(fuse_activations=False)
-        needed |= set(pipe.plan(unfused).calibrated_tensors(lambda f: get_format(f).needs_qparams))
+        for plan in (pipe.plan(cfg), pipe.plan(cfg.with_options(fuse_activations=False))):
+            needed |= set(plan.calibrated_tensors(_scaled))
+            # and the tensors that share another's parameters in a uniform plan (a MaxPool's or
+            # Reshape's output): at a mixed plan's precision boundary they get their own
+            needed |= {n for n, tp in plan.tensors.items()
+                       if tp.role == "activation" and tp.format is not None and _scaled(tp.format)}
     stats_key = _key("stats", model_digest, sorted(needed), feeds_digest(calib))
     # GPTQ (weight_rounding 'auto' or 'gptq'): the layer inputs' second moments, measured in the
     # calibration pass where it runs here, in a float pass of their own where it does not
@@ -916,7 +932,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         raise ConfigError(f"no layer of op types {sorted(auto.op_types)} is quantized by the base "
                           "config: nothing to search over.")
     sens_key = _key("sens", model_digest, base.to_dict(), [c.label for c in cands], layers,
-                    feeds_digest(held), stats_key, auto.max_sensitivity_rows)
+                    wb.eval_digest, stats_key, auto.max_sensitivity_rows)
     sc = cache.get(sens_key)
     if sc is not None:
         table = SensitivityTable.from_dict(sc)
@@ -989,7 +1005,8 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     full_evaluations = search.count
 
     # the final model on the held-out data
-    final_model, final_plan = wb.materialize(chosen_path.configs[chosen], search.plan(chosen_path, chosen))
+    final_config = search.config(chosen_path, chosen)
+    final_model, final_plan = wb.materialize(final_config, search.plan(chosen_path, chosen))
     _check_loads(final_model)
     final = chosen_path.ev.done.get(chosen)
     final_metric = final.metric if final is not None else search.metric(chosen_path, chosen)
@@ -1023,7 +1040,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     front_pts = front([e for e in evaluations if e.k >= 0], objective.higher_is_better)
     size_chosen = search.size(chosen_path, chosen)
     result = AutoResult(
-        model=final_model, plan=final_plan, config=chosen_path.configs[chosen],
+        model=final_model, plan=final_plan, config=final_config,
         assignment={layer: c.label for layer, c in chosen_path.assignments[chosen].items()},
         sensitivity=table, path_labels=[(layer, c.label) for layer, c in chosen_path.moves],
         chosen_k=chosen, evaluations=evaluations, front=front_pts,

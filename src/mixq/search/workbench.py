@@ -16,10 +16,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .._shards import Executor, in_worker, shard_bounds
+from .._shards import Executor, Shared, in_worker, shard_bounds, shared_value
 from ..config import QuantConfig
 from ..graph import with_weights
 from ..pipeline import Pipeline, model_from_shared, shared_form
+from ..plan.numerics import StatsMemo, apply_numerics, nonfinite_initializers
 from ..plan.plan import PrecisionPlan
 
 Feeds = list[dict[str, np.ndarray]]
@@ -69,11 +70,15 @@ class Workbench:
     output_index: int = 0
     float_outputs: list[np.ndarray] = field(default_factory=list)
     model_digest: str = ""
+    #: `feeds_digest` of the held-out feeds (computed once: they go to the workers every round)
+    eval_digest: str = field(default="", init=False)
     #: the model's weights holding +-inf / NaN, read once for every plan of the search
     nonfinite: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: GPTQ rounding of the integer weights (mixq.passes.gptq.WeightRounder), applied to every
     #: plan whose config does not ask for nearest rounding; None: nearest everywhere
     rounder: Any = None
+    #: what each tensor's statistics alone decide in the numerics policies, across the plans
+    _numerics: StatsMemo = field(default_factory=StatsMemo, init=False, repr=False)
 
     def __post_init__(self) -> None:
         from ..evaluate import make_session
@@ -83,8 +88,7 @@ class Workbench:
             name = sess.get_outputs()[self.output_index].name
             self.float_outputs = [sess.run([name], f)[0] for f in self.eval_feeds]
         self.model_digest = hashlib.sha256(self.model.SerializeToString()).hexdigest()
-        from ..plan.numerics import nonfinite_initializers
-
+        self.eval_digest = feeds_digest(self.eval_feeds)
         self.nonfinite = nonfinite_initializers(self.model)
 
     @property
@@ -96,10 +100,9 @@ class Workbench:
         """`config`'s plan with the numerics policies applied, as `quantize` applies them: the
         tensors no grid suits (a -inf or -3.4e38 mask, a Log's input...) are float at every
         point, so the search spends no evaluation finding them."""
-        from ..plan.numerics import apply_numerics
-
         plan, _ = apply_numerics(self.pipeline.plan(config), self.model, self.pipeline.stats,
-                                 enabled=config.numerics_policies, nonfinite=self.nonfinite)
+                                 enabled=config.numerics_policies, nonfinite=self.nonfinite,
+                                 memo=self._numerics)
         return plan
 
     def materialize(self, config: QuantConfig, plan: PrecisionPlan | None = None
@@ -150,12 +153,16 @@ class Workbench:
 
 
 # -- on an executor's workers (see auto's speculative bisection) ---------------------------------
-def _outputs_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | None], str,
-                                list[dict[str, np.ndarray]], int],
+#: what every `_outputs_task` of one call shares: `shared_form`'s model part and key, the
+#: evaluation feeds, the output's index
+_OutputsShared = tuple[tuple[bytes, dict[str, dict[str, Any]], str | None], str, list[dict[str, np.ndarray]], int]
+
+
+def _outputs_task(shared: _OutputsShared | Shared,
                   item: tuple[str, dict[str, Any], dict[str, np.ndarray], int, int]) -> list[np.ndarray]:
     """Task: output `index` of one candidate (plan JSON, config dict, rounded weights) on the
     evaluation feeds ``[lo, hi)``, computed as `Workbench.outputs` computes it."""
-    model_part, key, feeds, index = shared
+    model_part, key, feeds, index = shared_value(shared)
     plan_json, config, weights, lo, hi = item
     # one thread per worker: the workers share the cores (onnxruntime computes each output
     # element the same way whatever its thread count)
@@ -165,21 +172,24 @@ def _outputs_task(shared: tuple[tuple[bytes, dict[str, dict[str, Any]], str | No
 
 def plan_outputs(executor: Executor, pipe: Any, candidates: Sequence[tuple[Any, Any]],
                  feeds: list[dict[str, np.ndarray]], output_index: int,
-                 weights: Sequence[dict[str, np.ndarray]] | None = None) -> list[list[np.ndarray]]:
+                 weights: Sequence[dict[str, np.ndarray]] | None = None,
+                 feeds_key: str | None = None) -> list[list[np.ndarray]]:
     """Output `output_index` on every feed of each ``(PrecisionPlan, QuantConfig)``: the same
     arrays as ``Workbench.outputs`` of the materialized model (the model is rebuilt on the
     worker from the same prepared model and statistics, byte for byte; `weights`: per
     candidate, the rounded weights ``Workbench.rounded_weights`` gives, which the driver
     computes and ships with the task). Fewer candidates than workers: each candidate's feeds
     are cut into contiguous shards, a task each, so that no worker idles. The prepared model,
-    statistics and feeds are shared (sent once, reused while unchanged)."""
+    statistics and feeds are shared (sent once, reused while unchanged; `feeds_key`: the feeds'
+    `feeds_digest` where the caller keeps it)."""
     if not candidates:
         return []
     model_part, key = shared_form(pipe)
+    token = hashlib.sha256(f"outputs {key} {feeds_key or feeds_digest(feeds)} {output_index}".encode()).hexdigest()
     per = list(weights) if weights is not None else [{} for _ in candidates]
     bounds = shard_bounds(len(feeds), -(-executor.workers // len(candidates))) if feeds else [(0, 0)]
     items = [(plan.to_json(), cfg.to_dict(), w, lo, hi)
              for (plan, cfg), w in zip(candidates, per) for lo, hi in bounds]
-    parts = executor.map(_outputs_task, items, (model_part, key, feeds, output_index))
+    parts = executor.map(_outputs_task, items, Shared((model_part, key, feeds, output_index), token))
     k = len(bounds)
     return [[o for part in parts[c * k:(c + 1) * k] for o in part] for c in range(len(candidates))]
