@@ -69,7 +69,6 @@ class Workbench:
     eval_feeds: Feeds
     output_index: int = 0
     float_outputs: list[np.ndarray] = field(default_factory=list)
-    model_digest: str = ""
     #: `feeds_digest` of the held-out feeds (computed once: they go to the workers every round)
     eval_digest: str = field(default="", init=False)
     #: the model's weights holding +-inf / NaN, read once for every plan of the search
@@ -87,7 +86,6 @@ class Workbench:
             sess = make_session(self.model)
             name = sess.get_outputs()[self.output_index].name
             self.float_outputs = [sess.run([name], f)[0] for f in self.eval_feeds]
-        self.model_digest = hashlib.sha256(self.model.SerializeToString()).hexdigest()
         self.eval_digest = feeds_digest(self.eval_feeds)
         self.nonfinite = nonfinite_initializers(self.model)
 
