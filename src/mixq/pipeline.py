@@ -31,7 +31,8 @@ from .graph import GraphIndex, with_weights
 from .passes.prepare import PrepareReport, prepare
 from .passes.qdq import RewriteReport, apply_plan
 from .plan.plan import PrecisionPlan, deployed_weight_bytes
-from .plan.qparams import RangeMemo, activation_qparams, constant_qparams
+from .plan.memo import StatsMemo
+from .plan.qparams import activation_qparams, constant_qparams
 from .plan.rules import build_plan
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ class Pipeline:
     _index: GraphIndex | None = field(default=None, repr=False)
     _elems: dict[str, int] | None = field(default=None, repr=False)
     # activation ranges chosen so far (see activation_qparams): a search builds many plans
-    _ranges: RangeMemo = field(default_factory=dict, repr=False)
+    _ranges: StatsMemo = field(default_factory=StatsMemo, repr=False)
     # the last `shared_form` and the statistics it was made of (a search ships it every round)
     _shared: tuple[tuple[tuple[str, TensorStats], ...], Any] | None = field(default=None, repr=False)
 

@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from mixq.calibration.stats import TensorStats
 from mixq.plan.numerics import (apply_numerics, cancellation_inputs, concat_range_outputs,
                                 sentinel_tensors, small_value_inputs)
+from mixq.plan.memo import StatsMemo
 from mixq.plan.plan import PrecisionPlan, TensorPrecision
 
 RNG = np.random.default_rng(0)
@@ -109,7 +110,7 @@ def test_a_memo_gives_the_same_findings_and_reads_each_statistics_once(monkeypat
 
     monkeypatch.setattr(nm, "_sentinel_reason", sentinel)
     monkeypatch.setattr(nm, "_quantile_abs", quantile)
-    memo = nm.StatsMemo()
+    memo = StatsMemo()
     for plan in plans * 3:
         with_memo = apply_numerics(plan, m, stats, memo=memo)
         without = apply_numerics(plan, m, stats)

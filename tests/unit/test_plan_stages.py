@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import mixq
 from mixq.config import LayerRule
+from mixq.plan.memo import StatsMemo
 from mixq.graph import GraphIndex
 from mixq.plan.plan import PrecisionPlan
 from mixq.plan.rules import _requests, _resolve, build_plan
@@ -103,7 +104,7 @@ def test_range_memo_reuses_choices_and_never_serves_other_statistics(monkeypatch
     monkeypatch.setattr(qp_mod, "compute_range", lambda *a, **k: calls.append(1) or real(*a, **k))
     m = onnx.shape_inference.infer_shapes(model(CHAIN, W=(4, 3, 3, 3), B=(4,), W2=(4, 4, 1, 1)))
     a8, a16 = mixq.get_default_config("A8W8"), mixq.get_default_config("A16W8")
-    stats, memo = _stats(0), {}
+    stats, memo = _stats(0), StatsMemo()
 
     def same(a, b):
         return a.keys() == b.keys() and all(np.array_equal(a[k].scale, b[k].scale) and

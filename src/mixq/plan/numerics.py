@@ -29,9 +29,7 @@ Each detector is a pure function returning {tensor: reason}:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar, cast
 
 import numpy as np
 import onnx
@@ -39,9 +37,8 @@ import onnx
 from ..calibration.stats import TensorStats
 from ..formats import get_format
 from ..formats.integer import IntFormat
+from .memo import StatsMemo
 from .plan import PrecisionPlan, TensorPrecision
-
-T = TypeVar("T")
 
 #: (a) an empty gap of this many binades below the largest values marks a sentinel cluster
 SENTINEL_GAP_LOG2 = 8
@@ -147,24 +144,6 @@ def _rms(st: TensorStats) -> float:
         return 0.0
     mid = (lo + hi) / 2
     return float(math.sqrt(float(np.sum(cnt * mid * mid)) / float(np.sum(cnt))))
-
-
-class StatsMemo:
-    """Values computed from single statistics objects, remembered by the object's identity (which
-    the memo keeps alive, so no identity is reused) and what was computed. A search plans many
-    points over one set of statistics; statistics are never changed in place once collected
-    (see `activation_qparams`), so an object stands for its values."""
-
-    def __init__(self) -> None:
-        self._values: dict[tuple[Any, ...], tuple[TensorStats, Any]] = {}
-
-    def get(self, st: TensorStats, what: tuple[Any, ...], compute: Callable[[], T]) -> T:
-        """`compute()`, or its value from an earlier call with the same `st` and `what`."""
-        key = (id(st), *what)
-        hit = self._values.get(key)
-        if hit is None or hit[0] is not st:
-            hit = self._values[key] = (st, compute())
-        return cast(T, hit[1])
 
 
 def sentinel_tensors(stats: dict[str, TensorStats], *, gap_log2: int = SENTINEL_GAP_LOG2,

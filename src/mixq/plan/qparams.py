@@ -13,6 +13,7 @@ from ..calibration.stats import TensorStats
 from ..config import QuantConfig
 from ..errors import DataError
 from ..formats import QParams, get_format
+from .memo import StatsMemo
 from .plan import PrecisionPlan
 
 
@@ -27,19 +28,14 @@ def consumer_key(tensor: str, fmt: str) -> str:
     return f"{tensor}@{fmt}"
 
 
-#: A memo of `activation_qparams`' range choices (see `RangeMemo`).
-RangeMemo = dict[tuple[Any, ...], tuple[tuple[TensorStats, ...], "QParams | None"]]
-
-
 def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], config: QuantConfig,
-                       memo: RangeMemo | None = None) -> dict[str, QParams]:
+                       memo: StatsMemo | None = None) -> dict[str, QParams]:
     """Parameters per activation group (keyed by the group's name, or the tensor's) in its
     producer format, and per (tensor, consumer format) at precision boundaries.
 
-    `memo` (a dict the caller keeps) remembers each choice by the statistics objects it read,
-    the format and the options that choose a range: the plans of one search share most of
-    their tensors, and a MinMSE range costs a scan of the histogram. Statistics are never
-    changed in place once collected (a group merges copies), so an object stands for its values."""
+    `memo` (the caller keeps it) remembers each choice by the statistics objects it read, the
+    format and the options that choose a range: the plans of one search share most of their
+    tensors, and a MinMSE range costs a scan of the histogram."""
     merged: dict[str, TensorStats] = {}
     members: dict[str, list[TensorStats]] = {}
     fmts: dict[str, str] = {}
@@ -72,17 +68,13 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
 
 
 def _chosen(fmt: Any, st: TensorStats, read: tuple[TensorStats, ...], config: QuantConfig,
-            memo: RangeMemo | None) -> QParams | None:
-    """`_choose`, through `memo` (keyed by the identity of the statistics merged into `st`,
-    which the memo keeps alive so that no identity is reused)."""
+            memo: StatsMemo | None) -> QParams | None:
+    """`_choose`, through `memo` (by the statistics merged into `st`)."""
     if memo is None:
         return _choose(fmt, st, config)
-    key = (tuple(id(s) for s in read), fmt.name, config.power_of_two, config.activation_symmetric,
-           config.calibration, config.percentile, config.minmse_min_gain)
-    hit = memo.get(key)
-    if hit is None:
-        hit = memo[key] = (read, _choose(fmt, st, config))
-    return hit[1]
+    what = ("range", fmt.name, config.power_of_two, config.activation_symmetric, config.calibration,
+            config.percentile, config.minmse_min_gain)
+    return memo.get(read, what, lambda: _choose(fmt, st, config))
 
 
 def _choose(fmt, st: TensorStats, config: QuantConfig) -> QParams | None:

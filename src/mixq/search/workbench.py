@@ -20,7 +20,8 @@ from .._shards import Executor, Shared, in_worker, shard_bounds, shared_value
 from ..config import QuantConfig
 from ..graph import with_weights
 from ..pipeline import Pipeline, model_from_shared, shared_form
-from ..plan.numerics import StatsMemo, apply_numerics, nonfinite_initializers
+from ..plan.memo import StatsMemo
+from ..plan.numerics import apply_numerics, nonfinite_initializers
 from ..plan.plan import PrecisionPlan
 
 Feeds = list[dict[str, np.ndarray]]
