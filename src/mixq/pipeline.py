@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from ._io import has_external_data, load_deferred, load_model, load_model_deferred
 from ._shards import in_worker
@@ -32,6 +33,7 @@ from .passes.prepare import PrepareReport, prepare
 from .passes.qdq import RewriteReport, apply_plan
 from .plan.plan import PrecisionPlan, deployed_weight_bytes
 from .plan.memo import StatsMemo
+from .plan.ops import bounded_tensors
 from .plan.qparams import activation_qparams, constant_qparams
 from .plan.rules import build_plan
 
@@ -66,7 +68,8 @@ def config_of_plan(plan: PrecisionPlan, config: QuantConfig | None) -> QuantConf
             raise ConfigError("this plan does not carry the config that made it (an old plan "
                               "file): pass the preset or config it was made with.")
         return config
-    carried = QuantConfig.from_dict(plan.config)
+    # a plan written before range_headroom existed was made without any: replay it so
+    carried = QuantConfig.from_dict({"range_headroom": 1.0, **plan.config})
     if config is not None and config.to_dict() != carried.to_dict():
         theirs, ours = carried.to_dict(), config.to_dict()
         diff = [k for k in ours if ours[k] != theirs.get(k)]
@@ -95,6 +98,7 @@ class Pipeline:
     calib_skipped: dict[str, str] = field(default_factory=dict)
     _index: GraphIndex | None = field(default=None, repr=False)
     _elems: dict[str, int] | None = field(default=None, repr=False)
+    _bounds: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
     # activation ranges chosen so far (see activation_qparams): a search builds many plans
     _ranges: StatsMemo = field(default_factory=StatsMemo, repr=False)
     # the last `shared_form` and the statistics it was made of (a search ships it every round)
@@ -153,10 +157,30 @@ class Pipeline:
             self._index = GraphIndex.of(self.model)
         return self._index
 
+    @property
+    def bounds(self) -> dict[str, tuple[float, float]]:
+        """Tensor -> the interval it lies in by construction (`plan.ops.bounded_tensors`)."""
+        if self._bounds is None:
+            ix = self.index
+
+            def constant(name: str) -> np.ndarray | None:
+                t = ix.initializers.get(name)
+                if t is not None:
+                    return None if has_external_data(t) else numpy_helper.to_array(t)
+                node = ix.producers.get(name)
+                if node is not None and node.op_type == "Constant" and node.attribute \
+                        and node.attribute[0].name == "value":
+                    return numpy_helper.to_array(node.attribute[0].t)
+                return None
+
+            self._bounds = bounded_tensors(self.model.graph.node, constant)
+        return self._bounds
+
     def invalidate(self) -> None:
         """Forget the views after the prepared model was changed (finetuned weights)."""
         self._index = None
         self._elems = None
+        self._bounds = None
         self._shared = None
 
     @property
@@ -262,7 +286,7 @@ class Pipeline:
     def qparams(self, plan: PrecisionPlan, config: QuantConfig) -> dict[str, QParams]:
         """Activation parameters from the statistics, constant parameters from the weights
         (deferred weights read one at a time)."""
-        out = activation_qparams(plan, self.stats, config, self._ranges)
+        out = activation_qparams(plan, self.stats, config, self._ranges, self.bounds)
         out.update(self.constant_qparams(plan, config))
         return out
 

@@ -352,6 +352,82 @@ def test_cli_range_method_flags_reach_the_config(tmp_path):
                  "-o", str(tmp_path / "p.json")]) == 2
 
 
+
+def _scores_past_calibration(headroom, preset="A16W8"):
+    """A linear classifier quantized on samples of N(0, 1), run in onnxruntime on unseen
+    samples 1.25 times as confident (their class scores go past the calibrated extremes).
+    Returns (the float scores, the quantized model's, the calibrated absmax of the scores)."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 10)).astype(np.float32)
+    m = _matmul_model(w)
+    data = [{"x": rng.standard_normal((16, 16)).astype(np.float32)} for _ in range(4)]
+    unseen = 1.25 * rng.standard_normal((256, 16)).astype(np.float32)
+    cfg = get_default_config(preset) if headroom is None else \
+        get_default_config(preset).with_options(range_headroom=headroom)
+    q = mixq.quantize(m, cfg, data, check_kernels=False).model
+    run = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    calib_max = max(float(np.abs(f["x"] @ w).max()) for f in data)
+    return unseen @ w, run.run(None, {"x": unseen})[0], calib_max
+
+
+def test_wide_grids_leave_headroom_for_values_past_the_calibration_extremes():
+    """A16W8 widens unclipped int16 ranges twice ('auto'): unseen class scores past the
+    calibrated extremes come out as they are (EfficientNet-Lite0: a crop whose top score, 11.1,
+    was clipped to the calibrated 9.55 lost its class at a 1.53 lead). With the headroom off
+    they are clipped at the calibrated absmax."""
+    ref, got, calib_max = _scores_past_calibration(None)
+    assert 1.5 * calib_max < np.abs(ref).max() < 2 * calib_max  # unseen values go past
+    assert np.abs(got - ref).max() < 0.03 * calib_max  # the int8 weights' error, no clipping
+    ref, off, _ = _scores_past_calibration(1.0)
+    assert np.abs(off).max() <= calib_max * (1 + 1e-4)
+    assert np.abs(off - ref).max() > 0.5 * calib_max
+    assert (got.argmax(1) == ref.argmax(1)).mean() > (off.argmax(1) == ref.argmax(1)).mean()
+
+
+def test_range_headroom_is_none_on_8_bit_grids_unless_asked():
+    """'auto' leaves 8-bit ranges at the calibrated extremes (the same bytes as 1); a number
+    asked for widens them too, and what cannot be a headroom is refused."""
+    auto = mixq.quantize(_matmul_model(np.eye(4, dtype=np.float32)), "A8W8",
+                         [{"x": np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)}],
+                         check_kernels=False).model
+    one = mixq.quantize(_matmul_model(np.eye(4, dtype=np.float32)),
+                        get_default_config("A8W8").with_options(range_headroom=1),
+                        [{"x": np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)}],
+                        check_kernels=False).model
+    assert auto.SerializeToString() == one.SerializeToString()
+    _, got, calib_max = _scores_past_calibration(4.0, preset="A8W8")
+    assert np.abs(got).max() > 1.3 * calib_max
+    for bad in ("wide", 0.5, True, 2000.0):
+        with pytest.raises(ConfigError, match="range_headroom"):
+            get_default_config("A16W8").with_options(range_headroom=bad)
+    with pytest.raises(ConfigError, match="power_of_two"):
+        get_default_config("XINT8").with_options(range_headroom=2)
+    assert get_default_config("XINT8").with_options(range_headroom=1).range_headroom == 1.0
+
+
+def test_cli_range_headroom_reaches_the_config_and_old_plans_replay_without_it(tmp_path):
+    import json
+
+    from mixq.cli.main import main
+    from mixq.data import default_model_path
+    from mixq.pipeline import config_of_plan
+    from mixq.plan.plan import PrecisionPlan
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(default_model_path()), "--preset", "A16W8", "--range-headroom", "3",
+                 "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["config"]["range_headroom"] == 3.0
+    assert main(["plan", str(default_model_path()), "--range-headroom", "lots",
+                 "-o", str(tmp_path / "p.json")]) == 2
+    # a plan file written before the option existed carries no range_headroom: it was made
+    # without any, and replays so
+    d = json.loads(out.read_text())
+    del d["config"]["range_headroom"]
+    out.write_text(json.dumps(d))
+    assert config_of_plan(PrecisionPlan.from_json(out.read_text()), None).range_headroom == 1.0
+
 def _conv_or_gemm(op: str, w_scale: float, bias: list[float]) -> onnx.ModelProto:
     from onnx import TensorProto, helper, numpy_helper
 

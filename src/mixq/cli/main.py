@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MixqError
+from ..errors import ConfigError, MixqError
 
 
 def _progress(prefix: str):
@@ -33,6 +33,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minmse-min-gain", type=float, default=None, metavar="G",
                    help="MinMSE clips an activation range only where that lowers its expected "
                         "error G times (the integer presets: 1.5)")
+    p.add_argument("--range-headroom", default=None, metavar="H",
+                   help="widen unclipped integer activation ranges H times (auto: 2 on 16-bit "
+                        "grids, none on narrower ones; 1: off)")
     p.add_argument("--weight-calib-method", choices=["minmax", "minmse"],
                    help="integer weight range method (the integer presets: minmax)")
     p.add_argument("--per-channel", dest="per_channel", action="store_true", default=None)
@@ -69,7 +72,8 @@ def _add_parallel_args(p: argparse.ArgumentParser, what: str = "calibration shar
 def _config_given(args: argparse.Namespace) -> bool:
     """Whether any config flag was given (a replayed plan carries its own config)."""
     return bool(args.config or args.preset or args.activation or args.weight or args.calib_method
-                or args.minmse_min_gain is not None or args.weight_calib_method or args.bias_correction
+                or args.minmse_min_gain is not None or args.range_headroom is not None
+                or args.weight_calib_method or args.bias_correction
                 or args.weight_rounding or args.gptq_damp is not None
                 or args.per_channel is not None or args.reduce_range or args.exclude_op_types
                 or getattr(args, "numerics_policies", None) is False)
@@ -92,7 +96,6 @@ def _calib_data(args: argparse.Namespace):
     """args.calib, wrapped with --calib-samples / --cast when given."""
     from ..calibration.data import DEFAULT_MAX_SAMPLES, CalibData
 
-    from ..errors import ConfigError
 
     n = getattr(args, "calib_samples", None)
     if args.calib is None and (n is not None or args.cast):
@@ -120,7 +123,6 @@ def _add_finetune_args(p: argparse.ArgumentParser) -> None:
 def _finetune_from_args(args: argparse.Namespace):
     if args.finetune is None:
         if args.ft_iters is not None or args.ft_lr is not None:
-            from ..errors import ConfigError
 
             raise ConfigError("--ft-iters / --ft-lr need --finetune adaround|adaquant.")
         return None
@@ -129,11 +131,20 @@ def _finetune_from_args(args: argparse.Namespace):
     return finetune_from_cli(args.finetune, args.ft_iters, args.ft_lr)
 
 
+def _headroom_arg(text: str) -> float | str:
+    """--range-headroom's value: 'auto' or a number (QuantConfig checks its range)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--range-headroom {text!r} must be 'auto' or a number >= 1, e.g. 2.") from None
+
+
 def _config_from_args(args: argparse.Namespace):
     import json
 
     from ..config import QuantConfig, get_default_config
-    from ..errors import ConfigError
 
     if args.config:
         try:
@@ -162,6 +173,8 @@ def _config_from_args(args: argparse.Namespace):
         changes["minmse_min_gain"] = 1.0
     if args.minmse_min_gain is not None:
         changes["minmse_min_gain"] = args.minmse_min_gain
+    if args.range_headroom is not None:
+        changes["range_headroom"] = _headroom_arg(args.range_headroom)
     if args.weight_calib_method:
         changes["weight_calibration"] = args.weight_calib_method
     if args.per_channel is not None:
@@ -213,7 +226,6 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _read_plan(path: str):
-    from ..errors import ConfigError
     from ..plan.plan import PrecisionPlan
 
     try:
@@ -468,7 +480,6 @@ def _load_evaluate_function(spec: str):
     import importlib.util
     import os
 
-    from ..errors import ConfigError
 
     module, _, name = spec.rpartition(":")
     if not module or not name or not name.isidentifier():

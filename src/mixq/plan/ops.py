@@ -6,8 +6,10 @@ format; an op type missing from the table stays float and the report says so.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 
@@ -120,6 +122,57 @@ def float_attr(node: onnx.NodeProto, name: str, default: float) -> float:
         if a.name == name:
             return float(a.f) if a.type == onnx.AttributeProto.FLOAT else float(a.i)
     return default
+
+
+#: Ops whose output lies in a fixed interval, whatever the input: a calibrated range that
+#: reaches the bound needs no headroom past it (QuantConfig.range_headroom).
+BOUNDED_OUTPUTS: dict[str, tuple[float, float]] = {
+    "Sigmoid": (0.0, 1.0), "HardSigmoid": (0.0, 1.0), "Softmax": (0.0, 1.0),
+    "Tanh": (-1.0, 1.0), "Erf": (-1.0, 1.0), "Relu": (0.0, float("inf")),
+}
+
+
+_AVERAGING = frozenset({"AveragePool", "GlobalAveragePool", "ReduceMean"})
+
+
+def output_bounds(node: onnx.NodeProto, constant: Callable[[str], np.ndarray | None]
+                  ) -> tuple[float, float] | None:
+    """The interval `node`'s first output lies in by construction, or None. `constant(name)`
+    gives an input's value where it is a constant (Clip's bounds)."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type in BOUNDED_OUTPUTS:
+        return BOUNDED_OUTPUTS[node.op_type]
+    if node.op_type != "Clip":
+        return None
+    lo, hi = float_attr(node, "min", -np.inf), float_attr(node, "max", np.inf)
+    for i in (1, 2):
+        if len(node.input) > i and node.input[i]:
+            v = constant(node.input[i])
+            if v is None or v.size != 1:
+                return None
+            lo, hi = (float(v.reshape(())), hi) if i == 1 else (lo, float(v.reshape(())))
+    return (lo, hi) if lo <= hi else None
+
+
+def bounded_tensors(nodes: Iterable[onnx.NodeProto], constant: Callable[[str], np.ndarray | None]
+                    ) -> dict[str, tuple[float, float]]:
+    """Tensor -> the interval it lies in by construction: outputs of bounded ops, and the
+    outputs of pass-through ops (data movement, max-like; not Pad, whose pad value may lie
+    outside) and of averages that read one. `nodes` in topological order."""
+    out: dict[str, tuple[float, float]] = {}
+    for node in nodes:
+        b = output_bounds(node, constant)
+        if b is None and node.input and node.input[0] in out and node.domain in ("", "ai.onnx"):
+            inner = out[node.input[0]]
+            sem = semantics(node)
+            if node.op_type in _AVERAGING:  # a mean of values in [lo, hi] (or of padded zeros)
+                b = (min(inner[0], 0.0), max(inner[1], 0.0))
+            elif sem is not None and sem.passthrough and node.op_type != "Pad":
+                b = inner
+        if b is not None and node.output:
+            out[node.output[0]] = b
+    return out
 
 
 def unsupported_reason(node: onnx.NodeProto) -> str:

@@ -2,6 +2,8 @@
 and constants from their values. Pure: numpy only."""
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,15 +31,20 @@ def consumer_key(tensor: str, fmt: str) -> str:
 
 
 def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], config: QuantConfig,
-                       memo: StatsMemo | None = None) -> dict[str, QParams]:
+                       memo: StatsMemo | None = None,
+                       bounds: Mapping[str, tuple[float, float]] | None = None) -> dict[str, QParams]:
     """Parameters per activation group (keyed by the group's name, or the tensor's) in its
     producer format, and per (tensor, consumer format) at precision boundaries.
 
     `memo` (the caller keeps it) remembers each choice by the statistics objects it read, the
     format and the options that choose a range: the plans of one search share most of their
-    tensors, and a MinMSE range costs a scan of the histogram."""
+    tensors, and a MinMSE range costs a scan of the histogram. `bounds` (`plan.ops.
+    bounded_tensors`): the interval a tensor lies in by construction, where the range's
+    headroom stops (a group's, when every calibrated member has one)."""
+    bounds = bounds or {}
     merged: dict[str, TensorStats] = {}
     members: dict[str, list[TensorStats]] = {}
+    names: dict[str, list[str]] = {}
     fmts: dict[str, str] = {}
     for name, tp in plan.tensors.items():
         if tp.role != "activation" or tp.format is None:
@@ -47,37 +54,52 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
         if name in stats and tp.calibrate:
             merged[key] = merged[key].copy().merge(stats[name]) if key in merged else stats[name]
             members.setdefault(key, []).append(stats[name])
+            names.setdefault(key, []).append(name)
     out: dict[str, QParams] = {}
     for key, st in merged.items():
-        qp = _chosen(get_format(fmts[key]), st, tuple(members[key]), config, memo)
+        qp = _chosen(get_format(fmts[key]), st, tuple(members[key]), config, memo,
+                     _union(bounds.get(n) for n in names[key]))
         if qp is not None:
             out[key] = qp
     for name, tp in plan.tensors.items():
         for fmt_name in set(tp.consumer_formats.values()):
             read: tuple[TensorStats, ...]
             if name in stats:
-                st, read = stats[name], (stats[name],)
+                st, read, bound = stats[name], (stats[name],), bounds.get(name)
             elif (tp.group or name) in merged:
-                st, read = merged[tp.group or name], tuple(members[tp.group or name])
+                key = tp.group or name
+                st, read = merged[key], tuple(members[key])
+                bound = _union(bounds.get(n) for n in names[key])
             else:
                 continue
-            qp = _chosen(get_format(fmt_name), st, read, config, memo)
+            qp = _chosen(get_format(fmt_name), st, read, config, memo, bound)
             if qp is not None:
                 out[consumer_key(name, fmt_name)] = qp
     return out
 
 
+def _union(bounds: Iterable[tuple[float, float] | None]) -> tuple[float, float] | None:
+    """The interval holding every one of `bounds`; None when one is None (unbounded)."""
+    lo, hi = math.inf, -math.inf
+    for b in bounds:
+        if b is None:
+            return None
+        lo, hi = min(lo, b[0]), max(hi, b[1])
+    return (lo, hi) if lo <= hi else None
+
+
 def _chosen(fmt: Any, st: TensorStats, read: tuple[TensorStats, ...], config: QuantConfig,
-            memo: StatsMemo | None) -> QParams | None:
+            memo: StatsMemo | None, bound: tuple[float, float] | None = None) -> QParams | None:
     """`_choose`, through `memo` (by the statistics merged into `st`)."""
     if memo is None:
-        return _choose(fmt, st, config)
+        return _choose(fmt, st, config, bound)
     what = ("range", fmt.name, config.power_of_two, config.activation_symmetric, config.calibration,
-            config.percentile, config.minmse_min_gain)
-    return memo.get(read, what, lambda: _choose(fmt, st, config))
+            config.percentile, config.minmse_min_gain, config.headroom_for(fmt), bound)
+    return memo.get(read, what, lambda: _choose(fmt, st, config, bound))
 
 
-def _choose(fmt, st: TensorStats, config: QuantConfig) -> QParams | None:
+def _choose(fmt, st: TensorStats, config: QuantConfig,
+            bound: tuple[float, float] | None = None) -> QParams | None:
     if not fmt.needs_qparams:
         return None
     if config.power_of_two and fmt.kind == "int":
@@ -88,6 +110,14 @@ def _choose(fmt, st: TensorStats, config: QuantConfig) -> QParams | None:
         return _pof2_qparams(fmt, k, fmt.symmetric_zero_point if sym else 0)
     lo, hi = compute_range(st, config.calibration, fmt, symmetric=config.activation_symmetric,
                            percentile=config.percentile, min_gain=config.minmse_min_gain)
+    h = config.headroom_for(fmt)
+    if h != 1.0 and lo <= min(st.min, 0.0) and hi >= max(st.max, 0.0):
+        # unclipped: the calibration extremes are a sample's, unseen inputs go past them, but
+        # not past the bound of the op that makes the tensor (a Softmax's 1, a ReLU6's 6)
+        wide_lo, wide_hi = lo * h, hi * h
+        if bound is not None:
+            wide_lo, wide_hi = max(wide_lo, min(lo, bound[0])), min(wide_hi, max(hi, bound[1]))
+        lo, hi = wide_lo, wide_hi
     return fmt.qparams_from_range(lo, hi, symmetric=config.activation_symmetric)
 
 
