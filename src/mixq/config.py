@@ -108,7 +108,9 @@ class QuantConfig:
         of 16 bits or more, where the one bit it costs leaves an error far below the 8-bit
         weights' (EfficientNet-Lite0 S16S16: 98.15 -> 100 % agreement on unseen crops), and 1
         (none) on narrower grids, where a bit is often the larger error. A number >= 1 applies
-        to every integer activation range; 1 turns it off. Not with power_of_two.
+        to every integer activation range; 1 turns it off. Not with power_of_two. The widening
+        stops at the interval the producing op bounds its output to (Softmax, Sigmoid, Tanh,
+        a Clip's constants: mixq.plan.ops.bounded_tensors).
     weight_calibration: range method for integer weights and constants: minmax | minmse; None
         follows `calibration` (minmse when it is minmse, else minmax).
     power_of_two: None, or 'nonoverflow' | 'minmse' to use power-of-two scales (NPU presets).
