@@ -96,7 +96,6 @@ def _calib_data(args: argparse.Namespace):
     """args.calib, wrapped with --calib-samples / --cast when given."""
     from ..calibration.data import DEFAULT_MAX_SAMPLES, CalibData
 
-
     n = getattr(args, "calib_samples", None)
     if args.calib is None and (n is not None or args.cast):
         raise ConfigError(f"{'--cast' if args.cast else '--calib-samples'} applies to the "
@@ -123,7 +122,6 @@ def _add_finetune_args(p: argparse.ArgumentParser) -> None:
 def _finetune_from_args(args: argparse.Namespace):
     if args.finetune is None:
         if args.ft_iters is not None or args.ft_lr is not None:
-
             raise ConfigError("--ft-iters / --ft-lr need --finetune adaround|adaquant.")
         return None
     from ..compat import finetune_from_cli
@@ -479,7 +477,6 @@ def _load_evaluate_function(spec: str):
     import importlib
     import importlib.util
     import os
-
 
     module, _, name = spec.rpartition(":")
     if not module or not name or not name.isidentifier():

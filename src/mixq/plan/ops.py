@@ -131,7 +131,7 @@ BOUNDED_OUTPUTS: dict[str, tuple[float, float]] = {
     "Tanh": (-1.0, 1.0), "Erf": (-1.0, 1.0), "Relu": (0.0, float("inf")),
 }
 
-
+#: Ops whose output is a mean of input values (or of padded zeros): they keep a bound.
 _AVERAGING = frozenset({"AveragePool", "GlobalAveragePool", "ReduceMean"})
 
 
