@@ -161,17 +161,11 @@ class Pipeline:
     def bounds(self) -> dict[str, tuple[float, float]]:
         """Tensor -> the interval it lies in by construction (`plan.ops.bounded_tensors`)."""
         if self._bounds is None:
-            ix = self.index
+            inits = self.index.initializers  # prepare made Constant nodes initializers
 
             def constant(name: str) -> np.ndarray | None:
-                t = ix.initializers.get(name)
-                if t is not None:
-                    return None if has_external_data(t) else numpy_helper.to_array(t)
-                node = ix.producers.get(name)
-                if node is not None and node.op_type == "Constant" and node.attribute \
-                        and node.attribute[0].name == "value":
-                    return numpy_helper.to_array(node.attribute[0].t)
-                return None
+                t = inits.get(name)
+                return None if t is None or has_external_data(t) else numpy_helper.to_array(t)
 
             self._bounds = bounded_tensors(self.model.graph.node, constant)
         return self._bounds

@@ -407,6 +407,37 @@ def test_range_headroom_is_none_on_8_bit_grids_unless_asked():
     assert get_default_config("XINT8").with_options(range_headroom=1).range_headroom == 1.0
 
 
+
+@pytest.mark.parametrize("act,bound", [("Clip", 6.0), ("Sigmoid", 1.0), ("Relu", None)])
+def test_headroom_stops_at_the_bound_of_the_op_that_makes_the_tensor(act, bound):
+    """MatMul -> Clip(0, 6) (a fused ReLU6: the MatMul output takes the Clip's parameters),
+    MatMul -> Sigmoid: their 16-bit ranges end at the op's bound, not twice past what
+    calibration saw; a Relu output (no upper bound) gets the headroom."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    w = (0.6 * rng.standard_normal((8, 8))).astype(np.float32)
+    extra = [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
+             helper.make_node(act, ["y", "lo", "hi"] if act == "Clip" else ["y"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 8])],
+                          [numpy_helper.from_array(w, "w"), *extra])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    data = [{"x": rng.standard_normal((32, 8)).astype(np.float32)}]
+    q = mixq.quantize(m, "A16W8", data, check_kernels=False).model
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in q.graph.initializer}
+    ql = next(n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.input[0].startswith("z"))
+    top = float(inits[ql.input[1]]) * 32767
+    seen = float(np.max(act_of(act, data[0]["x"] @ w)))
+    if bound is not None:  # calibration stayed below the bound, twice past it would not
+        assert seen < bound < 2 * seen
+    assert top == pytest.approx(min(2 * seen, bound or np.inf), rel=1e-5)
+
+
+def act_of(act, y):
+    return {"Clip": np.clip(y, 0, 6), "Sigmoid": 1 / (1 + np.exp(-y)), "Relu": np.maximum(y, 0)}[act]
+
 def test_cli_range_headroom_reaches_the_config_and_old_plans_replay_without_it(tmp_path):
     import json
 
