@@ -43,8 +43,7 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
     headroom stops (a group's, when every calibrated member has one)."""
     bounds = bounds or {}
     merged: dict[str, TensorStats] = {}
-    members: dict[str, list[TensorStats]] = {}
-    names: dict[str, list[str]] = {}
+    names: dict[str, list[str]] = {}  # the calibrated members of each group
     fmts: dict[str, str] = {}
     for name, tp in plan.tensors.items():
         if tp.role != "activation" or tp.format is None:
@@ -53,23 +52,23 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
         fmts.setdefault(key, tp.format)
         if name in stats and tp.calibrate:
             merged[key] = merged[key].copy().merge(stats[name]) if key in merged else stats[name]
-            members.setdefault(key, []).append(stats[name])
             names.setdefault(key, []).append(name)
+    # per group: the statistics read (the memo's key) and the bound its members share
+    read_of = {key: tuple(stats[n] for n in members) for key, members in names.items()}
+    bound_of = {key: _union(bounds.get(n) for n in members) for key, members in names.items()}
     out: dict[str, QParams] = {}
     for key, st in merged.items():
-        qp = _chosen(get_format(fmts[key]), st, tuple(members[key]), config, memo,
-                     _union(bounds.get(n) for n in names[key]))
+        qp = _chosen(get_format(fmts[key]), st, read_of[key], config, memo, bound_of[key])
         if qp is not None:
             out[key] = qp
     for name, tp in plan.tensors.items():
         for fmt_name in set(tp.consumer_formats.values()):
             read: tuple[TensorStats, ...]
+            key = tp.group or name
             if name in stats:
                 st, read, bound = stats[name], (stats[name],), bounds.get(name)
-            elif (tp.group or name) in merged:
-                key = tp.group or name
-                st, read = merged[key], tuple(members[key])
-                bound = _union(bounds.get(n) for n in names[key])
+            elif key in merged:
+                st, read, bound = merged[key], read_of[key], bound_of[key]
             else:
                 continue
             qp = _chosen(get_format(fmt_name), st, read, config, memo, bound)
