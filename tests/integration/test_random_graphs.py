@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 import mixq
+from mixq.plan.ops import shape_only_tensors
 
 from ..graphs import assert_in_format, dq_scale, run, session
 
@@ -61,6 +62,29 @@ def _build(ops: list[tuple[str, int]], names: list[str], c: int, hw: int, seed: 
         elif op == "GlobalAveragePool":
             nodes.append(helper.make_node("GlobalAveragePool", [src], [out]))
             shape = [1, shape[1], 1, 1]
+        elif op in ("ShapeReshape", "ShapeScale"):  # float arithmetic on Shape (torch exports)
+            dims = [fresh("dims"), fresh("dims_f")]
+            nodes += [helper.make_node("Shape", [src], [dims[0]]),
+                      helper.make_node("Cast", [dims[0]], [dims[1]], to=onnx.TensorProto.FLOAT)]
+            parts = [fresh(f"d{i}") for i in range(4)]
+            for i, part in enumerate(parts):
+                idx = fresh("i")
+                inits.append(numpy_helper.from_array(np.array([i], np.int64), idx))
+                nodes.append(helper.make_node("Gather", [dims[1], idx], [part], axis=0))
+            if op == "ShapeReshape":  # (N, C, H, W) -> (N, C, H * W, 1), the target in float
+                hw_, one, tgt_f, tgt = fresh("hw"), fresh("one"), fresh("tgt_f"), fresh("tgt")
+                inits.append(numpy_helper.from_array(np.array([1.0], np.float32), one))
+                nodes += [helper.make_node("Mul", [parts[2], parts[3]], [hw_]),
+                          helper.make_node("Concat", [parts[0], parts[1], hw_, one], [tgt_f], axis=0),
+                          helper.make_node("Cast", [tgt_f], [tgt], to=onnx.TensorProto.INT64),
+                          helper.make_node("Reshape", [src, tgt], [out])]
+                shape = [1, shape[1], shape[2] * shape[3], 1]
+            else:  # x / sqrt(C): a float operand of a quantized Mul, from the shape
+                root, inv, one = fresh("root"), fresh("inv"), fresh("one")
+                inits.append(numpy_helper.from_array(np.array([1.0], np.float32), one))
+                nodes += [helper.make_node("Sqrt", [parts[1]], [root]),
+                          helper.make_node("Div", [one, root], [inv]),
+                          helper.make_node("Mul", [src, inv], [out])]
         else:
             nodes.append(helper.make_node(op, [src], [out]) if op != "Softmax" else
                          helper.make_node(op, [src], [out], axis=1))
@@ -83,7 +107,8 @@ def _build(ops: list[tuple[str, int]], names: list[str], c: int, hw: int, seed: 
 
 _OP = st.one_of(st.tuples(st.just("Conv"), st.integers(1, 6)),
                 st.tuples(st.sampled_from(["Add", "Mul", "Concat", "MaxPool", "Transpose",
-                                           "GlobalAveragePool", *_UNARY]), st.just(0)))
+                                           "GlobalAveragePool", "ShapeReshape", "ShapeScale", *_UNARY]),
+                          st.just(0)))
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -116,6 +141,9 @@ def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed):
                          scale=dq_scale(res.model, value))
     floats = [v for v in ix.values() + list(ix.initializers) if ix.elem_type(v) == onnx.TensorProto.FLOAT]
     assert all(v in res.plan.tensors or v in res.plan.skipped for v in floats)
+    # float shape arithmetic is never quantized (a rounded Reshape target fails or misplaces data)
+    shaped = shape_only_tensors(pipe.model.graph.node, set(ix.initializers))
+    assert not [v for v in shaped if v in res.plan.tensors and res.plan.tensors[v].format is not None]
 
 
 def _expose(qmodel: onnx.ModelProto, name: str, feed: dict[str, np.ndarray]) -> np.ndarray:

@@ -24,7 +24,8 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, numpy_helper
 
-__all__ = ["FragileRegion", "find_fragile", "find_sentinels", "REASON_CANCEL", "REASON_NORM", "REASON_RMS"]
+__all__ = ["FragileRegion", "find_fragile", "find_sentinels", "find_shape_arithmetic", "REASON_CANCEL",
+           "REASON_NORM", "REASON_RMS", "REASON_SHAPE"]
 
 REASON_CANCEL = ("numerically fragile: variance computed as E[x^2]-E[x]^2 (cancels catastrophically "
                  "in bfloat16); its normalization is kept in float")
@@ -32,6 +33,9 @@ REASON_NORM = ("numerically fragile: internals of a written-out normalization (m
                "kept in float (onnxruntime would also fuse them into one LayerNormalization node)")
 REASON_RMS = ("numerically fragile: internals of a written-out RMS normalization (mean of squares/rsqrt); "
               "kept in float")
+
+REASON_SHAPE = ("shape arithmetic: computed from Shape/Size only, exact integers in float that a "
+                "narrower float rounds (bfloat16 turns a Reshape target of 1156 into 1152); kept in float")
 
 #: Elementwise ops that may sit on the chain variance -> eps -> sqrt -> reciprocal.
 _CHAIN_OPS = frozenset({"Add", "Sqrt", "Reciprocal", "Pow", "Div", "Mul", "Max", "Clip", "Relu", "Cast"})
@@ -280,3 +284,15 @@ def find_sentinels(g: onnx.GraphProto, limit: float, target: str) -> list[Fragil
     return [FragileRegion(region, f"reads values past {target}'s largest finite value {limit:.4g} (a mask "
                                   f"of float32's lowest value): cast to {target} they become inf, and a "
                                   "fully masked row's Softmax NaN; kept in float")]
+
+
+def find_shape_arithmetic(g: onnx.GraphProto) -> list[FragileRegion]:
+    """The nodes that compute only from tensor shapes (`mixq.plan.ops.shape_only_tensors`: a
+    torch export's Reshape target as Cast(Shape) arithmetic in float). Their values are exact
+    integers; converted, they would be rounded to the target's significand."""
+    from ..plan.ops import shape_only_tensors
+
+    shaped = shape_only_tensors(g.node, {t.name for t in g.initializer})
+    region = {k for k, n in enumerate(g.node) if n.output and n.op_type != "Constant"
+              and all(o in shaped for o in n.output if o)}
+    return [FragileRegion(region, REASON_SHAPE)] if region else []

@@ -26,7 +26,7 @@ from ..errors import ModelError
 from ..formats.base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION
 from . import _graph as G
 from ._rounding import BF16_MAX, FP16_MAX, element_type_name, round_tensor_inplace, tensor_to_target
-from ._fragile import find_fragile, find_sentinels
+from ._fragile import find_fragile, find_sentinels, find_shape_arithmetic
 from .probe import probe_kernel, short_error
 
 __all__ = ["RewriteResult", "KeptFloat", "simulate", "qdq", "native", "QUANTIZE_FN", "DEQUANTIZE_FN"]
@@ -248,7 +248,8 @@ def _prepare(model: onnx.ModelProto, F: int, *, lift: bool, fragile: bool = Fals
              ) -> tuple[onnx.ModelProto, G.GraphInfo, _Names, list[str], dict[int, str]]:
     """Copy the model, lift constants (`lift`), split shared parameters and, with `fragile`,
     find the numerically fragile nodes to keep float; with a `target` type, also the nodes that
-    read constants past its range (`find_sentinels`): returns (model, info, names, notes,
+    read constants past its range (`find_sentinels`) and the float shape arithmetic
+    (`find_shape_arithmetic`): returns (model, info, names, notes,
     {node index: reason})."""
     m = _copy(model)
     notes: list[str] = []
@@ -266,7 +267,7 @@ def _prepare(model: onnx.ModelProto, F: int, *, lift: bool, fragile: bool = Fals
     regions = find_fragile(m.graph) if fragile else []
     if target is not None:
         limit, tname = (BF16_MAX, "bfloat16") if target == TensorProto.BFLOAT16 else (FP16_MAX, "float16")
-        regions += find_sentinels(m.graph, limit, tname)
+        regions += find_sentinels(m.graph, limit, tname) + find_shape_arithmetic(m.graph)
     for region in regions:
         for k in region.nodes:
             keep.setdefault(k, region.reason)

@@ -175,6 +175,35 @@ def bounded_tensors(nodes: Iterable[onnx.NodeProto], constant: Callable[[str], n
     return out
 
 
+#: Ops whose outputs depend on their input's shape only, never on its values.
+SHAPE_OPS = frozenset({"Shape", "Size"})
+
+#: Why a tensor computed from shapes alone is left float (the plan's reason).
+SHAPE_ONLY_REASON = ("computed from tensor shapes only (Shape/Size and constants): the same values "
+                     "for every input of one shape, e.g. a Reshape target computed in float, whose "
+                     "exact integers any rounding breaks, or position embeddings; left float")
+
+
+def shape_only_tensors(nodes: Iterable[onnx.NodeProto], constants: set[str]) -> set[str]:
+    """Tensors whose values depend on the input's shapes alone: outputs of Shape / Size, and
+    the outputs of nodes (no subgraphs) whose every input is one of them or a constant, with
+    at least one of them (a torch export's `ceil(H / patch) * patch` in float). `nodes` in
+    topological order; `constants`: the initializers' names (Constant nodes count too)."""
+    out: set[str] = set()
+    const = set(constants)
+    for node in nodes:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        ins = [i for i in node.input if i]
+        if node.op_type == "Constant":
+            const.update(node.output)
+        elif node.op_type in SHAPE_OPS or (
+                node.op_type not in ("If", "Loop", "Scan") and any(i in out for i in ins)
+                and all(i in out or i in const for i in ins)):
+            out.update(o for o in node.output if o)
+    return out
+
+
 def unsupported_reason(node: onnx.NodeProto) -> str:
     """Why `node` is left float (for the report)."""
     if node.domain not in ("", "ai.onnx"):

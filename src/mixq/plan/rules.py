@@ -24,7 +24,7 @@ from ..errors import ConfigError, did_you_mean
 from ..formats import get_format
 from ..granularity import PerBlock, PerChannel
 from ..graph import GraphIndex, is_float_type, subgraphs, walk_graphs
-from .ops import semantics, unsupported_reason
+from .ops import SHAPE_ONLY_REASON, semantics, shape_only_tensors, unsupported_reason
 from .plan import PrecisionPlan, TensorPrecision
 
 __all__ = ["build_plan", "float_tensors", "tensor_ranks"]
@@ -146,8 +146,11 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
     req = _Requests()
     overrides = dict(config.tensor_formats)
     inits = ix.initializers
+    shaped = shape_only_tensors(ix.graph.node, set(inits))
     for node in ix.graph.node:
         why_not = _why_float(node, config)
+        if why_not is None and node.output and all(o in shaped for o in node.output if o):
+            why_not = SHAPE_ONLY_REASON
         if why_not is not None:
             if node.op_type != "Constant":
                 req.float_nodes[node.name] = why_not
@@ -158,7 +161,7 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
         act, wfmt, why = config.formats_for(node.op_type, node.name)
         int_pair = get_format(act).kind == "int" and get_format(wfmt).kind == "int"
         indices = sem.activation_indices(node)
-        act_inputs = [node.input[i] for i in indices if node.input[i]]
+        act_inputs = [node.input[i] for i in indices if node.input[i] and node.input[i] not in shaped]
         for i in indices:
             name = node.input[i]
             if not name:
@@ -174,6 +177,9 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
                     "type and shape in the model's value_info to quantize it.")
                 continue
             if et != onnx.TensorProto.FLOAT:
+                continue
+            if name in shaped and name not in overrides:  # e.g. a position scale in float
+                req.left.setdefault(name, SHAPE_ONLY_REASON)
                 continue
             if name in inits:
                 if sem.weight == i:
