@@ -14,6 +14,7 @@ from .tools import INT8_ACT_PRESETS, INT_PRESETS, supports
 
 #: The performance goals, as (description, threshold).
 GOAL_QTIME = 0.5  # mixq quantize wall time / onnxruntime's, same preset
+GOAL_FLOOR = 3.0  # integer presets: quantize wall time / (one float pass over the calibration data + save)
 GOAL_INT8_LAT = 1.05  # mixq int8 output latency / onnxruntime's output latency
 GOAL_SIM_LAT = 3.0  # simulated (BF16/BFP/MX) output latency / float model latency
 
@@ -37,8 +38,10 @@ def _mark(ok: bool | None) -> str:
 
 
 def derived(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows with the goal ratios added (``q_ratio``, ``lat_ratio``/``lat_ref``,
-    ``metric_delta`` / ``metric_delta_noopt`` vs the best peer), for tools other than onnxruntime."""
+    """The rows with the goal ratios added (``q_ratio``, ``floor_ratio`` (quantize time over the
+    case's floor: one float pass over the calibration data plus the save), ``lat_ratio``/``lat_ref``,
+    ``metric_delta`` / ``metric_delta_noopt`` vs the best peer), for tools other than onnxruntime
+    (``floor_ratio`` for every tool)."""
     rows = [dict(r) for r in results.get("rows", [])]
     for r in rows:  # loads but cannot run: a failure too
         if r.get("ok") and r.get("metric_opt") is None and r.get("metric_opt_error"):
@@ -49,6 +52,9 @@ def derived(results: dict[str, Any]) -> list[dict[str, Any]]:
             r["traceback"] = r.get("metric_opt_traceback")
     by = {(r["model"], r["preset"], r["tool"]): r for r in rows}
     for r in rows:
+        floor = results["cases"].get(r["model"], {}).get("floor_s")
+        if r.get("ok") and r.get("quantize_s") and floor:
+            r["floor_ratio"] = r["quantize_s"] / floor
         if not r.get("ok") or r["tool"] == "ort":
             continue
         case = results["cases"].get(r["model"], {})
@@ -124,7 +130,7 @@ def _row_cells(r: dict[str, Any], metric: str) -> list[str]:
     if not r.get("ok"):
         err = str(r.get("error", "failed")).replace("|", "\\|").replace("\n", " ")[:220]
         where = f" ({r['where']})" if r.get("where") else ""
-        return [r["preset"], tool, f"**failed**: {err}{where}"] + [""] * 9
+        return [r["preset"], tool, f"**failed**: {err}{where}"] + [""] * 10
     q = _f(r.get("quantize_s"))
     qr = f"{_f(r.get('q_ratio'))}{_mark(r['q_ratio'] <= GOAL_QTIME)}" if "q_ratio" in r else "-"
     lat = _f(r.get("latency_ms"), 3)
@@ -147,9 +153,16 @@ def _row_cells(r: dict[str, Any], metric: str) -> list[str]:
         named += [f"{len(g['tensors'])} {g['kind']}s together" for g in guard.get("damage_groups", [])]
         notes += ("; guard: WARNS looks broken" if guard.get("broken") else
                   "; guard: WARNS likely loses > 5 points") + (f" (names {', '.join(named)})" if named else "")
-    return [r["preset"], tool, q, qr, _f(r.get("peak_rss_mb"), 0), _f(r.get("size_mb"), 3), lat,
+    fr = "-" if "floor_ratio" not in r else \
+        f"{_f(r['floor_ratio'])}{_mark(r['floor_ratio'] <= GOAL_FLOOR) if _floor_goal(r) else ''}"
+    return [r["preset"], tool, q, qr, fr, _f(r.get("peak_rss_mb"), 0), _f(r.get("size_mb"), 3), lat,
             lr, _metric_cell(r, "metric_opt", metric), _metric_cell(r, "metric_noopt", metric),
             dm, notes.replace("|", "\\|")]
+
+
+def _floor_goal(r: dict[str, Any]) -> bool:
+    """Whether the floor goal applies to row r: mixq's integer presets (issue 19)."""
+    return r["tool"] == "mixq" and r["preset"] in INT_PRESETS
 
 
 def _metric_cell(r: dict[str, Any], key: str, metric: str) -> str:
@@ -233,7 +246,12 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
         "says, MinMax, same calibration feeds); AMD Quark when `amd-quark` is installed"
         + ("" if "quark" in results.get("tools", []) else " (not installed on this run)") + ".",
         "",
-        f"**Goals** (✓ met, ✗ missed): quantize time ≤ {GOAL_QTIME}x onnxruntime's; metric ≥ the "
+        "*Floor*: the least a post-training quantizer does, timed the same way (fresh process, "
+        "imports count; best of 3): read the float model, run every calibration feed through it "
+        "once in onnxruntime (default session options) and write the model (`bench.worker floor`).",
+        "",
+        f"**Goals** (✓ met, ✗ missed): quantize time ≤ {GOAL_QTIME}x onnxruntime's, and for the "
+        f"integer presets ≤ {GOAL_FLOOR}x the floor; metric ≥ the "
         f"best peer's for the same preset (*Δ peer*, opt / no opt); int8 output latency ≤ "
         f"{GOAL_INT8_LAT}x onnxruntime's output; simulated BF16/BFP/MX output latency ≤ "
         f"{GOAL_SIM_LAT}x the float model's.",
@@ -250,7 +268,7 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
                      and p["tool"] == "ort"), None)
         if not r.get("ok"):
             summ.append([r["model"], r["preset"], "failed", _metric_fmt(peer.get("metric_opt"), metric)
-                         if peer and peer.get("ok") else "-", "-", "-", "-"])
+                         if peer and peer.get("ok") else "-", "-", "-", "-", "-"])
             continue
         d = r.get("metric_delta")
         summ.append([r["model"], r["preset"], _metric_fmt(r.get("metric_opt"), metric),
@@ -258,14 +276,18 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
                      ("failed" if peer else "-"),
                      "-" if d is None else f"{d:+.2f}{_mark(d >= -1e-9)}",
                      "-" if "q_ratio" not in r else f"{r['q_ratio']:.2f}{_mark(r['q_ratio'] <= GOAL_QTIME)}",
+                     "-" if "floor_ratio" not in r or not _floor_goal(r) else
+                     f"{r['floor_ratio']:.2f}{_mark(r['floor_ratio'] <= GOAL_FLOOR)}",
                      "-" if "lat_ratio" not in r else f"{r['lat_ratio']:.2f} vs {r['lat_ref']}"
                      + _mark(None if r.get("lat_goal") is None else r["lat_ratio"] <= r["lat_goal"])])
     lines += _table(["model", "preset", "mixq metric (opt)", "onnxruntime metric (opt)",
-                     "Δ peer", "quantize time / ORT", "latency ratio"], summ)
+                     "Δ peer", "quantize time / ORT", "quantize time / floor", "latency ratio"], summ)
     goals = [(k, r) for r in rows if r["tool"] == "mixq" and r.get("ok") for k in
-             ("q", "m", "l") if (k == "q" and "q_ratio" in r) or (k == "m" and "metric_delta" in r)
+             ("q", "f", "m", "l") if (k == "q" and "q_ratio" in r) or (k == "m" and "metric_delta" in r)
+             or (k == "f" and "floor_ratio" in r and _floor_goal(r))
              or (k == "l" and r.get("lat_goal") is not None)]
     met = sum(1 for k, r in goals if (k == "q" and r["q_ratio"] <= GOAL_QTIME)
+              or (k == "f" and r["floor_ratio"] <= GOAL_FLOOR)
               or (k == "m" and r["metric_delta"] >= -1e-9) or (k == "l" and r["lat_ratio"] <= r["lat_goal"]))
     failed = [r for r in rows if not r.get("ok")]
     lines += ["", f"mixq meets {met} of {len(goals)} goal checks; {len(failed)} run(s) failed "
@@ -285,7 +307,8 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
                                                        results["tools_unavailable"].items())]
     lines.append("")
     # -- per model
-    header = ["preset", "tool", "quantize s", f"/ ORT (≤{GOAL_QTIME})", "peak RSS MB", "size MB",
+    header = ["preset", "tool", "quantize s", f"/ ORT (≤{GOAL_QTIME})", f"/ floor (≤{GOAL_FLOOR})",
+              "peak RSS MB", "size MB",
               "latency ms", "latency ratio", "metric opt", "metric no opt", "Δ peer (opt / no opt)",
               "settings / notes"]
     for name, case in results["cases"].items():
@@ -296,8 +319,11 @@ def render_markdown(results: dict[str, Any], plots: dict[str, str]) -> str:
                   f"- evaluation: {case.get('evaluation', '-')}",
                   f"- metric: **{metric}**; float: {_metric_fmt(fl.get('metric_opt'), metric)} "
                   f"(no opt {_metric_fmt(fl.get('metric_noopt'), metric)}), "
-                  f"{case['float_size_mb']:.3f} MB, {_f(fl.get('latency_ms'), 3)} ms", ""]
-        body = [["float", "-", "-", "-", "-", f"{case['float_size_mb']:.3f}", _f(fl.get("latency_ms"), 3),
+                  f"{case['float_size_mb']:.3f} MB, {_f(fl.get('latency_ms'), 3)} ms",
+                  f"- quantize-time floor: "
+                  + (f"{case['floor_s']:.2f} s" if case.get("floor_s") else
+                     f"not measured ({case.get('floor_error', 'a run before the floor existed')})"), ""]
+        body = [["float", "-", "-", "-", "-", "-", f"{case['float_size_mb']:.3f}", _f(fl.get("latency_ms"), 3),
                  "1.00", _metric_fmt(fl.get("metric_opt"), metric),
                  _metric_fmt(fl.get("metric_noopt"), metric), "-", "the original model"]]
         body += [_row_cells(r, metric) for r in rows if r["model"] == name]

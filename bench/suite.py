@@ -43,6 +43,8 @@ SUITE_PRESETS: dict[str, tuple[str, ...]] = {"quick": QUICK_PRESETS, "full": tup
 #: Seconds per metric pass before the evaluation stops at the end of the current batch (only
 #: simulated formats are ever that slow); the metric then covers a prefix of the data.
 EVAL_BUDGET: dict[str, float] = {"quick": 10.0, "full": 120.0}
+#: Runs of the quantize-time floor per case (the best is kept: it is a floor).
+FLOOR_RUNS = 3
 RESULTS_DIR = env.ROOT / "bench" / "results"
 DOC_PATH = env.ROOT / "docs" / "BENCHMARKS.md"
 WORK_DIR = env.ROOT / ".cache" / "bench"
@@ -252,7 +254,7 @@ class Suite:
         self.results["cases"][case.name] = {
             "title": case.title, "metric": case.metric_name, "doc": " ".join((case.__doc__ or "").split()),
             "build_s": round(time.time() - t, 1), "float_size_mb": size / 1e6, **info,
-            "float": fl}
+            "float": fl, **self._floor(cdir)}
         _log(f"{case.name}: built in {time.time() - t:.1f} s; float {size / 1e6:.2f} MB, "
              f"{case.metric_name} {fl.get('metric_opt')}, {fl.get('latency_ms', float('nan')):.2f} ms")
         self._save()
@@ -264,6 +266,23 @@ class Suite:
                 self.results["rows"].append(row)
                 self._save()
                 _log(_row_line(row, case.metric_name))
+
+    def _floor(self, cdir: Path) -> dict[str, Any]:
+        """The quantize-time floor of the case (`bench.worker.run_floor`: one float pass over the
+        calibration data plus the save, in a fresh process), best of FLOOR_RUNS runs."""
+        times, errors = [], []
+        for i in range(FLOOR_RUNS):
+            spec = {"model": str(cdir / "float.onnx"), "calib": str(cdir / "calib.npz"),
+                    "out": str(cdir / "out" / "floor.onnx")}
+            res, t0 = run_child("floor", spec, cdir / "specs" / f"floor_{i}.json", self.timeout)
+            if res.get("ok"):
+                times.append(res["written_at"] - t0)
+            else:
+                errors.append(str(res.get("error")))
+        (cdir / "out" / "floor.onnx").unlink(missing_ok=True)
+        if not times:
+            return {"floor_error": errors[0]}
+        return {"floor_s": round(min(times), 3), "floor_runs": len(times)}
 
     def _run_one(self, case: Case, cdir: Path, tool: str, preset: str) -> dict[str, Any]:
         tag = f"{tool}_{preset}"

@@ -43,6 +43,8 @@ def test_bench_path_embedded_cnn(bench_suite, tmp_path: Path) -> None:
     assert data["machine"]["cpu"] and "vnni" in data["machine"]
     case = data["cases"]["fashion_cnn"]
     assert case["float"]["loads"] and case["float"]["metric_opt"] > 80.0  # top-1 on the labels
+    # issue 19's floor: a float pass over the calibration data plus the save, in a fresh process
+    assert 0 < case["floor_s"] < 60 and case["floor_runs"] == 3, case.get("floor_error")
     rows = {(r["preset"], r["tool"]): r for r in data["rows"]}
     assert set(rows) == {("A8W8", "mixq"), ("A8W8", "ort"), ("BF16", "mixq")}  # ORT has no BF16
     for key, r in rows.items():
@@ -60,6 +62,11 @@ def test_bench_path_embedded_cnn(bench_suite, tmp_path: Path) -> None:
     assert "GENERATED" in md and "do not edit" in md
     assert data["machine"]["cpu"] in md
     assert "## Fashion-MNIST CNN" in md and "| A8W8 | mixq |" in md
+    from bench.report import derived
+
+    ratio = next(r["floor_ratio"] for r in derived(data) if (r["preset"], r["tool"]) == ("A8W8", "mixq"))
+    assert ratio == pytest.approx(rows[("A8W8", "mixq")]["quantize_s"] / case["floor_s"])
+    assert "quantize time / floor" in md and f"| {ratio:.2f}" in md
     if importlib.util.find_spec("matplotlib") is None:  # plots need the bench extra
         return
     png = out / "test_fashion_cnn.png"

@@ -32,6 +32,9 @@ NUM_BINS = 65536
 _MAG_INF = 0x7F80
 #: Below this many elements an update uses a sort-based count instead of bincount.
 _SMALL = 8192
+#: Elements per bincount call of a large update: the bucket indices are written to a buffer of
+#: this many intp that stays in cache (bincount would otherwise copy the whole tensor to intp).
+_CHUNK = 1 << 18
 
 
 def _empty_counts() -> np.ndarray:
@@ -60,6 +63,19 @@ def _trim(off: int, counts: np.ndarray) -> tuple[int, np.ndarray]:
     if nz.size == 0:
         return 0, _empty_counts()
     return off + int(nz[0]), counts[nz[0]: nz[-1] + 1].copy()
+
+
+def _bucket_counts(flat: np.ndarray) -> np.ndarray:
+    """Dense counts (NUM_BINS) of the top 16 bits of the float32 values `flat`, by chunks."""
+    bits = flat.view(np.uint32)
+    buf = np.empty(min(_CHUNK, bits.size), dtype=np.intp)
+    h = np.zeros(NUM_BINS, dtype=np.int64)
+    for i in range(0, bits.size, _CHUNK):
+        part = bits[i:i + _CHUNK]
+        top = buf[:part.size]
+        np.right_shift(part, np.uint32(16), out=top, casting="unsafe")
+        h += np.bincount(top, minlength=NUM_BINS)
+    return h
 
 
 def _mag_to_float(mag: np.ndarray) -> np.ndarray:
@@ -125,11 +141,10 @@ class TensorStats:
         self.count += flat.size
         if flat.size == 0:
             return self
-        top = flat.view(np.uint32) >> np.uint32(16)
         if flat.size < _SMALL:
-            idx, cnt = np.unique(top, return_counts=True)
+            idx, cnt = np.unique(flat.view(np.uint32) >> np.uint32(16), return_counts=True)
         else:
-            h = np.bincount(top, minlength=NUM_BINS)
+            h = _bucket_counts(flat)
             idx = np.flatnonzero(h)
             cnt = h[idx]
         idx = idx.astype(np.int64, copy=False)
