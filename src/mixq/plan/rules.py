@@ -149,8 +149,9 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
     shaped = shape_only_tensors(ix.graph.node, set(inits))
     for node in ix.graph.node:
         why_not = _why_float(node, config)
-        if why_not is None and node.output and all(o in shaped for o in node.output if o):
-            why_not = SHAPE_ONLY_REASON
+        if why_not is None and node.output and all(o in shaped for o in node.output if o) and \
+                any(ix.elem_type(t) == onnx.TensorProto.FLOAT for t in [*node.input, *node.output] if t):
+            why_not = SHAPE_ONLY_REASON  # (integer-only shape nodes are no candidates: not listed)
         if why_not is not None:
             if node.op_type != "Constant":
                 req.float_nodes[node.name] = why_not
