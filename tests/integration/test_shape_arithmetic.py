@@ -5,6 +5,8 @@ one rounding of those exact integers makes the quantized model fail, or reshape 
 the bfloat16 converter's Casts break any target past 256 with more than 8 significant bits."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -13,6 +15,7 @@ import mixq
 from mixq.config import get_default_config
 from mixq.convert import to_bf16, to_fp16
 from mixq.convert._fragile import REASON_SHAPE
+from mixq.errors import ConfigError
 from mixq.plan.ops import SHAPE_ONLY_REASON, shape_only_tensors
 from tests import graphs
 
@@ -85,3 +88,15 @@ def test_the_float_converters_keep_shape_arithmetic_exact(model, convert, fmt):
     assert np.allclose(got, ref, atol=0.05), float(np.abs(got - ref).max())
     kept = [k.op_type for k in rep.kept_float if k.reason == REASON_SHAPE]
     assert len(kept) >= 8, rep.kept_float  # Slice x3, Mul, Div, Concat, Sqrt, Div (Casts too)
+
+
+def test_overrides_on_shape_arithmetic_are_honoured_or_refused(model):
+    """A tensor override wins where a quantized op reads the tensor (the Mul's scale); where no
+    quantized op reads or writes it, the override would change nothing: an error, not a no-op."""
+    feeds = graphs.feeds(model, n=2)
+    cfg = dataclasses.replace(get_default_config("A8W8"), tensor_formats=(("inv", "int16"),))
+    res = mixq.quantize(model, cfg, calibration_data=feeds)
+    assert res.plan.tensors["inv"].format == "int16" and res.plan.tensors["inv"].reason == "tensor override"
+    cfg = dataclasses.replace(get_default_config("A8W8"), tensor_formats=(("q", "int8"),))
+    with pytest.raises(ConfigError, match=r"tensor 'q'.*would change nothing"):
+        mixq.quantize(model, cfg, calibration_data=feeds)

@@ -540,5 +540,11 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig, *,
              if name in req.groups.parent and tp.role == "activation" else tp
              for name, tp in tensors.items()}
     skipped = _unplanned(ix, req, final)
+    for t, f in config.tensor_formats:  # an override that changes nothing is an error, not a no-op
+        if t not in final:
+            raise ConfigError(f"tensor_formats / MixedPrecisionTensor asks {f} for tensor {t!r}, but no op "
+                              f"that this config quantizes reads or writes it ({skipped.get(t, 'left float')}), "
+                              "so the override would change nothing. Drop it, or quantize an op that reads "
+                              "the tensor (op_types, layer rules).")
     return PrecisionPlan(tensors=final, float_nodes=req.float_nodes, config_name=config.name,
                          skipped=skipped, config=config.to_dict())
