@@ -147,6 +147,7 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
     overrides = dict(config.tensor_formats)
     inits = ix.initializers
     shaped = shape_only_tensors(ix.graph.node, set(inits))
+    read_float = shaped - set(overrides)  # shape-only operands stay unquantized, unless overridden
     for node in ix.graph.node:
         why_not = _why_float(node, config)
         if why_not is None and node.output and all(o in shaped for o in node.output if o) and \
@@ -162,7 +163,7 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
         act, wfmt, why = config.formats_for(node.op_type, node.name)
         int_pair = get_format(act).kind == "int" and get_format(wfmt).kind == "int"
         indices = sem.activation_indices(node)
-        act_inputs = [node.input[i] for i in indices if node.input[i] and node.input[i] not in shaped]
+        act_inputs = [node.input[i] for i in indices if node.input[i] and node.input[i] not in read_float]
         for i in indices:
             name = node.input[i]
             if not name:
@@ -179,7 +180,7 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
                 continue
             if et != onnx.TensorProto.FLOAT:
                 continue
-            if name in shaped and name not in overrides:  # e.g. a position scale in float
+            if name in read_float:  # e.g. a position scale in float
                 req.left.setdefault(name, SHAPE_ONLY_REASON)
                 continue
             if name in inits:
