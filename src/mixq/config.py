@@ -139,6 +139,12 @@ class QuantConfig:
         subtractions, Concats of very different ranges, ranges set by outlier features),
         each with its reason in the plan
         (docs/ACCURACY.md); False quantizes them as asked.
+    quantize_tail: quantize the post-processing tail too: the nodes after the last
+        Conv/ConvTranspose/Gemm/MatMul on the way to an output (a detector's box decode and
+        score Sigmoid, a final Softmax or normalization; mixq.plan.ops.postprocess_tail).
+        False (the default) leaves them float with the reason in the plan, as deployment flows
+        run post-processing on the host: a uniform grid over decoded values puts a detector's
+        boxes pixels off. A layer rule that names a tail node quantizes it all the same.
     bias_correction: each Conv/Gemm with integer weights takes into its bias the mean error its
         quantized weight adds to the output, (Wq - W) E[x], with E[x] measured in a second float
         pass over the calibration data (mixq.passes.bias_correction; not with finetuning, which
@@ -181,6 +187,7 @@ class QuantConfig:
     tensor_formats: tuple[tuple[str, str], ...] = ()
     dual_quant_nodes: bool = False
     numerics_policies: bool = True
+    quantize_tail: bool = False
     bias_correction: bool = False
     weight_rounding: str = "auto"
     gptq_damp: float = 0.01
@@ -196,7 +203,7 @@ class QuantConfig:
         object.__setattr__(self, "granularity", granularity_from(self.granularity))
         for opt in ("reduce_range", "share_concat_scales", "quantize_outputs", "fuse_activations",
                     "dual_quant_nodes", "activation_symmetric", "weight_symmetric",
-                    "numerics_policies", "bias_correction", "gptq_act_order"):
+                    "numerics_policies", "quantize_tail", "bias_correction", "gptq_act_order"):
             if not isinstance(getattr(self, opt), bool):
                 raise ConfigError(f"{opt}={getattr(self, opt)!r} must be True or False.")
         if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)):

@@ -292,16 +292,22 @@ def _detector():
 @pytest.mark.parametrize("preset", ["A8W8", "A16W8"])
 def test_concat_of_boxes_and_scores(preset, policies_off):
     m, feeds, probs = _detector()
-    res, cos = _quantize_and_compare(m, preset, feeds, part=probs)
+    # the Concat ends the graph: a post-processing tail, float by default; the policy (d) is for
+    # the Concats that a quantized op reads (or a tail quantized on request)
+    cfg = mixq.get_default_config(preset).with_options(quantize_tail=True)
+    res, cos = _quantize_and_compare(m, cfg, feeds, part=probs)
     assert cos >= 0.99, res.summary()
     assert res.plan.tensors["det"].format is None
     assert "x apart" in res.plan.tensors["det"].reason and "Concat" in res.plan.tensors["det"].reason
-    _, box_cos = _quantize_and_compare(m, preset, feeds, part=slice(0, 4))
+    _, box_cos = _quantize_and_compare(m, cfg, feeds, part=slice(0, 4))
     assert box_cos >= 0.99
+    assert "det" not in mixq.quantize(m, preset, feeds, check_kernels=False).plan.tensors  # the tail
     policies_off()
-    _, cos_off = _quantize_and_compare(m, preset, feeds, part=probs)
+    _, cos_off = _quantize_and_compare(m, cfg, feeds, part=probs)
     if preset == "A8W8":  # 640 / 127 per code: the probabilities are 0 or one code
         assert cos_off < 0.9, cos_off
+    # with the policies off, the float tail alone keeps the probabilities
+    assert _quantize_and_compare(m, preset, feeds, part=probs)[1] >= 0.99
 
 
 # ------------------------------------------------------------------ (5) Log of a spectrogram

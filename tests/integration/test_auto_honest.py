@@ -250,8 +250,10 @@ def test_every_quantized_op_is_a_candidate_with_op_types_all():
     rng = np.random.default_rng(0)
     calib = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
     ev = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
-    # the search on its own: the numerics policies (which keep the mask's sum float) off
-    base = base_from_candidate(Candidate("int16", "int8")).with_options(numerics_policies=False)
+    # the search on its own: the numerics policies (which keep the mask's sum float) off, and
+    # the Add and Softmax after the MatMul (a post-processing tail, float by default) quantized
+    base = base_from_candidate(Candidate("int16", "int8")).with_options(numerics_policies=False,
+                                                                       quantize_tail=True)
     kw = dict(base=base, candidates=(Candidate("int8", "int8"),), metric="cosine", target=0.001)
     with pytest.warns(TargetNotMetWarning):
         only_mm = auto_quantize(model, AutoConfig(op_types=frozenset({"MatMul"}), **kw), calib, ev)
@@ -285,7 +287,7 @@ def test_widening_takes_float16_only_where_the_calibrated_ranges_fit(mask_value,
     calib = [{"x": rng.standard_normal((8, 8)).astype(np.float32)} for _ in range(4)]
     pipe = Pipeline.load(model)
     cfg = base_from_candidate(Candidate("int16", "int8"))
-    pipe.calibrate(pipe.plan(cfg.with_options(fuse_activations=False)), calib)
+    pipe.calibrate(pipe.plan(cfg.with_options(fuse_activations=False, quantize_tail=True)), calib)
     got = half_floats(Workbench(pipe, calib), ["scores", "mask_add", "softmax"])
     assert got["scores"].label == "fp16"  # its tensors are small whatever the mask
     assert got["mask_add"].label == expect and got["softmax"].label == expect

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 import mixq
-from mixq.plan.ops import shape_only_tensors
+from mixq.plan.ops import TAIL_REASON, postprocess_tail, shape_only_tensors
 
 from ..graphs import assert_in_format, dq_scale, run, session
 
@@ -23,7 +23,13 @@ _NAMES = st.sampled_from(["t", "a:b", "a_b", "x__mq", "h/scale", "conv.out", "n 
 _UNARY = ["Relu", "Sigmoid", "Tanh", "HardSigmoid", "Identity", "Softmax"]
 
 
-def _build(ops: list[tuple[str, int]], names: list[str], c: int, hw: int, seed: int) -> onnx.ModelProto:
+#: post-processing after the final MatMul (shape (1, 5) kept): a bias Add, activations, a
+#: decode-like scaling by a constant, a product
+_TAIL = ["AddBias", "MulConst", "Sigmoid", "Softmax", "Relu", "Tanh", "Square"]
+
+
+def _build(ops: list[tuple[str, int]], names: list[str], c: int, hw: int, seed: int,
+           tail: list[str] = ()) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     nodes, inits = [], []
     used: set[str] = set()
@@ -94,7 +100,20 @@ def _build(ops: list[tuple[str, int]], names: list[str], c: int, hw: int, seed: 
     w = fresh("fc")
     feat = int(np.prod(shape[1:]))
     inits.append(numpy_helper.from_array((rng.standard_normal((feat, 5)) * 0.2).astype(np.float32), w))
-    nodes.append(helper.make_node("MatMul", [flat, w], ["y"]))
+    last = "y" if not tail else fresh("logits")
+    nodes.append(helper.make_node("MatMul", [flat, w], [last]))
+    for k, op in enumerate(tail):
+        out = "y" if k == len(tail) - 1 else fresh("post")
+        if op in ("AddBias", "MulConst"):
+            k_ = fresh("k")
+            shape_k = (5,) if op == "AddBias" else (1, 5)
+            inits.append(numpy_helper.from_array((rng.standard_normal(shape_k) * 4).astype(np.float32), k_))
+            nodes.append(helper.make_node(op[:3], [last, k_], [out]))
+        elif op == "Square":
+            nodes.append(helper.make_node("Mul", [last, last], [out]))
+        else:
+            nodes.append(helper.make_node(op, [last], [out]))
+        last = out
     for i, n in enumerate(nodes):
         n.name = f"{n.op_type.lower()}_{i}"
     g = helper.make_graph(nodes, "random", [helper.make_tensor_value_info("x", 1, [1, c, hw, hw])],
@@ -114,10 +133,11 @@ _OP = st.one_of(st.tuples(st.just("Conv"), st.integers(1, 6)),
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate], derandomize=True)
 @given(ops=st.lists(_OP, min_size=1, max_size=6), names=st.lists(_NAMES, min_size=1, max_size=4),
-       c=st.integers(1, 5), hw=st.integers(2, 6), seed=st.integers(0, 1000))
+       c=st.integers(1, 5), hw=st.integers(2, 6), seed=st.integers(0, 1000),
+       tail=st.lists(st.sampled_from(_TAIL), max_size=3))
 @pytest.mark.parametrize("preset", list(mixq.PRESETS))
-def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed):
-    m = _build(ops, names, c, hw, seed)
+def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed, tail):
+    m = _build(ops, names, c, hw, seed, tail)
     rng = np.random.default_rng(seed)
     fs = [{"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32)} for _ in range(3)]
     res = mixq.quantize(m, preset, fs, check_kernels=False)
@@ -144,6 +164,19 @@ def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed):
     # float shape arithmetic is never quantized (a rounded Reshape target fails or misplaces data)
     shaped = shape_only_tensors(pipe.model.graph.node, set(ix.initializers))
     assert not [v for v in shaped if v in res.plan.tensors and res.plan.tensors[v].format is not None]
+    # the post-processing after the final MatMul stays float, and only it: a bias Add right
+    # after the MatMul and a Relu after either are part of the layer (one kernel with it)
+    expect, layer = set(), True
+    for node, op in zip(m.graph.node[len(m.graph.node) - len(tail):], tail):
+        layer = layer and op in ("AddBias", "Relu")
+        if not layer:
+            expect.add(node.name)
+    nodes = list(pipe.model.graph.node)
+    found = {nodes[i].name for i in postprocess_tail(nodes, {n: tuple(t.dims) for n, t in ix.initializers.items()})}
+    assert found == expect, (tail, found, expect)
+    for name in expect:
+        why = res.plan.float_nodes.get(name, "")
+        assert why == TAIL_REASON or why.startswith("op type"), (name, why)
 
 
 def _expose(qmodel: onnx.ModelProto, name: str, feed: dict[str, np.ndarray]) -> np.ndarray:

@@ -43,6 +43,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduce-range", action="store_true", default=None,
                    help="7-bit int8 weights: avoids int8 saturation in onnxruntime on CPUs without VNNI")
     p.add_argument("--exclude-op-types", default="", help="comma-separated op types to keep float")
+    p.add_argument("--quantize-tail", action="store_true", default=None,
+                   help="quantize the post-processing after the last Conv/Gemm/MatMul too (box "
+                   "decode, scores, final Softmax), which stays float by default; docs/ACCURACY.md")
     p.add_argument("--bias-correction", action="store_true", default=None,
                    help="Conv/Gemm biases absorb the mean error of their quantized weights (a second "
                         "float pass over the calibration data)")
@@ -76,6 +79,7 @@ def _config_given(args: argparse.Namespace) -> bool:
                 or args.weight_calib_method or args.bias_correction
                 or args.weight_rounding or args.gptq_damp is not None
                 or args.per_channel is not None or args.reduce_range or args.exclude_op_types
+                or args.quantize_tail
                 or getattr(args, "numerics_policies", None) is False)
 
 
@@ -189,6 +193,8 @@ def _config_from_args(args: argparse.Namespace):
         changes["gptq_damp"] = args.gptq_damp
     if getattr(args, "numerics_policies", None) is False:
         changes["numerics_policies"] = False
+    if args.quantize_tail:
+        changes["quantize_tail"] = True
     if args.exclude_op_types:
         changes["exclude_op_types"] = frozenset(s for s in args.exclude_op_types.split(",") if s)
     if changes:

@@ -6,7 +6,7 @@ format; an op type missing from the table stays float and the report says so.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -209,3 +209,105 @@ def unsupported_reason(node: onnx.NodeProto) -> str:
     if node.domain not in ("", "ai.onnx"):
         return f"custom-domain op '{node.domain}.{node.op_type}' is not in mixq's op table"
     return NEVER_QUANTIZED.get(node.op_type, f"op type '{node.op_type}' is not in mixq's op table")
+
+
+#: Ops that compute with a weight slot (Conv/ConvTranspose/Gemm/MatMul): the layers a model is
+#: made of; what follows the last of them on the way to an output is post-processing.
+COMPUTE_OPS = frozenset(op for op, s in OP_TABLE.items() if s.weight is not None)
+#: Activations backends run inside the compute op before them (one kernel): part of the layer.
+LAYER_ACTIVATIONS = frozenset({"Relu", "Clip"})
+
+#: Why a post-processing node is left float (the plan's reason).
+TAIL_REASON = ("post-processing after the last Conv/Gemm/MatMul on the way to an output (a box "
+               "decode, scores, a final Softmax or normalization): kept float, as deployments run it "
+               "on the host, since a uniform grid over decoded values (coordinates 0..640 from a "
+               "0..80 anchor grid times a stride) costs pixels; quantize_tail=True quantizes it")
+
+
+def _inner_names(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs read (outer-scope captures included)."""
+    out: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in g.node:
+                out.update(i for i in n.input if i)
+                out |= _inner_names(n)
+    return out
+
+
+def postprocess_tail(nodes: Iterable[onnx.NodeProto],
+                     constants: Mapping[str, Sequence[int]] | None = None) -> set[int]:
+    """Indices (into `nodes`) of the post-processing tail: nodes downstream of a compute op
+    (COMPUTE_OPS) from which no compute op, nor any op with subgraphs, is reachable. Left out,
+    as parts of the layer before them: a bias Add (an Add of a constant of `constants`, name ->
+    dims, with one non-unit dim) and a Relu/Clip that read a layer's output alone (one kernel
+    with it); and pass-through ops (Reshape, Split, ...), which carry their input's grid
+    exactly or stay float with it: a float Reshape after a DequantizeLinear is what
+    onnxruntime's QDQ propagation turns into a QuantizeLinear it then rejects ("output_dtype
+    INT8 does not match y_zero_point type UINT8"). A graph with no compute op has no tail.
+    Order-independent."""
+    nodes = list(nodes)
+    consts = dict(constants or {})
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        if n.op_type == "Constant" and n.output:
+            value = next((a.t for a in n.attribute if a.name == "value"), None)
+            consts[n.output[0]] = tuple(value.dims) if value is not None else (0, 0)
+            continue
+        producer.update((o, i) for o in n.output if o)
+        reads = {x for x in n.input if x} | _inner_names(n)
+        for x in sorted(reads):
+            consumers.setdefault(x, []).append(i)
+
+    def is_layer(n: onnx.NodeProto) -> bool:
+        return n.domain in ("", "ai.onnx") and n.op_type in COMPUTE_OPS
+
+    barriers = [i for i, n in enumerate(nodes)
+                if is_layer(n) or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                      for a in n.attribute)]
+    upstream: set[int] = set()  # nodes that reach a barrier
+    todo = list(barriers)
+    while todo:
+        i = todo.pop()
+        for x in [*nodes[i].input, *_inner_names(nodes[i])]:
+            p = producer.get(x)
+            if p is not None and p not in upstream:
+                upstream.add(p)
+                todo.append(p)
+    downstream: set[int] = set()  # nodes a compute op reaches
+    todo = [i for i, n in enumerate(nodes) if is_layer(n)]
+    while todo:
+        i = todo.pop()
+        for o in nodes[i].output:
+            for c in consumers.get(o, ()):
+                if c not in downstream:
+                    downstream.add(c)
+                    todo.append(c)
+    tail = {i for i in downstream - upstream if i not in barriers}
+    layer_ends = {i for i, n in enumerate(nodes) if is_layer(n)}
+
+    def continues_layer(n: onnx.NodeProto) -> bool:
+        data = [x for x in n.input if x in producer]
+        if len(data) != 1 or producer[data[0]] not in layer_ends \
+                or len(consumers.get(data[0], ())) != 1:
+            return False
+        if n.op_type in LAYER_ACTIVATIONS:
+            return n.input[0] == data[0]
+        others = [x for x in n.input if x and x != data[0]]
+        return n.op_type == "Add" and len(others) == 1 and others[0] in consts \
+            and sum(1 for d in consts[others[0]] if d != 1) <= 1
+
+    changed = True
+    while changed:  # a bias Add, then a Relu: both part of the layer
+        changed = False
+        for i in sorted(tail):
+            if continues_layer(nodes[i]):
+                tail.discard(i)
+                layer_ends.add(i)
+                changed = True
+    for i in sorted(tail):
+        sem = semantics(nodes[i])
+        if sem is not None and sem.passthrough:
+            tail.discard(i)
+    return tail

@@ -24,7 +24,8 @@ from ..errors import ConfigError, did_you_mean
 from ..formats import get_format
 from ..granularity import PerBlock, PerChannel
 from ..graph import GraphIndex, is_float_type, subgraphs, walk_graphs
-from .ops import SHAPE_ONLY_REASON, semantics, shape_only_tensors, unsupported_reason
+from .ops import (SHAPE_ONLY_REASON, TAIL_REASON, postprocess_tail, semantics, shape_only_tensors,
+                  unsupported_reason)
 from .plan import PrecisionPlan, TensorPrecision
 
 __all__ = ["build_plan", "float_tensors", "tensor_ranks"]
@@ -148,11 +149,16 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
     inits = ix.initializers
     shaped = shape_only_tensors(ix.graph.node, set(inits))
     read_float = shaped - set(overrides)  # shape-only operands stay unquantized, unless overridden
-    for node in ix.graph.node:
+    tail = set() if config.quantize_tail else postprocess_tail(
+        ix.graph.node, {n: tuple(t.dims) for n, t in inits.items()})
+    for k, node in enumerate(ix.graph.node):
         why_not = _why_float(node, config)
-        if why_not is None and node.output and all(o in shaped for o in node.output if o) and \
-                any(ix.elem_type(t) == onnx.TensorProto.FLOAT for t in [*node.input, *node.output] if t):
+        floaty = any(ix.elem_type(t) == onnx.TensorProto.FLOAT for t in [*node.input, *node.output] if t)
+        if why_not is None and node.output and all(o in shaped for o in node.output if o) and floaty:
             why_not = SHAPE_ONLY_REASON  # (integer-only shape nodes are no candidates: not listed)
+        if why_not is None and k in tail and floaty and \
+                not any(r.matches(node.op_type, node.name) for r in config.layer_rules):
+            why_not = TAIL_REASON
         if why_not is not None:
             if node.op_type != "Constant":
                 req.float_nodes[node.name] = why_not
