@@ -175,3 +175,23 @@ def test_the_cli_flag_quantizes_the_tail(tmp_path, model):
         assert main(["plan", str(src), "--preset", "A8W8", "-o", str(out), *flag]) == 0
         plans[len(flag)] = out.read_text()
     assert "post-processing" in plans[0] and "post-processing" not in plans[1]
+
+
+@pytest.mark.parametrize("excluded", [("dfl_out", "split_lt_rb"), ("dfl_transpose", "dfl_softmax")])
+def test_excluded_pass_through_nodes_keep_their_input_grid_and_the_model_loads(model, excluded):
+    """onnxruntime users exclude a detector's post-processing by node names. A pass-through node
+    left float after an int8 tensor, read by float ops, is what onnxruntime's QDQ propagation
+    (default optimizations) turns into a QuantizeLinear it then rejects at session creation: the
+    node's outputs carry its input's grid instead, which changes no value."""
+    cal = _images(4, seed=1)
+    base = dataclasses.replace(get_default_config("A8W8"), quantize_tail=True)
+    ref = mixq.quantize(model, base, calibration_data=cal)
+    res = mixq.quantize(model, dataclasses.replace(base, exclude_nodes=frozenset(excluded)), calibration_data=cal)
+    assert all(res.plan.float_nodes[n] == "node excluded by exclude_nodes" for n in excluded)
+    for f in _images(2, seed=7):
+        got = graphs.run(res.model, f)[0]  # default optimizations: the session loads
+        assert np.all(np.isfinite(got))
+        if "dfl_softmax" not in excluded:  # pass-through nodes alone: not one value changes
+            assert np.array_equal(got, graphs.run(ref.model, f)[0])
+            assert np.array_equal(graphs.run(res.model, f, optimize=False)[0],
+                                  graphs.run(ref.model, f, optimize=False)[0])
