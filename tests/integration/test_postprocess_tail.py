@@ -195,3 +195,17 @@ def test_excluded_pass_through_nodes_keep_their_input_grid_and_the_model_loads(m
             assert np.array_equal(got, graphs.run(ref.model, f)[0])
             assert np.array_equal(graphs.run(res.model, f, optimize=False)[0],
                                   graphs.run(ref.model, f, optimize=False)[0])
+
+
+def test_nothing_a_subgraph_reads_is_tail():
+    """An If whose branch reads a tensor by outer-scope capture is a barrier like a compute op:
+    what feeds it is not post-processing (mixq leaves subgraphs float, but not their inputs)."""
+    def branch(name: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("Identity", ["s"], [f"{name}_out"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Sigmoid", ["c"], ["s"], name="sig"),
+             helper.make_node("Tanh", ["c"], ["t"], name="tanh"),
+             helper.make_node("If", ["cond"], ["y"], then_branch=branch("a"), else_branch=branch("b"), name="if")]
+    names = {nodes[i].name for i in postprocess_tail(nodes)}
+    assert names == {"tanh"}  # the Sigmoid feeds the If's branches (by capture)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from ..graph import outer_scope_reads, subgraphs
+
 
 @dataclass(frozen=True)
 class OpSemantics:
@@ -224,15 +226,9 @@ TAIL_REASON = ("post-processing after the last Conv/Gemm/MatMul on the way to an
                "0..80 anchor grid times a stride) costs pixels; quantize_tail=True quantizes it")
 
 
-def _inner_names(node: onnx.NodeProto) -> set[str]:
-    """Names a node's subgraphs read (outer-scope captures included)."""
-    out: set[str] = set()
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            for n in g.node:
-                out.update(i for i in n.input if i)
-                out |= _inner_names(n)
-    return out
+def _captures(node: onnx.NodeProto) -> set[str]:
+    """Outer-scope names a node's subgraphs (If branches, Loop/Scan bodies) read."""
+    return set().union(*(outer_scope_reads(g) for g in subgraphs(node)))
 
 
 def postprocess_tail(nodes: Iterable[onnx.NodeProto],
@@ -253,24 +249,23 @@ def postprocess_tail(nodes: Iterable[onnx.NodeProto],
     for i, n in enumerate(nodes):
         if n.op_type == "Constant" and n.output:
             value = next((a.t for a in n.attribute if a.name == "value"), None)
+            # (a Constant of another kind, e.g. value_floats, counts as no bias: dims (0, 0))
             consts[n.output[0]] = tuple(value.dims) if value is not None else (0, 0)
             continue
         producer.update((o, i) for o in n.output if o)
-        reads = {x for x in n.input if x} | _inner_names(n)
+        reads = {x for x in n.input if x} | _captures(n)
         for x in sorted(reads):
             consumers.setdefault(x, []).append(i)
 
     def is_layer(n: onnx.NodeProto) -> bool:
         return n.domain in ("", "ai.onnx") and n.op_type in COMPUTE_OPS
 
-    barriers = [i for i, n in enumerate(nodes)
-                if is_layer(n) or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                                      for a in n.attribute)]
+    barriers = [i for i, n in enumerate(nodes) if is_layer(n) or next(subgraphs(n), None) is not None]
     upstream: set[int] = set()  # nodes that reach a barrier
     todo = list(barriers)
     while todo:
         i = todo.pop()
-        for x in [*nodes[i].input, *_inner_names(nodes[i])]:
+        for x in [*nodes[i].input, *_captures(nodes[i])]:
             p = producer.get(x)
             if p is not None and p not in upstream:
                 upstream.add(p)
