@@ -246,32 +246,31 @@ def postprocess_tail(nodes: Iterable[onnx.NodeProto],
     consts = dict(constants or {})
     producer: dict[str, int] = {}
     consumers: dict[str, list[int]] = {}
+    reads: list[set[str]] = []  # per node: its inputs and its subgraphs' captures
     for i, n in enumerate(nodes):
+        reads.append({x for x in n.input if x} | _captures(n))
         if n.op_type == "Constant" and n.output:
             value = next((a.t for a in n.attribute if a.name == "value"), None)
             # (a Constant of another kind, e.g. value_floats, counts as no bias: dims (0, 0))
             consts[n.output[0]] = tuple(value.dims) if value is not None else (0, 0)
             continue
         producer.update((o, i) for o in n.output if o)
-        reads = {x for x in n.input if x} | _captures(n)
-        for x in sorted(reads):
+        for x in sorted(reads[i]):
             consumers.setdefault(x, []).append(i)
 
-    def is_layer(n: onnx.NodeProto) -> bool:
-        return n.domain in ("", "ai.onnx") and n.op_type in COMPUTE_OPS
-
-    barriers = [i for i, n in enumerate(nodes) if is_layer(n) or next(subgraphs(n), None) is not None]
+    layers = {i for i, n in enumerate(nodes) if n.domain in ("", "ai.onnx") and n.op_type in COMPUTE_OPS}
+    barriers = layers | {i for i, n in enumerate(nodes) if next(subgraphs(n), None) is not None}
     upstream: set[int] = set()  # nodes that reach a barrier
-    todo = list(barriers)
+    todo = sorted(barriers)
     while todo:
         i = todo.pop()
-        for x in [*nodes[i].input, *_captures(nodes[i])]:
+        for x in reads[i]:
             p = producer.get(x)
             if p is not None and p not in upstream:
                 upstream.add(p)
                 todo.append(p)
     downstream: set[int] = set()  # nodes a compute op reaches
-    todo = [i for i, n in enumerate(nodes) if is_layer(n)]
+    todo = sorted(layers)
     while todo:
         i = todo.pop()
         for o in nodes[i].output:
@@ -279,8 +278,8 @@ def postprocess_tail(nodes: Iterable[onnx.NodeProto],
                 if c not in downstream:
                     downstream.add(c)
                     todo.append(c)
-    tail = {i for i in downstream - upstream if i not in barriers}
-    layer_ends = {i for i, n in enumerate(nodes) if is_layer(n)}
+    tail = downstream - upstream - barriers
+    layer_ends = set(layers)  # grows by the bias Adds and activations that continue a layer
 
     def continues_layer(n: onnx.NodeProto) -> bool:
         data = [x for x in n.input if x in producer]
