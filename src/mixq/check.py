@@ -17,7 +17,7 @@ import onnx
 
 from ._io import load_model
 from .errors import ModelError
-from .passes.prepare import MAX_RUNTIME_OPSET, TARGET_OPSET, check_input_model, model_opset
+from .passes.prepare import MAX_RUNTIME_OPSET, TARGET_OPSET, check_float_model, check_input_model, model_opset
 from .plan.ops import semantics, unsupported_reason
 
 __all__ = ["OpSupport", "SupportReport", "check_model_support", "custom_op_problems"]
@@ -241,6 +241,10 @@ def check_model_support(model: onnx.ModelProto | str | os.PathLike) -> SupportRe
         if "custom op library" in problem:
             rep.problems.append(f"{problem}; calibrated presets fail, cast/block presets leave it float")
 
+    try:
+        check_float_model(model)
+    except ModelError as exc:
+        rep.problems.append(str(exc))
     try:
         if rep.external_data and source != "<ModelProto>":
             # the C++ checker reads the file itself: external data is checked, never loaded

@@ -17,7 +17,8 @@ from onnx import helper, numpy_helper
 from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import ModelError
 from ..evaluate import onnxruntime_max_ir_version
-from ..graph import GraphIndex, NameAllocator, PassResult
+from ..formats.base import MIXQ_DOMAIN
+from ..graph import GraphIndex, NameAllocator, PassResult, walk_graphs
 from .float16 import compute_float16_in_float32
 from .recognize import RecognizeReport, recognize
 
@@ -703,6 +704,59 @@ def check_input_model(model: onnx.ModelProto) -> None:
                          "to see every problem) and quantize again.") from exc
 
 
+#: Ops only an already-quantized model holds: the default domain's quantize kernels, and
+#: onnxruntime's contrib ones (whose QLinear* and QOrdered* kernels are matched by prefix).
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv",
+                           "QLinearMatMul", "ConvInteger", "MatMulInteger"})
+_CONTRIB_QUANTIZED_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "QGemm", "QAttention", "QEmbedLayerNormalization",
+    "DynamicQuantizeMatMul", "DynamicQuantizeLSTM", "MatMulIntegerToFloat", "MatMulNBits", "MatMulBnb4",
+    "GatherBlockQuantized", "QuantizeBFP", "DequantizeBFP"})
+
+
+def _quantized_op(node: onnx.NodeProto) -> str | None:
+    """The op as the error names it, when `node` is a quantized kernel or mixq's own quantize
+    function (a mixq output given back); else None."""
+    if node.domain in ("", "ai.onnx"):
+        return node.op_type if node.op_type in QUANTIZED_OPS else None
+    if node.domain == MIXQ_DOMAIN:
+        return f"{MIXQ_DOMAIN} function"
+    if node.domain == "com.microsoft" and (node.op_type in _CONTRIB_QUANTIZED_OPS
+                                           or node.op_type.startswith(("QLinear", "QOrdered"))):
+        return f"com.microsoft.{node.op_type}"
+    return None
+
+
+def quantized_nodes(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str]]:
+    """(node, op) for every quantized kernel in `model`: its graphs, subgraphs and model-local
+    functions other than mixq's (whose calls count themselves)."""
+    bodies = [list(g.node) for g in walk_graphs(model.graph)]
+    bodies += [list(f.node) for f in model.functions if f.domain != MIXQ_DOMAIN]
+    return [(n, op) for body in bodies for n in body if (op := _quantized_op(n)) is not None]
+
+
+def check_float_model(model: onnx.ModelProto, verb: str = "quantize") -> None:
+    """Raise ModelError when `model` is already quantized (QDQ or QOperator, by onnxruntime,
+    another tool or mixq): quantizing it again would round its values twice, its constant
+    DequantizeLinear weights folded back to float and put on new grids, next to the Q/DQ pairs
+    it holds; a runnable model that is not what was asked. `verb`: what the caller does to it."""
+    found = quantized_nodes(model)
+    if not found:
+        return
+    counts = Counter(op for _, op in found)
+    node = found[0][0]
+    what = ", ".join(f"{c} x {op}" for op, c in counts.most_common(4))
+    if len(counts) > 4:
+        what += f" and {len(counts) - 4} other quantized op type(s)"
+    mixq_out = f"{MIXQ_DOMAIN} function" in counts
+    raise ModelError(
+        f"the input model is already quantized: it holds {what} (e.g. {node.op_type} node "
+        f"{node.name or '(unnamed)'!r}){': a mixq output' if mixq_out else ''}. mixq {verb}s "
+        f"float models (float32, float16, bfloat16): to {verb} this one would round its "
+        "values twice, onto grids it did not choose. Give mixq the float model this one was made "
+        "from.")
+
+
 def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
             base_dir: str | os.PathLike | None = None) -> tuple[onnx.ModelProto, PrepareReport]:
     """Run every preparation pass on a copy of `model` (on `model` itself with copy=False,
@@ -715,6 +769,7 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     else:
         m = model
     check_input_model(m)
+    check_float_model(m)
     rep = PrepareReport(opset_from=model_opset(m))
 
     def counted(name: str, n: int) -> int:
