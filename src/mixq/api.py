@@ -179,6 +179,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     # applied to replayed plans too, so that a plan replays to the bytes its config gives
     the_plan, numerics = apply_numerics(the_plan, pipe.model, pipe.stats,
                                         enabled=cfg.numerics_policies)
+    constant_data = pipe.constant_calibration()  # np.zeros as calibration data: say so, loudly
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -240,6 +241,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     timings["fidelity"] = time.perf_counter() - t
     if strict and (fid.broken or fid.runtime_disagrees):
         raise ModelError("the quantized model looks broken (strict): " + "; ".join(fid.lines()))
+    if strict and constant_data is not None:
+        raise ModelError(f"nothing vouches for the quantized model (strict): {constant_data}")
 
     saved, save_s = None, 0.0
     warnings: list[str] = []
@@ -265,6 +268,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     warnings += [f"prepare: {n}" for n in pipe.prepare_report.notes if "shape inference failed" in n]
     if not (rew.activations_quantized or rew.weights_quantized):
         warnings.insert(0, _nothing_quantized(the_plan, cfg.name))
+    if constant_data is not None:
+        warnings.insert(0, f"WARNING: {constant_data}")
 
     result = QuantizeResult(numerics=numerics, fidelity=fid, warnings=warnings, finetune=ft_report,
                             bias_correction=bias_rep, weight_rounding=round_rep,

@@ -12,6 +12,7 @@ many plans runs onnxruntime's calibration pass once.
 """
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from onnx import numpy_helper
 from ._io import has_external_data, load_deferred, load_model, load_model_deferred
 from ._shards import in_worker
 from .calibration.stats import TensorStats
+from .calibration.variety import data_inputs
 from .config import QuantConfig
 from .errors import ConfigError, ModelError, did_you_mean
 from .formats import QParams, get_format
@@ -96,6 +98,9 @@ class Pipeline:
     source: Path | None = None
     stats: dict[str, TensorStats] = field(default_factory=dict)
     calib_skipped: dict[str, str] = field(default_factory=dict)
+    #: statistics of the data inputs no plan calibrates, watched by the calibration pass for
+    #: `constant_calibration` only (not in `stats`: nothing is planned from them)
+    input_stats: dict[str, TensorStats] = field(default_factory=dict)
     _index: GraphIndex | None = field(default=None, repr=False)
     _elems: dict[str, int] | None = field(default=None, repr=False)
     _bounds: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
@@ -246,14 +251,17 @@ class Pipeline:
                               ".npz/.npy file or a folder).")
         from .calibration.collect import LOAD_FAILED, collect_stats
 
+        # the float inputs' own statistics, watched by the same pass (see constant_calibration)
+        watch = [n for n in data_inputs(self.model) if n not in self.stats and n not in self.input_stats
+                 and n not in missing]
         try:
             if executor is not None:
                 from .calibration.sharded import calibrate_sharded
 
-                res = calibrate_sharded(self.model, missing, data, executor, progress=progress,
+                res = calibrate_sharded(self.model, missing + watch, data, executor, progress=progress,
                                         base_dir=self.base_dir, kept=kept, tap=tap)
             else:
-                res = collect_stats(self.model, missing, data, progress=progress,
+                res = collect_stats(self.model, missing + watch, data, progress=progress,
                                     base_dir=self.base_dir, tap=(tap, kept))
         except ModelError as exc:
             why = self._source_load_error() if str(exc).startswith(LOAD_FAILED) else None
@@ -262,10 +270,27 @@ class Pipeline:
                                  f"anything: {why}. Check it with onnxruntime.InferenceSession and fix or "
                                  "re-export it (for example at a newer opset).") from exc
             raise
+        for n in watch:
+            res.skipped.pop(n, None)
+            if n in res.stats:
+                self.input_stats[n] = res.stats.pop(n)
         self.stats.update(res.stats)
         self.calib_skipped.update(res.skipped)
         self._observe(data, (tap, kept), progress)  # those the shards' read did not feed
         return self.stats
+
+    def constant_calibration(self) -> str | None:
+        """Why the calibration data cannot stand for real inputs (mixq.calibration.variety), from
+        the statistics of the pass: None when an input varied, or no pass ran."""
+        from .calibration.variety import constant_data
+
+        extremes = {}
+        for n in data_inputs(self.model):
+            st = self.stats.get(n, self.input_stats.get(n))
+            if st is not None and st.count:
+                bad = st.nan_count or st.inf_count
+                extremes[n] = (math.nan, math.nan) if bad else (st.min, st.max)
+        return constant_data(self.model, extremes)
 
     def _observe(self, data: Any, observers: tuple[Any, ...], progress: Callable[[int], None] | None) -> None:
         """One float pass over `data` for the calibration observers no pass has fed yet (no

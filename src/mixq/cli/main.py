@@ -561,15 +561,16 @@ def cmd_auto(args: argparse.Namespace) -> int:
                       inputs=[args.calib, args.eval, args.labels, args.check])
     import warnings
 
-    from ..search.auto import TargetNotMetWarning
-
+    from ..calibration.variety import ConstantDataWarning
     from ..distributed import executor_from
+    from ..search.auto import TargetNotMetWarning
 
     progress = StageProgress()
     executor = executor_from(args.workers, args.ray)
     try:
         with warnings.catch_warnings():  # the message is printed below, with the exit code
             warnings.simplefilter("ignore", TargetNotMetWarning)
+            warnings.simplefilter("ignore", ConstantDataWarning)
             res = auto_quantize(args.input, auto, args.calib, args.eval, labels=labels,
                                 evaluate_function=evaluate_function, output_path=args.output,
                                 report_dir=args.report_dir, progress=progress,
@@ -585,6 +586,8 @@ def cmd_auto(args: argparse.Namespace) -> int:
     if not res.target_met or res.check_met is False:
         print(f"mixq: {res.message}", file=sys.stderr)
         return AUTO_TARGET_MISSED
+    if res.message.startswith("WARNING: "):  # met, on data that cannot vouch for it
+        print(f"mixq: {res.message}", file=sys.stderr)
     return 0
 
 

@@ -31,6 +31,7 @@ from onnx import numpy_helper
 
 from .._io import save_model
 from ..calibration.stats import TensorStats
+from ..calibration.variety import ConstantDataWarning, constant_data, data_inputs, feed_extremes
 from ..config import LayerRule, QuantConfig, get_default_config
 from ..errors import ConfigError, DataError
 from ..formats import get_format
@@ -858,6 +859,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
 
     t = time.perf_counter()
     calib = _materialize_feeds(calibration_data, prepared)
+    constant = constant_data(prepared, feed_extremes(calib, data_inputs(prepared)))  # np.zeros as data
     note = ""
     if eval_data is None:
         calib, held, note = split_held_out(calib, prepared)
@@ -1072,6 +1074,8 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                               None if wider_path is None else wider_path.ev.done[0].metric,
                               noise_only=noise_only,
                               wide_bound_only=wide_first is not None and objective.meets(wide_first))
+    if constant is not None:  # every measurement above was made on it: first in the message
+        result.message = f"WARNING: {constant} {result.message}"
     in_model = None if isinstance(model, onnx.ModelProto) else model
     in_data = [d for d in (calibration_data, eval_data, check_data) if isinstance(d, (str, os.PathLike))]
     if output_path is not None:
@@ -1085,6 +1089,10 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         import warnings
 
         warnings.warn(result.message, TargetNotMetWarning, stacklevel=2)
+    elif constant is not None:
+        import warnings
+
+        warnings.warn(result.message, ConstantDataWarning, stacklevel=2)
     return result
 
 

@@ -1,0 +1,103 @@
+"""Calibration data that cannot stand for real inputs (`mixq.calibration.variety`): every float
+input constant, as `np.zeros` passed as calibration data is. Before, the embedded classifier
+calibrated on zeros printed "top-1 agreement 100.0%" (the guard scores the last calibration
+samples: zeros too) and agreed with float on 71 % of real test images; now the summary warns,
+`strict` refuses, and `mixq auto` says so first in its message."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixq
+from mixq.calibration.variety import ConstantDataWarning, constant_data, data_inputs, feed_extremes
+from mixq.data import default_model_path, load_default_samples
+from mixq.distributed import SerialExecutor
+from mixq.errors import ModelError
+from mixq.search import AutoConfig, Candidate, auto_quantize, base_from_candidate
+
+WARN = "the calibration data is constant"
+
+
+@pytest.fixture(scope="module")
+def images():
+    s = load_default_samples()
+    return s.calib_images[:32], s.test_images[:400]
+
+
+def _agreement(model: onnx.ModelProto, x: np.ndarray) -> float:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    f = ort.InferenceSession(str(default_model_path()), so).run(None, {"image": x})[0]
+    q = ort.InferenceSession(model.SerializeToString(), so).run(None, {"image": x})[0]
+    return float(np.mean(f.argmax(1) == q.argmax(1)))
+
+
+def test_zeros_as_calibration_data_warn_and_strict_refuses(images, tmp_path):
+    calib, test = images
+    res = mixq.quantize(default_model_path(), "A16W8", np.zeros_like(calib))
+    assert res.warnings and res.warnings[0].startswith(f"WARNING: {WARN}: input 'image' holds only the value 0")
+    assert WARN in res.summary()
+    # what the warning is about: the guard saw a perfect model, real images disagree
+    assert res.fidelity.outputs[0].top1_agreement == 1.0
+    assert _agreement(res.model, test) < 0.9
+    out = tmp_path / "o.onnx"
+    with pytest.raises(ModelError, match=f"strict.*{WARN}"):
+        mixq.quantize(default_model_path(), "A16W8", np.zeros_like(calib), output_path=out, strict=True)
+    assert not out.exists()
+
+
+def test_real_data_and_sharded_calibration(images):
+    calib, _ = images
+    ok = mixq.quantize(default_model_path(), "A16W8", calib)
+    assert not any(WARN in w for w in ok.warnings)
+    with SerialExecutor(3) as ex:  # the statistics of the shards, merged: the same verdict
+        res = mixq.quantize(default_model_path(), "A16W8", np.ones_like(calib), executor=ex)
+    assert res.warnings[0].startswith(f"WARNING: {WARN}: input 'image' holds only the value 1")
+
+
+def _two_inputs() -> onnx.ModelProto:
+    """x[N, 8] and state[N, 8] (both data), t[N, 1] (a scalar per sample): MatMuls and a product."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")
+    nodes = [helper.make_node("Add", ["x", "state"], ["s"]), helper.make_node("MatMul", ["s", "w"], ["h"]),
+             helper.make_node("Mul", ["h", "t"], ["y"])]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", d]) for n, d in (("x", 8), ("state", 8), ("t", 1))]
+    g = helper.make_graph(nodes, "g", vi, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_which_inputs_count():
+    m = _two_inputs()
+    assert data_inputs(m) == ["x", "state"]  # t: one value per sample, constant by design
+    rng = np.random.default_rng(1)
+    z = np.zeros((4, 8), np.float32)
+    varied = [{"x": rng.standard_normal((4, 8)).astype(np.float32), "state": z, "t": z[:, :1]}]
+    const = [{"x": z + 2, "state": z, "t": z[:, :1] + rng.standard_normal((4, 1)).astype(np.float32)}]
+    assert constant_data(m, feed_extremes(varied, data_inputs(m))) is None  # a zero state is fine
+    msg = constant_data(m, feed_extremes(const, data_inputs(m)))
+    assert msg is not None and "'x' holds only the value 2" in msg and "'state' holds only the value 0" in msg
+    nan = [{"x": np.full((4, 8), np.nan, np.float32), "state": z}]
+    assert constant_data(m, feed_extremes(nan, data_inputs(m))) is None  # NaN: another check's
+    assert constant_data(m, {"x": (0.0, 0.0)}) is None  # state never seen: cannot tell
+    # through quantize, on the statistics of a streamed pass
+    res = mixq.quantize(m, "A8W8", const * 3)
+    assert res.warnings[0].startswith(f"WARNING: {WARN}")
+    assert not any(WARN in w for w in mixq.quantize(m, "A8W8", varied * 3).warnings)
+
+
+def test_auto_says_it_first(images):
+    calib, _ = images
+    feeds = [{"image": np.zeros_like(calib[i:i + 8])} for i in range(0, 32, 8)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = auto_quantize(default_model_path(), AutoConfig(
+            base=base_from_candidate(Candidate("int16", "int8")), candidates=(Candidate("int8", "int8"),),
+            metric="cosine", target=0.01), feeds)
+    assert res.target_met and res.message.startswith(f"WARNING: {WARN}")
+    assert any(issubclass(w.category, ConstantDataWarning) for w in caught)
+
