@@ -156,6 +156,9 @@ class OutputMetrics:
     #: steadier estimate than counting the few flips a small sample shows; None where the rows
     #: are no samples (a sequence's frames) or the output is no class scores
     expected_agreement: float | None = None
+    #: the output holds decisions (class indices): `top1_agreement` is the share of its elements
+    #: equal to float's, over `rows` elements; its SQNR and cosine compare index values
+    decisions: bool = False
 
     @property
     def decisive_flips(self) -> int:
@@ -187,6 +190,9 @@ class ErrorStats:
     #: rows are samples, whose flip risks give the expected agreement; False for a sequence's
     #: frames (no risk read: a CTC recognizer's frames flip without changing the text)
     samples: bool = True
+    #: the output holds decisions (the class indices an ArgMax or TopK wrote): its agreement is
+    #: the share of elements equal to float's (each one a decision; no scores, no flip risk)
+    decisions: bool = False
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
         ref, got = np.asarray(ref), np.asarray(got)
@@ -202,7 +208,12 @@ class ErrorStats:
         self.nb += float(np.sum(q * q))
         if r.size:
             self.maxerr = max(self.maxerr, float(np.max(np.abs(r - q))))
-        if ref.ndim == 2 and ref.shape[1] > 1:
+        if self.decisions and ref.shape == got.shape:
+            self.agree += int(np.count_nonzero(ref == got))
+            self.rows += ref.size
+        elif self.decisions:  # a decision output whose shape changed: none of it agrees
+            self.rows += ref.size
+        elif ref.ndim == 2 and ref.shape[1] > 1:
             same = np.argmax(ref, 1) == np.argmax(got, 1)
             if got.shape == ref.shape:
                 same &= ~np.any(broken.reshape(ref.shape), axis=1)
@@ -243,12 +254,13 @@ class ErrorStats:
 
     def result(self, name: str) -> OutputMetrics:
         top1 = self.agree / self.rows if self.classifier and self.rows else None
-        decisive = self.rows - self.near if self.classifier else 0
+        decisive = self.rows - self.near if self.classifier and not self.decisions else 0
         return OutputMetrics(name, self.sqnr_db, float(self.cosine),
                              math.inf if self.bad else self.maxerr, top1,
                              self.agree_decisive / decisive if decisive else None, decisive,
                              self.rows if self.classifier else 0,
-                             1.0 - self.risk_decisive / decisive if decisive and self.samples else None)
+                             1.0 - self.risk_decisive / decisive if decisive and self.samples else None,
+                             self.decisions)
 
 
 @dataclass

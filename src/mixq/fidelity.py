@@ -143,6 +143,8 @@ class FidelityReport:
         if self.not_checked:
             return [f"fidelity not checked: {self.not_checked}"]
         out = [f"fidelity on {self.samples} held-back samples: " + "; ".join(
+            f"{o.name}: class indices equal to float's: {100 * (o.top1_agreement or 0.0):.1f}% of {o.rows}"
+            if o.decisions else
             f"{o.name}: SQNR {o.sqnr_db:.1f} dB, cosine {o.cosine:.4f}"
             + (f", top-1 agreement {100 * o.top1_agreement:.1f}%" if o.top1_agreement is not None else "")
             + (f" ({100 * o.decisive_agreement:.1f}% on the {o.decisive_rows} rows that are no near-ties)"
@@ -266,9 +268,48 @@ def class_score_outputs(model: onnx.ModelProto) -> set[str]:
     return out
 
 
+#: What carries a decision from the op that made it to a graph output, unchanged in value.
+_CARRIERS = ("QuantizeLinear", "DequantizeLinear", "Identity", "Reshape", "Flatten", "Squeeze",
+             "Unsqueeze", "Cast")
+
+
+def _writers(model: onnx.ModelProto) -> dict[str, tuple[str, int]]:
+    """Graph output -> (op type, output slot) of the node that computed its values, looked
+    through the ops that carry values unchanged (Q/DQ, casts, reshapes)."""
+    producer = {o: (n, k) for n in model.graph.node for k, o in enumerate(n.output)}
+    out = {}
+    for o in model.graph.output:
+        n, k = producer.get(o.name, (None, 0))
+        while n is not None and n.op_type in _CARRIERS and n.input:
+            n, k = producer.get(n.input[0], (None, 0))
+        if n is not None:
+            out[o.name] = (n.op_type, k)
+    return out
+
+
+def decision_outputs(model: onnx.ModelProto) -> set[str]:
+    """Graph outputs that hold decisions: class indices written by an ArgMax / ArgMin, or the
+    indices output of a TopK (through casts and reshapes). Their SQNR says nothing (class 3
+    for class 4 is a small error in value, a whole one in meaning), so the guard judges them by
+    the share of elements equal to float's."""
+    return {o for o, (op, k) in _writers(model).items()
+            if op in ("ArgMax", "ArgMin") or (op == "TopK" and k == 1)}
+
+
+def sorted_outputs(model: onnx.ModelProto) -> set[str]:
+    """Graph outputs that hold a TopK's values: sorted along their last axis, so their top-1
+    column is the first by construction and an agreement on it says nothing (judged by SQNR)."""
+    return {o for o, (op, k) in _writers(model).items() if op == "TopK" and k == 0}
+
+
 def _score(names: list[str], refs: list[list[np.ndarray]], gots: list[list[np.ndarray]],
-           classes: frozenset[str] | set[str] = frozenset()) -> list[OutputMetrics]:
-    accs = {n: ErrorStats() for n in names}
+           classes: frozenset[str] | set[str] = frozenset(),
+           decisions: frozenset[str] | set[str] = frozenset(),
+           values: frozenset[str] | set[str] = frozenset()) -> list[OutputMetrics]:
+    """Metrics of each output of `names`: `classes` hold class scores along their last axis
+    whatever their rank, `decisions` class indices (agreement: equal elements), `values` no
+    class scores whatever their rank (no agreement read)."""
+    accs = {n: ErrorStats(decisions=n in decisions, classifier=n not in values) for n in names}
     for ref, got in zip(refs, gots):
         for n, r, q in zip(names, ref, got):
             if n in classes and r.ndim > 2 and r.shape == q.shape and r.shape[-1] > 1:
@@ -694,7 +735,8 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
                                           "(and the quantized model's too): nothing to compare; check "
                                           "the model or the data")
     q = qmodel if isinstance(qmodel, onnx.ModelProto) else onnx.load(qmodel)
-    rep = FidelityReport(outputs=_score(names, refs, gots, class_score_outputs(q)),
+    rep = FidelityReport(outputs=_score(names, refs, gots, class_score_outputs(q), decision_outputs(q),
+                                              sorted_outputs(q)),
                          samples=count_samples(feeds))
     rep.broken = is_broken(rep.outputs)
     runtime = None

@@ -1,0 +1,73 @@
+"""Outputs that hold decisions (class indices from an ArgMax / ArgMin or a TopK's indices, through
+casts and reshapes) are judged by the share of elements equal to float's. Before, the guard
+scored the indices' values by SQNR: class 3 read for class 4 is a small error in value, so a
+classifier deployed with its ArgMax inside the graph could lose a quarter of its decisions at
+SQNR > 10 dB and be called fine."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import mixq
+from mixq.data import default_model_path, load_default_samples
+from mixq.evaluate import ErrorStats
+from mixq.fidelity import decision_outputs, is_broken, sorted_outputs
+
+
+def _with_head(kind: str) -> onnx.ModelProto:
+    """The embedded classifier with its logits turned into decisions inside the graph: an ArgMax
+    (then Squeeze and Cast, as exporters write it), or a TopK of 3 (values and indices)."""
+    m = onnx.load(default_model_path())
+    logits = m.graph.output[0].name
+    del m.graph.output[:]
+    if kind == "argmax":
+        m.graph.node.append(helper.make_node("ArgMax", [logits], ["idx"], axis=1, keepdims=1))
+        m.graph.node.append(helper.make_node("Squeeze", ["idx", "ax"], ["sq"]))
+        m.graph.node.append(helper.make_node("Cast", ["sq"], ["cls"], to=TensorProto.INT32))
+        m.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1], np.int64), "ax"))
+        m.graph.output.append(helper.make_tensor_value_info("cls", TensorProto.INT32, ["N"]))
+    else:
+        m.graph.initializer.append(onnx.numpy_helper.from_array(np.array([3], np.int64), "k"))
+        m.graph.node.append(helper.make_node("TopK", [logits, "k"], ["top_v", "top_i"], axis=1))
+        m.graph.output.extend([helper.make_tensor_value_info("top_v", TensorProto.FLOAT, ["N", 3]),
+                               helper.make_tensor_value_info("top_i", TensorProto.INT64, ["N", 3])])
+    return m
+
+
+def test_which_outputs_are_decisions():
+    assert decision_outputs(_with_head("argmax")) == {"cls"}
+    assert decision_outputs(_with_head("topk")) == {"top_i"}
+    # a TopK's values are sorted: column 0 is the top-1 of every row by construction
+    assert sorted_outputs(_with_head("topk")) == {"top_v"}
+    assert decision_outputs(onnx.load(default_model_path())) == sorted_outputs(onnx.load(default_model_path())) == set()
+
+
+def test_error_stats_count_equal_elements():
+    ref = np.array([3, 4, 7, 1, 0, 9, 2, 5, 5, 8])
+    got = ref.copy()
+    got[[0, 5, 7]] = [4, 8, 6]  # three neighbouring classes: a small error in value
+    st = ErrorStats(decisions=True).update(ref, got).result("cls")
+    assert st.decisions and st.top1_agreement == 0.7 and st.rows == 10
+    assert st.sqnr_db > 10  # what the guard used to judge by
+    assert is_broken([st])
+    assert not is_broken([ErrorStats(decisions=True).update(ref, ref).result("cls")])
+
+
+@pytest.mark.parametrize("kind", ["argmax", "topk"])
+def test_the_guard_judges_decisions_by_agreement(kind):
+    """MX4 (4-bit block elements) loses a quarter of the embedded classifier's decisions: with the
+    logits as output the guard calls it broken; with an ArgMax inside, it now does too."""
+    x = load_default_samples().calib_images[:64]
+    logits = mixq.quantize(default_model_path(), "MX4", x).fidelity
+    assert logits.broken
+    fid = mixq.quantize(_with_head(kind), "MX4", x).fidelity
+    dec = next(o for o in fid.outputs if o.decisions)
+    assert dec.top1_agreement is not None and dec.top1_agreement < 0.9
+    assert fid.broken
+    assert "class indices equal to float's" in fid.lines()[0]
+    if kind == "topk":  # judged by SQNR, not by an agreement of 100 % by construction
+        assert next(o for o in fid.outputs if o.name == "top_v").top1_agreement is None
+    ok = mixq.quantize(_with_head(kind), "A16W8", x).fidelity
+    assert not ok.broken and next(o for o in ok.outputs if o.decisions).top1_agreement >= 0.9
