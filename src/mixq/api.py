@@ -180,6 +180,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     the_plan, numerics = apply_numerics(the_plan, pipe.model, pipe.stats,
                                         enabled=cfg.numerics_policies)
     constant_data = pipe.constant_calibration()  # np.zeros as calibration data: say so, loudly
+    bad_data = _nonfinite_warning(pipe.nonfinite_inputs(), numerics)
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -270,6 +271,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         warnings.insert(0, _nothing_quantized(the_plan, cfg.name))
     if constant_data is not None:
         warnings.insert(0, f"WARNING: {constant_data}")
+    if bad_data is not None:
+        warnings.insert(0, bad_data)
 
     result = QuantizeResult(numerics=numerics, fidelity=fid, warnings=warnings, finetune=ft_report,
                             bias_correction=bias_rep, weight_rounding=round_rep,
@@ -281,6 +284,21 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         result.output_path = saved
         timings["save"] = save_s
     return result
+
+
+def _nonfinite_warning(inputs: dict[str, tuple[int, int, int]], numerics: list[Any]) -> str | None:
+    """The warning for calibration data whose inputs hold inf or NaN (None without such): the
+    tensors those values reach hold them too, and the sentinel policy keeps each float as it
+    would an additive -inf mask; unless the input is such a mask, that is a data error."""
+    if not inputs:
+        return None
+    held = "; ".join(f"input {n!r}: {inf} infinite and {nan} NaN of {total} values"
+                     for n, (inf, nan, total) in list(inputs.items())[:3])
+    kept = sum(1 for f in numerics if f.policy == "sentinel")
+    return (f"WARNING: the calibration data holds values that are not finite ({held}). Every tensor "
+            f"they reach holds them too{f', and {kept} were kept float for it' if kept else ''} "
+            "(as an additive -inf mask would be: see 'kept float (sentinel)' below). Unless that "
+            "input is such a mask, this is a data error: remove those samples and quantize again.")
 
 
 def _nothing_quantized(plan: PrecisionPlan, preset: str) -> str:

@@ -279,6 +279,16 @@ class Pipeline:
         self._observe(data, (tap, kept), progress)  # those the shards' read did not feed
         return self.stats
 
+    def nonfinite_inputs(self) -> dict[str, tuple[int, int, int]]:
+        """Data inputs whose calibration values held inf or NaN: name -> (infinite, NaN, all
+        values seen), from the statistics of the pass."""
+        out = {}
+        for n in data_inputs(self.model):
+            st = self.stats.get(n, self.input_stats.get(n))
+            if st is not None and (st.inf_count or st.nan_count):
+                out[n] = (int(st.inf_count), int(st.nan_count), int(st.count))
+        return out
+
     def constant_calibration(self) -> str | None:
         """Why the calibration data cannot stand for real inputs (mixq.calibration.variety), from
         the statistics of the pass: None when an input varied, or no pass ran."""

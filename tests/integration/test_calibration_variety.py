@@ -101,3 +101,19 @@ def test_auto_says_it_first(images):
     assert res.target_met and res.message.startswith(f"WARNING: {WARN}")
     assert any(issubclass(w.category, ConstantDataWarning) for w in caught)
 
+
+def test_inf_and_nan_in_the_data_are_named_as_such(images):
+    """One image of inf (and one NaN pixel) reaches every activation, and the sentinel policy
+    keeps each float as it would a -inf mask: A8W8 became weight-only with no word about the
+    data. The summary now says where the values came from."""
+    calib, _ = images
+    x = calib.copy()
+    x[3, 0, 5, 5] = np.nan
+    x[10] = np.inf
+    res = mixq.quantize(default_model_path(), "A8W8", x)
+    assert res.rewrite.activations_quantized == 0  # what the policy did
+    assert res.warnings[0].startswith("WARNING: the calibration data holds values that are not finite "
+                                      "(input 'image': 784 infinite and 1 NaN of 25088 values)")
+    kept = sum(1 for f in res.numerics if f.policy == "sentinel")
+    assert kept > 5 and f"and {kept} were kept float for it" in res.warnings[0]
+    assert not any("not finite" in w for w in mixq.quantize(default_model_path(), "A8W8", calib).warnings)
