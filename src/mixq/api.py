@@ -146,6 +146,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         cfg = config_of_plan(plan, given)
     else:
         cfg = given if given is not None else get_default_config("A8W8")
+    if plan is None:  # a replayed plan is replayed as it was made
+        _check_inert_options(cfg)
     ft_config = finetune if finetune is not None else getattr(config, "finetune_config", None)
     if cfg.bias_correction and ft_config is not None:
         raise ConfigError("bias_correction=True with finetuning: AdaRound / AdaQuant fit each layer "
@@ -284,6 +286,24 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         result.output_path = saved
         timings["save"] = save_s
     return result
+
+
+def _check_inert_options(cfg: QuantConfig) -> None:
+    """A ConfigError for an option set away from the preset the config came from (its name, or
+    "X+custom") or from the defaults (a config built as QuantConfig(...)) that changes no output
+    under the config's formats: every option changes the output or is an error. Configs the
+    documented vocabulary translated (name "compat") carry the vendor's own fields."""
+    from .config import PRESETS
+
+    base = cfg.name.split("+")[0].upper()
+    reference = PRESETS.get(base) if base in PRESETS else QuantConfig() if cfg.name == "custom" else None
+    if reference is None:
+        return
+    inert = cfg.inert_changes(reference)
+    if inert:
+        opt, why = next(iter(inert.items()))
+        shown = cfg.granularity if opt == "granularity" else getattr(cfg, opt)
+        raise ConfigError(f"{opt}={shown!r} changes nothing with {cfg.name}: {why}. Drop it.")
 
 
 def _nonfinite_warning(inputs: dict[str, tuple[int, int, int]], numerics: list[Any]) -> str | None:

@@ -283,6 +283,66 @@ class QuantConfig:
             return WIDE_GRID_HEADROOM if fmt.bits >= WIDE_GRID_BITS else 1.0
         return float(self.range_headroom)
 
+    #: Options `why_inert` knows: each changes an output only under some formats.
+    SCOPED_OPTIONS = ("calibration", "percentile", "minmse_min_gain", "range_headroom", "weight_calibration",
+                      "power_of_two", "granularity", "activation_symmetric", "weight_symmetric",
+                      "reduce_range", "share_concat_scales", "bias_correction", "gptq_damp",
+                      "gptq_act_order")
+
+    def why_inert(self, option: str, *, activations_only: bool = False) -> str | None:
+        """Why `option` can change no output under this config's formats (its activation and
+        weight formats, those of its layer rules and tensor formats), or None where it can.
+        `activations_only`: `calibration` counts as the activations' range method only (the
+        CLI's --calib-method), not also as the weights' where weight_calibration is None."""
+        acts = [get_format(f) for f in {self.activation, *(r.activation for r in self.layer_rules if r.activation),
+                                         *(f for _, f in self.tensor_formats)}]
+        weights = [get_format(f) for f in {self.weight, *(r.weight for r in self.layer_rules if r.weight),
+                                           *(f for _, f in self.tensor_formats)}]
+        ranged = any(f.needs_qparams and not (self.power_of_two and f.kind == "int") for f in acts)
+        int_w = any(f.kind == "int" for f in weights)
+        scaled_w = any(f.needs_qparams for f in weights)
+        names = ", ".join(sorted({f.name for f in acts + weights}))
+        no_range = (f"no activation format takes a calibrated range ({names}"
+                    + (": power-of-two scales follow their own rule" if self.power_of_two else "") + ")")
+        if option == "calibration":
+            if ranged:
+                return None
+            if int_w and self.weight_calibration is None and not activations_only:
+                return None  # it sets the integer weights' method
+            return no_range
+        if option in ("percentile", "minmse_min_gain"):
+            method = "percentile" if option == "percentile" else "minmse"
+            if not ranged:
+                return no_range
+            return None if self.calibration == method else f"it applies to calibration='{method}', not '{self.calibration}'"
+        if option == "range_headroom":
+            wide = any(f.kind == "int" and f.needs_qparams for f in acts) and not self.power_of_two
+            return None if wide else f"it widens integer activation ranges, and there are none ({names})"
+        if option in ("activation_symmetric", "share_concat_scales"):
+            return None if any(f.needs_qparams for f in acts) else f"no activation format has a scale ({names})"
+        if option == "power_of_two":
+            return None if any(f.kind == "int" for f in acts + weights) else f"no format is an integer grid ({names})"
+        if option in ("granularity", "weight_symmetric"):
+            return None if scaled_w else f"no weight format has a scale of its own ({names})"
+        if option in ("weight_calibration", "reduce_range", "bias_correction"):
+            return None if int_w else f"no weight format is an integer grid ({names})"
+        if option in ("gptq_damp", "gptq_act_order"):
+            if not int_w:
+                return f"GPTQ rounds integer weights, and no weight format is an integer grid ({names})"
+            return "weight_rounding='nearest' runs no GPTQ" if self.weight_rounding == "nearest" else None
+        raise ConfigError(f"why_inert: unknown option {option!r}." + did_you_mean(option, self.SCOPED_OPTIONS))
+
+    def inert_changes(self, reference: "QuantConfig", *, activations_only: bool = False) -> dict[str, str]:
+        """The options this config sets differently from `reference` (the preset or config it
+        was made from) that change no output here, with why (`why_inert`)."""
+        out = {}
+        for option in self.SCOPED_OPTIONS:
+            if getattr(self, option) != getattr(reference, option):
+                why = self.why_inert(option, activations_only=activations_only)
+                if why is not None:
+                    out[option] = why
+        return out
+
     @property
     def per_channel_weights(self) -> bool:
         """Whether integer weights get more than one scale (per channel or per block)."""

@@ -199,8 +199,26 @@ def _config_from_args(args: argparse.Namespace):
         changes["exclude_op_types"] = frozenset(s for s in args.exclude_op_types.split(",") if s)
     if changes:
         changes["name"] = f"{cfg.name}+custom"
-        cfg = cfg.with_options(**changes)
+        before, cfg = cfg, cfg.with_options(**changes)
+        given = {opt for opt, flag in _SCOPED_FLAGS.items() if getattr(args, flag, None) is not None}
+        inert = {k: v for k, v in cfg.inert_changes(before, activations_only=True).items() if k in given}
+        if inert:
+            opt, why = next(iter(inert.items()))
+            flag = "--per-channel/--per-tensor" if opt == "granularity" else "--" + _SCOPED_FLAGS[opt].replace("_", "-")
+            if opt == "calibration":
+                raise ConfigError(f"--calib-method sets the activations' range method, which changes "
+                                  f"nothing with {before.name}: {why}. Drop it (--weight-calib-method "
+                                  "sets the integer weights' method).")
+            raise ConfigError(f"{flag} changes nothing with {before.name}: {why}. Drop it.")
     return cfg
+
+
+#: The config options the quantize/plan flags set, by option (argparse dest), which
+#: `QuantConfig.why_inert` can find inert.
+_SCOPED_FLAGS = {"calibration": "calib_method", "minmse_min_gain": "minmse_min_gain",
+                 "range_headroom": "range_headroom", "weight_calibration": "weight_calib_method",
+                 "granularity": "per_channel", "reduce_range": "reduce_range",
+                 "bias_correction": "bias_correction", "gptq_damp": "gptq_damp"}
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
