@@ -287,7 +287,7 @@ class QuantConfig:
     SCOPED_OPTIONS = ("calibration", "percentile", "minmse_min_gain", "range_headroom", "weight_calibration",
                       "power_of_two", "granularity", "activation_symmetric", "weight_symmetric",
                       "reduce_range", "share_concat_scales", "bias_correction", "gptq_damp",
-                      "gptq_act_order")
+                      "gptq_act_order", "quantize_tail")
 
     def why_inert(self, option: str, *, activations_only: bool = False) -> str | None:
         """Why `option` can change no output under this config's formats (its activation and
@@ -330,6 +330,13 @@ class QuantConfig:
             if not int_w:
                 return f"GPTQ rounds integer weights, and no weight format is an integer grid ({names})"
             return "weight_rounding='nearest' runs no GPTQ" if self.weight_rounding == "nearest" else None
+        if option == "quantize_tail":
+            from .plan.ops import COMPUTE_OPS
+
+            if self.op_types is not None and self.op_types <= COMPUTE_OPS:
+                return (f"the tail is what follows the last {'/'.join(sorted(COMPUTE_OPS))}, and op_types "
+                        f"({', '.join(sorted(self.op_types))}) quantizes none of it")
+            return None
         raise ConfigError(f"why_inert: unknown option {option!r}." + did_you_mean(option, self.SCOPED_OPTIONS))
 
     def inert_changes(self, reference: "QuantConfig", *, activations_only: bool = False) -> dict[str, str]:

@@ -218,7 +218,8 @@ def _config_from_args(args: argparse.Namespace):
 _SCOPED_FLAGS = {"calibration": "calib_method", "minmse_min_gain": "minmse_min_gain",
                  "range_headroom": "range_headroom", "weight_calibration": "weight_calib_method",
                  "granularity": "per_channel", "reduce_range": "reduce_range",
-                 "bias_correction": "bias_correction", "gptq_damp": "gptq_damp"}
+                 "bias_correction": "bias_correction", "gptq_damp": "gptq_damp",
+                 "quantize_tail": "quantize_tail"}
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
