@@ -45,7 +45,7 @@ class QuantizeResult:
     warnings: list[str] = field(default_factory=list)
     finetune: Any = None  # mixq.finetune.FinetuneReport when a finetune config was given
     numerics: list = field(default_factory=list)  # mixq.plan.numerics.Finding: tensors kept float
-    fidelity: Any = None  # mixq.fidelity.FidelityReport: quantized vs float on held-back samples
+    fidelity: Any = None  # mixq.fidelity.FidelityReport: quantized vs float on the last calibration samples
     bias_correction: Any = None  # mixq.passes.bias_correction.BiasCorrectionReport when asked for
     weight_rounding: Any = None  # mixq.passes.gptq.WeightRoundingReport: what GPTQ did, or why it did not run
     #: the kernel check found onnxruntime's fused int8 kernels saturating on this CPU (its warning

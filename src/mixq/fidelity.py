@@ -1,6 +1,6 @@
 """The fidelity guard: does the quantized model still compute what the float one does?
 
-`check_fidelity` runs both models once on a few held-back samples and scores every output (SQNR,
+`check_fidelity` runs both models once on the last few calibration samples and scores every output (SQNR,
 cosine, top-1 agreement where the output looks like class scores; NaN/inf score worst). When the
 model looks broken, or a classifier likely loses more than 5 points of top-1 agreement, a cheap
 probe names the quantized tensors that do the most damage: every quantized activation is put
@@ -40,7 +40,7 @@ BROKEN_SQNR_DB = 10.0
 LIKELY_DROP = 0.05
 #: How many activation tensors the probe puts back to float (the noisiest ones).
 MAX_PROBED = 32
-#: Samples the probe runs on (the first held-back ones; exactly these many where the model's batch
+#: Samples the probe runs on (the first of the guard's; exactly these many where the model's batch
 #: axis is dynamic, else whole feeds up to at least these many): each probe is a session and a run.
 PROBE_SAMPLES = 8
 #: Seconds the probe may spend putting tensors back to float (at least one is always probed).
@@ -48,7 +48,7 @@ PROBE_BUDGET_S = 10.0
 #: A probed tensor is named when putting it back to float gains at least this much output SQNR.
 MIN_GAIN_DB = 1.0
 #: The runtime check: the quantized model also runs with onnxruntime's default optimizations
-#: (its fused 8-bit kernels: QLinearConv, QGemm, MatMulInteger ...) on this many held-back
+#: (its fused 8-bit kernels: QLinearConv, QGemm, MatMulInteger ...) on this many of the guard's
 #: samples; it disagrees when it scores RUNTIME_GAP_DB below the QDQ semantics and under
 #: RUNTIME_SQNR_DB against float (fused kernels round differently: a few dB is normal).
 RUNTIME_SAMPLES = 2
@@ -91,7 +91,7 @@ class ProbeResult(NamedTuple):
 
 @dataclass
 class FidelityReport:
-    """Quantized vs float outputs on held-back samples, and the probe's findings when broken."""
+    """Quantized vs float outputs on the last calibration samples, and the probe's findings when broken."""
 
     outputs: list[OutputMetrics] = field(default_factory=list)
     samples: int = 0
@@ -142,7 +142,8 @@ class FidelityReport:
         warning, where the kernel check says the same with its cause)."""
         if self.not_checked:
             return [f"fidelity not checked: {self.not_checked}"]
-        out = [f"fidelity on {self.samples} held-back samples: " + "; ".join(
+        # the last calibration samples: the ranges were fit on them too (an in-sample check)
+        out = [f"fidelity on the last {self.samples} calibration samples: " + "; ".join(
             f"{o.name}: class indices equal to float's: {100 * (o.top1_agreement or 0.0):.1f}% of {o.rows}"
             if o.decisions else
             f"{o.name}: SQNR {o.sqnr_db:.1f} dB, cosine {o.cosine:.4f}"
@@ -153,7 +154,7 @@ class FidelityReport:
         likely = self.likely_loss
         if likely is not None:
             out.append(f"WARNING: {likely.name} likely loses more than {100 * LIKELY_DROP:.0f} points of "
-                       f"top-1 agreement: from how near the held-back samples' top classes are to "
+                       f"top-1 agreement: from how near the guard's samples' top classes are to "
                        f"being overtaken under the noise this model adds, about "
                        f"{100 * (1.0 - (likely.expected_agreement or 0.0)):.0f}% of samples like them "
                        f"change class ({likely.decisive_flips} of {likely.decisive_rows} changed here); measure it on "
@@ -743,7 +744,7 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
     if not names:
         return FidelityReport(not_checked="the model has no numeric tensor output")
     if not any(np.any(r) for rs in [*refs, *gots] for r in rs):  # 0 against 0 would score perfect
-        return FidelityReport(not_checked="the float model's outputs are all 0 on the held-back samples "
+        return FidelityReport(not_checked="the float model's outputs are all 0 on the guard's samples "
                                           "(and the quantized model's too): nothing to compare; check "
                                           "the model or the data")
     q = qmodel if isinstance(qmodel, onnx.ModelProto) else onnx.load(qmodel)
