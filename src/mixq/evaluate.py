@@ -276,6 +276,52 @@ class Comparison:
         return self.outputs[0]
 
 
+#: What carries a decision from the op that made it to a graph output, unchanged in value.
+_CARRIERS = ("QuantizeLinear", "DequantizeLinear", "Identity", "Reshape", "Flatten", "Squeeze",
+             "Unsqueeze", "Cast")
+
+
+def _writers(model: onnx.ModelProto) -> dict[str, tuple[str, int]]:
+    """Graph output -> (op type, output slot) of the node that computed its values, looked
+    through the ops that carry values unchanged (Q/DQ, casts, reshapes)."""
+    producer = {o: (n, k) for n in model.graph.node for k, o in enumerate(n.output)}
+    out = {}
+    for o in model.graph.output:
+        n, k = producer.get(o.name, (None, 0))
+        while n is not None and n.op_type in _CARRIERS and n.input:
+            n, k = producer.get(n.input[0], (None, 0))
+        if n is not None:
+            out[o.name] = (n.op_type, k)
+    return out
+
+
+def decision_outputs(model: onnx.ModelProto) -> set[str]:
+    """Graph outputs that hold decisions: class indices written by an ArgMax / ArgMin, or the
+    indices output of a TopK (through casts and reshapes). Their SQNR says nothing (class 3
+    for class 4 is a small error in value, a whole one in meaning), so the guard judges them by
+    the share of elements equal to float's."""
+    return {o for o, (op, k) in _writers(model).items()
+            if op in ("ArgMax", "ArgMin") or (op == "TopK" and k == 1)}
+
+
+#: Ops whose output, even of rank 2, holds no class scores: normalized or pooled embeddings
+#: (Div by a norm or a count, LpNormalization, Reduce* over the tokens, BERT's Tanh pooler) and
+#: joined values (Concat: boxes and scores side by side). An argmax over an embedding's
+#: dimensions decides nothing.
+_VALUE_WRITERS = frozenset({"Div", "LpNormalization", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax",
+                            "ReduceMin", "Tanh", "Concat"})
+
+
+def value_outputs(model: onnx.ModelProto) -> set[str]:
+    """Graph outputs judged by SQNR whatever their rank, never by a top-1 agreement: those a
+    `_VALUE_WRITERS` op wrote, and a TopK's values (sorted along their last axis, so column 0
+    is every row's top-1 by construction and an agreement on it is 100 % whatever the model
+    does). A sentence embedding, L2-normalized in the graph, read "top-1 agreement 87.5 %"
+    over its 384 dimensions at A8W8 (cosine 0.975) and was called broken."""
+    return {o for o, (op, k) in _writers(model).items()
+            if (op == "TopK" and k == 0) or op in _VALUE_WRITERS}
+
+
 def compare(float_model, quant_model, feeds: Iterable[dict[str, np.ndarray]], *,
             labels: np.ndarray | None = None, optimize: bool = True, output_index: int | None = None,
             float_session=None, threads: int | None = None) -> Comparison:
@@ -285,7 +331,10 @@ def compare(float_model, quant_model, feeds: Iterable[dict[str, np.ndarray]], *,
     names = [o.name for o in fs.get_outputs()]
     if output_index is not None:
         names = [names[output_index]]
-    accs = {n: ErrorStats() for n in names}
+    # what each output holds, read from the quantized graph where it is at hand
+    decisions = decision_outputs(quant_model) if isinstance(quant_model, onnx.ModelProto) else set()
+    values = value_outputs(quant_model) if isinstance(quant_model, onnx.ModelProto) else set()
+    accs = {n: ErrorStats(decisions=n in decisions, classifier=n not in values) for n in names}
     correct_f = correct_q = seen = 0
     for feed in feeds:
         ref = fs.run(names, feed)

@@ -24,7 +24,7 @@ import onnx
 from onnx import helper
 
 from .config import QuantConfig
-from .evaluate import ErrorStats, OutputMetrics, make_session
+from .evaluate import ErrorStats, OutputMetrics, decision_outputs, make_session, value_outputs
 from .graph import with_outputs
 
 #: Below these the model is called broken.
@@ -267,52 +267,6 @@ def class_score_outputs(model: onnx.ModelProto) -> set[str]:
             if axis == -1 or (rank is not None and axis == rank - 1):
                 out.add(o.name)
     return out
-
-
-#: What carries a decision from the op that made it to a graph output, unchanged in value.
-_CARRIERS = ("QuantizeLinear", "DequantizeLinear", "Identity", "Reshape", "Flatten", "Squeeze",
-             "Unsqueeze", "Cast")
-
-
-def _writers(model: onnx.ModelProto) -> dict[str, tuple[str, int]]:
-    """Graph output -> (op type, output slot) of the node that computed its values, looked
-    through the ops that carry values unchanged (Q/DQ, casts, reshapes)."""
-    producer = {o: (n, k) for n in model.graph.node for k, o in enumerate(n.output)}
-    out = {}
-    for o in model.graph.output:
-        n, k = producer.get(o.name, (None, 0))
-        while n is not None and n.op_type in _CARRIERS and n.input:
-            n, k = producer.get(n.input[0], (None, 0))
-        if n is not None:
-            out[o.name] = (n.op_type, k)
-    return out
-
-
-def decision_outputs(model: onnx.ModelProto) -> set[str]:
-    """Graph outputs that hold decisions: class indices written by an ArgMax / ArgMin, or the
-    indices output of a TopK (through casts and reshapes). Their SQNR says nothing (class 3
-    for class 4 is a small error in value, a whole one in meaning), so the guard judges them by
-    the share of elements equal to float's."""
-    return {o for o, (op, k) in _writers(model).items()
-            if op in ("ArgMax", "ArgMin") or (op == "TopK" and k == 1)}
-
-
-#: Ops whose output, even of rank 2, holds no class scores: normalized or pooled embeddings
-#: (Div by a norm or a count, LpNormalization, Reduce* over the tokens, BERT's Tanh pooler) and
-#: joined values (Concat: boxes and scores side by side). An argmax over an embedding's
-#: dimensions decides nothing.
-_VALUE_WRITERS = frozenset({"Div", "LpNormalization", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax",
-                            "ReduceMin", "Tanh", "Concat"})
-
-
-def value_outputs(model: onnx.ModelProto) -> set[str]:
-    """Graph outputs judged by SQNR whatever their rank, never by a top-1 agreement: those a
-    `_VALUE_WRITERS` op wrote, and a TopK's values (sorted along their last axis, so column 0
-    is every row's top-1 by construction and an agreement on it is 100 % whatever the model
-    does). A sentence embedding, L2-normalized in the graph, read "top-1 agreement 87.5 %"
-    over its 384 dimensions at A8W8 (cosine 0.975) and was called broken."""
-    return {o for o, (op, k) in _writers(model).items()
-            if (op == "TopK" and k == 0) or op in _VALUE_WRITERS}
 
 
 def _score(names: list[str], refs: list[list[np.ndarray]], gots: list[list[np.ndarray]],

@@ -103,3 +103,26 @@ def test_an_embedding_is_judged_by_sqnr_not_by_an_argmax_over_its_dimensions():
     got = make_session(res.model, optimize="basic").run(None, {"x": x[-32:]})[0]
     argmax = ErrorStats().update(ref, got).result("emb")
     assert argmax.top1_agreement is not None and argmax.top1_agreement < 0.9
+
+
+def test_mixq_eval_reads_outputs_as_the_guard_does(tmp_path, capsys):
+    """`mixq eval` (evaluate.compare) on the test images: the ArgMax head's agreement is the
+    share of equal indices, and the logits' argmax agreement is the same number."""
+    from mixq.cli.main import main as cli_main
+    from mixq.evaluate import compare
+
+    s = load_default_samples()
+    m = _with_head("argmax")
+    q = mixq.quantize(m, "MX4", s.calib_images[:64]).model
+    feeds = [{"image": s.test_images[i:i + 50]} for i in range(0, 200, 50)]
+    c = compare(m, q, feeds, optimize=False).first()
+    assert c.decisions and c.rows == 200
+    f = onnx.load(default_model_path())
+    ql = mixq.quantize(default_model_path(), "MX4", s.calib_images[:64]).model
+    assert c.top1_agreement == compare(f, ql, feeds, optimize=False).first().top1_agreement < 0.9
+    onnx.save(m, tmp_path / "f.onnx")
+    onnx.save(q, tmp_path / "q.onnx")
+    np.save(tmp_path / "x.npy", s.test_images[:200])
+    assert cli_main(["eval", str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), "--data", str(tmp_path / "x.npy")]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| cls | disabled"))
+    assert row.rstrip(" |").endswith(f"{c.top1_agreement:.4f}")
