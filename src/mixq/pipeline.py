@@ -12,7 +12,6 @@ many plans runs onnxruntime's calibration pass once.
 """
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from onnx import numpy_helper
 from ._io import has_external_data, load_deferred, load_model, load_model_deferred
 from ._shards import in_worker
 from .calibration.stats import TensorStats
-from .calibration.variety import data_inputs
+from .calibration.variety import InputExtremes, constant_data
 from .config import QuantConfig
 from .errors import ConfigError, ModelError, did_you_mean
 from .formats import QParams, get_format
@@ -98,9 +97,8 @@ class Pipeline:
     source: Path | None = None
     stats: dict[str, TensorStats] = field(default_factory=dict)
     calib_skipped: dict[str, str] = field(default_factory=dict)
-    #: statistics of the data inputs no plan calibrates, watched by the calibration pass for
-    #: `constant_calibration` only (not in `stats`: nothing is planned from them)
-    input_stats: dict[str, TensorStats] = field(default_factory=dict)
+    #: the data inputs' extremes over the last calibration pass (mixq.calibration.variety)
+    input_extremes: dict[str, Any] = field(default_factory=dict)
     _index: GraphIndex | None = field(default=None, repr=False)
     _elems: dict[str, int] | None = field(default=None, repr=False)
     _bounds: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
@@ -251,18 +249,17 @@ class Pipeline:
                               ".npz/.npy file or a folder).")
         from .calibration.collect import LOAD_FAILED, collect_stats
 
-        # the float inputs' own statistics, watched by the same pass (see constant_calibration)
-        watch = [n for n in data_inputs(self.model) if n not in self.stats and n not in self.input_stats
-                 and n not in missing]
+        # the inputs' extremes, watched by the same pass (see constant_calibration)
+        extremes = InputExtremes(self.model)
         try:
             if executor is not None:
                 from .calibration.sharded import calibrate_sharded
 
-                res = calibrate_sharded(self.model, missing + watch, data, executor, progress=progress,
-                                        base_dir=self.base_dir, kept=kept, tap=tap)
+                res = calibrate_sharded(self.model, missing, data, executor, progress=progress,
+                                        base_dir=self.base_dir, kept=(kept, extremes), tap=tap)
             else:
-                res = collect_stats(self.model, missing + watch, data, progress=progress,
-                                    base_dir=self.base_dir, tap=(tap, kept))
+                res = collect_stats(self.model, missing, data, progress=progress,
+                                    base_dir=self.base_dir, tap=(tap, kept, extremes))
         except ModelError as exc:
             why = self._source_load_error() if str(exc).startswith(LOAD_FAILED) else None
             if why:  # the user's file itself: say so, not mixq's prepared copy
@@ -270,10 +267,7 @@ class Pipeline:
                                  f"anything: {why}. Check it with onnxruntime.InferenceSession and fix or "
                                  "re-export it (for example at a newer opset).") from exc
             raise
-        for n in watch:
-            res.skipped.pop(n, None)
-            if n in res.stats:
-                self.input_stats[n] = res.stats.pop(n)
+        self.input_extremes = extremes.extremes
         self.stats.update(res.stats)
         self.calib_skipped.update(res.skipped)
         self._observe(data, (tap, kept), progress)  # those the shards' read did not feed
@@ -281,26 +275,13 @@ class Pipeline:
 
     def nonfinite_inputs(self) -> dict[str, tuple[int, int, int]]:
         """Data inputs whose calibration values held inf or NaN: name -> (infinite, NaN, all
-        values seen), from the statistics of the pass."""
-        out = {}
-        for n in data_inputs(self.model):
-            st = self.stats.get(n, self.input_stats.get(n))
-            if st is not None and (st.inf_count or st.nan_count):
-                out[n] = (int(st.inf_count), int(st.nan_count), int(st.count))
-        return out
+        values seen), over the last calibration pass."""
+        return {n: (e.inf, e.nan, e.count) for n, e in self.input_extremes.items() if e.inf or e.nan}
 
     def constant_calibration(self) -> str | None:
-        """Why the calibration data cannot stand for real inputs (mixq.calibration.variety), from
-        the statistics of the pass: None when an input varied, or no pass ran."""
-        from .calibration.variety import constant_data
-
-        extremes = {}
-        for n in data_inputs(self.model):
-            st = self.stats.get(n, self.input_stats.get(n))
-            if st is not None and st.count:
-                bad = st.nan_count or st.inf_count
-                extremes[n] = (math.nan, math.nan) if bad else (st.min, st.max)
-        return constant_data(self.model, extremes)
+        """Why the calibration data cannot stand for real inputs (mixq.calibration.variety): None
+        when an input varied, or no calibration pass ran."""
+        return constant_data(self.model, self.input_extremes)
 
     def _observe(self, data: Any, observers: tuple[Any, ...], progress: Callable[[int], None] | None) -> None:
         """One float pass over `data` for the calibration observers no pass has fed yet (no

@@ -60,34 +60,64 @@ def test_real_data_and_sharded_calibration(images):
     assert res.warnings[0].startswith(f"WARNING: {WARN}: input 'image' holds only the value 1")
 
 
-def _two_inputs() -> onnx.ModelProto:
-    """x[N, 8] and state[N, 8] (both data), t[N, 1] (a scalar per sample): MatMuls and a product."""
+def _inputs_model() -> onnx.ModelProto:
+    """x[N, 8] and state[N, 8] (float data), ids[N, 8] (token ids), t[N, 1] (a scalar per
+    sample): a Gather, MatMuls and a product."""
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")
-    nodes = [helper.make_node("Add", ["x", "state"], ["s"]), helper.make_node("MatMul", ["s", "w"], ["h"]),
-             helper.make_node("Mul", ["h", "t"], ["y"])]
+    emb = numpy_helper.from_array(rng.standard_normal((50, 8)).astype(np.float32), "emb")
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"]), helper.make_node("ReduceMean", ["e"], ["em"], axes=[1]),
+             helper.make_node("Add", ["x", "state"], ["s0"]), helper.make_node("Add", ["s0", "em"], ["s"]),
+             helper.make_node("MatMul", ["s", "w"], ["h"]), helper.make_node("Mul", ["h", "t"], ["y"])]
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", d]) for n, d in (("x", 8), ("state", 8), ("t", 1))]
-    g = helper.make_graph(nodes, "g", vi, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], [w])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    vi.insert(2, helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 8]))
+    g = helper.make_graph(nodes, "g", vi, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], [w, emb])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_which_inputs_count():
-    m = _two_inputs()
-    assert data_inputs(m) == ["x", "state"]  # t: one value per sample, constant by design
+    m = _inputs_model()
+    assert data_inputs(m) == ["x", "state", "ids"]  # t: one value per sample, constant by design
     rng = np.random.default_rng(1)
     z = np.zeros((4, 8), np.float32)
-    varied = [{"x": rng.standard_normal((4, 8)).astype(np.float32), "state": z, "t": z[:, :1]}]
-    const = [{"x": z + 2, "state": z, "t": z[:, :1] + rng.standard_normal((4, 1)).astype(np.float32)}]
-    assert constant_data(m, feed_extremes(varied, data_inputs(m))) is None  # a zero state is fine
-    msg = constant_data(m, feed_extremes(const, data_inputs(m)))
+    ids = np.zeros((4, 8), np.int64)
+    t = rng.standard_normal((4, 1)).astype(np.float32)
+
+    def feeds(**kw):
+        return [{"x": z + 2, "state": z, "ids": ids + 3, "t": t, **kw}]
+
+    const = feeds()
+    msg = constant_data(m, feed_extremes(const, m))
     assert msg is not None and "'x' holds only the value 2" in msg and "'state' holds only the value 0" in msg
-    nan = [{"x": np.full((4, 8), np.nan, np.float32), "state": z}]
-    assert constant_data(m, feed_extremes(nan, data_inputs(m))) is None  # NaN: another check's
-    assert constant_data(m, {"x": (0.0, 0.0)}) is None  # state never seen: cannot tell
-    # through quantize, on the statistics of a streamed pass
+    # any data input that varies: a zero recurrent state, or constant floats beside real token ids
+    assert constant_data(m, feed_extremes(feeds(x=rng.standard_normal((4, 8)).astype(np.float32)), m)) is None
+    assert constant_data(m, feed_extremes(feeds(ids=rng.integers(0, 50, (4, 8))), m)) is None
+    nan = feeds(x=np.full((4, 8), np.nan, np.float32))
+    assert constant_data(m, feed_extremes(nan, m)) is None  # NaN: the non-finite warning's
+    assert constant_data(m, {"x": feed_extremes(const, m)["x"]}) is None  # an input never seen
+    # through quantize, on the extremes the streamed pass kept
     res = mixq.quantize(m, "A8W8", const * 3)
     assert res.warnings[0].startswith(f"WARNING: {WARN}")
-    assert not any(WARN in w for w in mixq.quantize(m, "A8W8", varied * 3).warnings)
+    ok = feeds(ids=rng.integers(0, 50, (4, 8)))
+    assert not any(WARN in w for w in mixq.quantize(m, "A8W8", ok * 3).warnings)
+
+
+def test_integer_inputs_count(images):
+    """A model that takes uint8 images (Cast, /255 inside), calibrated on zeros."""
+    calib, _ = images
+    m = onnx.load(default_model_path())
+    name = m.graph.input[0].name
+    for n in m.graph.node:
+        n.input[:] = ["img_f" if i == name else i for i in n.input]
+    m.graph.initializer.append(numpy_helper.from_array(np.array(255, np.float32), "s255"))
+    m.graph.node.insert(0, helper.make_node("Div", ["img_c", "s255"], ["img_f"]))
+    m.graph.node.insert(0, helper.make_node("Cast", ["img_u8"], ["img_c"], to=TensorProto.FLOAT))
+    del m.graph.input[:]
+    m.graph.input.append(helper.make_tensor_value_info("img_u8", TensorProto.UINT8, ["N", 1, 28, 28]))
+    x = (calib * 255).clip(0, 255).astype(np.uint8)
+    res = mixq.quantize(m, "A16W8", {"img_u8": np.zeros_like(x)})
+    assert res.warnings[0].startswith(f"WARNING: {WARN}: input 'img_u8' holds only the value 0")
+    assert not any(WARN in w for w in mixq.quantize(m, "A16W8", {"img_u8": x}).warnings)
 
 
 def test_auto_says_it_first(images):

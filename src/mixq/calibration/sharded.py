@@ -42,8 +42,8 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
     ``executor.workers``) contiguous shards run on `executor`, merged in shard order: the same
     statistics as one pass. Initializers are read once here, not per shard. The data is read
     here once (every feed validated) and sent to the workers once. `progress` is called with
-    every batch index once its shard's results are back; `kept` (mixq.fidelity.HeldBack) sees
-    the feeds as they are read; `tap` (mixq.passes.gptq.GramTap, empty) is fed on the workers
+    every batch index once its shard's results are back; `kept` (mixq.fidelity.HeldBack, or a
+    tuple of such observers with `add(feed)` and `finish()`) sees the feeds as they are read; `tap` (mixq.passes.gptq.GramTap, empty) is fed on the workers
     too, each shard's GPTQ statistics merged here into the same bytes as one pass. Returns a
     CollectResult."""
     from .collect import CollectResult, collect_stats
@@ -57,10 +57,12 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
     run_names = [n for n in names if n not in inits]
     feeds = [{k: np.asarray(v) for k, v in f.items()}
              for f in FeedSource(data, model)] if run_names else []
-    if kept is not None and run_names:
-        for f in feeds:
-            kept.add(f)
-        kept.finish()
+    observers = [o for o in (kept if isinstance(kept, tuple) else (kept,)) if o is not None]
+    if run_names:
+        for o in observers:
+            for f in feeds:
+                o.add(f)
+            o.finish()
     merged: dict[str, TensorStats] = {}
     skipped: dict[str, str] = dict(local.skipped)
     n_batches = 0

@@ -1,22 +1,24 @@
 """Whether calibration data can stand for real inputs.
 
-Data in which every float input holds one value (`np.zeros` or `np.ones` passed as calibration
-data, a silent audio clip) cannot: the activation ranges fit that one input, and every check
-made on the same data (the fidelity guard scores the last calibration samples, `mixq auto` a
-held-out part of them) measures on it too and reports a perfect model. The quantizer then says
-so instead of vouching for the output.
+Data in which every input holds one value (`np.zeros` or `np.ones` passed as calibration data,
+zeros as token ids, a silent audio clip) cannot: the activation ranges fit that one input, and
+every check made on the same data (the fidelity guard scores the last calibration samples,
+`mixq auto` a held-out part of them) measures on it too and reports a perfect model. Inputs
+holding inf or NaN reach every tensor downstream. The quantizer says so instead of vouching for
+the output; `InputExtremes` watches the calibration pass for it.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-from ..graph import is_float_type, static_shape, tensor_type
+from ..graph import static_shape
 
-__all__ = ["ConstantDataWarning", "data_inputs", "constant_data", "feed_extremes"]
+__all__ = ["ConstantDataWarning", "InputExtremes", "Extremes", "data_inputs", "constant_data", "feed_extremes"]
 
 
 class ConstantDataWarning(UserWarning):
@@ -25,12 +27,14 @@ class ConstantDataWarning(UserWarning):
 
 
 def data_inputs(model: onnx.ModelProto) -> list[str]:
-    """The float graph inputs that hold more than one value per sample: a scalar per sample (a
-    temperature, a threshold) is constant by design and says nothing about the data."""
+    """The numeric graph inputs (float or integer: images, audio, token ids) that hold more than
+    one value per sample: a scalar per sample (a temperature, a length) is constant by design
+    and says nothing about the data."""
     inits = {t.name for t in model.graph.initializer}
     out = []
     for i in model.graph.input:
-        if i.name in inits or not is_float_type(tensor_type(i.type)):
+        elem = i.type.tensor_type.elem_type if i.type.HasField("tensor_type") else 0
+        if i.name in inits or elem in (0, onnx.TensorProto.STRING):
             continue
         shape = static_shape(i.type)
         if shape is not None and all(d is not None for d in shape[1:]) and math.prod(shape[1:]) <= 1:  # type: ignore[arg-type]
@@ -39,36 +43,77 @@ def data_inputs(model: onnx.ModelProto) -> list[str]:
     return out
 
 
-def constant_data(model: onnx.ModelProto, extremes: Mapping[str, tuple[float, float]]) -> str | None:
+@dataclass
+class Extremes:
+    """One input over the data: its smallest and largest finite value, its inf and NaN values,
+    and every value seen."""
+
+    lo: float = math.inf
+    hi: float = -math.inf
+    inf: int = 0
+    nan: int = 0
+    count: int = 0
+
+    def add(self, a: np.ndarray) -> None:
+        a = np.asarray(a)
+        if a.size == 0 or a.dtype.kind not in "fiub":
+            return
+        self.count += a.size
+        if a.dtype.kind == "f":
+            finite = np.isfinite(a)
+            if not finite.all():
+                self.nan += int(np.count_nonzero(np.isnan(a)))
+                self.inf += int(a.size - np.count_nonzero(finite)) - int(np.count_nonzero(np.isnan(a)))
+                a = a[finite]
+                if a.size == 0:
+                    return
+        self.lo, self.hi = min(self.lo, float(np.min(a))), max(self.hi, float(np.max(a)))
+
+    @property
+    def constant(self) -> bool:
+        """Every value seen is one finite value."""
+        return self.count > 0 and not (self.inf or self.nan) and self.lo == self.hi
+
+
+class InputExtremes:
+    """A calibration tap (`names`, `update(values, rows)`, `finish()`, as mixq.fidelity.HeldBack)
+    that keeps the `Extremes` of each data input over the pass."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.names = data_inputs(model)
+        self.extremes: dict[str, Extremes] = {}
+        self.complete = False
+
+    def update(self, values: Mapping[str, np.ndarray], rows: int = 0) -> None:
+        for n in self.names:
+            if n in values:
+                self.extremes.setdefault(n, Extremes()).add(values[n])
+
+    def add(self, feed: Mapping[str, np.ndarray]) -> None:
+        self.update(feed)
+
+    def finish(self) -> None:
+        self.complete = True
+
+
+def constant_data(model: onnx.ModelProto, extremes: Mapping[str, Extremes]) -> str | None:
     """Why the calibration data cannot stand for real inputs, when every input of `data_inputs`
-    held a single finite value over all of it; None when one varied, or one is missing from
-    `extremes` (its smallest and largest value over the data: NaN where any was not finite)."""
+    held a single finite value over all of it; None when one varied, or one was not seen."""
     names = data_inputs(model)
     if not names or any(n not in extremes for n in names):
         return None
-    if any(not (extremes[n][0] == extremes[n][1]) for n in names):  # NaN compares unequal
+    if not all(extremes[n].constant for n in names):
         return None
-    held = "; ".join(f"input {n!r} holds only the value {extremes[n][0]:g}" for n in names[:3])
+    held = "; ".join(f"input {n!r} holds only the value {extremes[n].lo:g}" for n in names[:3])
     return (f"the calibration data is constant: {held}, in every sample. The ranges were fit to "
             "that one input, and the checks made on the same data measured on it too, so none of "
             "them says how the model does on real inputs. Calibrate with real samples (a few "
             "hundred typical inputs).")
 
 
-def feed_extremes(feeds: Iterable[Mapping[str, np.ndarray]], names: Iterable[str]) -> dict[str, tuple[float, float]]:
-    """(smallest, largest) value of each of `names` over `feeds` held in memory (NaN where a
-    value is not finite)."""
-    out: dict[str, tuple[float, float]] = {}
+def feed_extremes(feeds: Iterable[Mapping[str, np.ndarray]], model: onnx.ModelProto) -> dict[str, Extremes]:
+    """The `Extremes` of each data input of `model` over `feeds` held in memory."""
+    tap = InputExtremes(model)
     for f in feeds:
-        for n in names:
-            if n not in f:
-                continue
-            a = np.asarray(f[n])
-            if a.size == 0:
-                continue
-            lo, hi = float(np.min(a)), float(np.max(a))
-            if not (math.isfinite(lo) and math.isfinite(hi)):
-                lo = hi = math.nan
-            plo, phi = out.get(n, (lo, hi))
-            out[n] = (min(plo, lo), max(phi, hi)) if not math.isnan(plo) and not math.isnan(lo) else (math.nan, math.nan)
-    return out
+        tap.update(f)
+    return tap.extremes

@@ -31,7 +31,7 @@ from onnx import numpy_helper
 
 from .._io import save_model
 from ..calibration.stats import TensorStats
-from ..calibration.variety import ConstantDataWarning, constant_data, data_inputs, feed_extremes
+from ..calibration.variety import ConstantDataWarning, constant_data, feed_extremes
 from ..config import LayerRule, QuantConfig, get_default_config
 from ..errors import ConfigError, DataError
 from ..formats import get_format
@@ -859,7 +859,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
 
     t = time.perf_counter()
     calib = _materialize_feeds(calibration_data, prepared)
-    constant = constant_data(prepared, feed_extremes(calib, data_inputs(prepared)))  # np.zeros as data
+    constant = constant_data(prepared, feed_extremes(calib, prepared))  # np.zeros as data
     note = ""
     if eval_data is None:
         calib, held, note = split_held_out(calib, prepared)
