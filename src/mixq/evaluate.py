@@ -276,7 +276,7 @@ class Comparison:
         return self.outputs[0]
 
 
-#: What carries a decision from the op that made it to a graph output, unchanged in value.
+#: Ops that carry an output's values from the op that computed them, unchanged.
 _CARRIERS = ("QuantizeLinear", "DequantizeLinear", "Identity", "Reshape", "Flatten", "Squeeze",
              "Unsqueeze", "Cast")
 

@@ -1,7 +1,8 @@
 """The fidelity guard: does the quantized model still compute what the float one does?
 
-`check_fidelity` runs both models once on the last few calibration samples and scores every output (SQNR,
-cosine, top-1 agreement where the output looks like class scores; NaN/inf score worst). When the
+`check_fidelity` runs both models once on the last few calibration samples and scores every
+output (SQNR, cosine, top-1 agreement where the output holds class scores, the share of equal
+elements where it holds class indices; NaN/inf score worst). When the
 model looks broken, or a classifier likely loses more than 5 points of top-1 agreement, a cheap
 probe names the quantized tensors that do the most damage: every quantized activation is put
 back to float at once (its QuantizeLinear/DequantizeLinear pair, or its block format's function

@@ -43,9 +43,9 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
     statistics as one pass. Initializers are read once here, not per shard. The data is read
     here once (every feed validated) and sent to the workers once. `progress` is called with
     every batch index once its shard's results are back; `kept` (mixq.fidelity.HeldBack, or a
-    tuple of such observers with `add(feed)` and `finish()`) sees the feeds as they are read; `tap` (mixq.passes.gptq.GramTap, empty) is fed on the workers
-    too, each shard's GPTQ statistics merged here into the same bytes as one pass. Returns a
-    CollectResult."""
+    tuple of such observers with `add(feed)` and `finish()`) sees the feeds as they are read;
+    `tap` (mixq.passes.gptq.GramTap, empty) is fed on the workers too, each shard's GPTQ
+    statistics merged here into the same bytes as one pass. Returns a CollectResult."""
     from .collect import CollectResult, collect_stats
     from .data import FeedSource, feed_rows
     from .stats import TensorStats
