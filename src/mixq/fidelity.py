@@ -17,7 +17,7 @@ import time
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -250,39 +250,49 @@ def is_broken(outputs: list[OutputMetrics]) -> bool:
     return any(o.sqnr_db == -math.inf or bad(o) for o in outputs)
 
 
-def class_score_outputs(model: onnx.ModelProto) -> set[str]:
-    """Graph outputs written (through Q/DQ nodes and reshapes) by a Softmax/LogSoftmax over its
-    last axis: class scores along the last axis whatever their rank (a CTC recognizer's
-    (B, T, C); an opset-12 Softmax(axis=2) upgraded to Reshape -> Softmax -> Reshape)."""
+def class_score_outputs(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph outputs written by a Softmax/LogSoftmax, and the axis their classes lie along (-1:
+    the last): over the last axis through Q/DQ nodes and reshapes, whatever the rank (a CTC
+    recognizer's (B, T, C); an opset-12 Softmax(axis=2) upgraded to Reshape -> Softmax ->
+    Reshape); over another axis only where the Softmax writes the output itself (through Q/DQ
+    and Identity), as a segmentation model's per-pixel classes (N, C, H, W) over axis 1."""
     producer = {o: n for n in model.graph.node for o in n.output}
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*model.graph.value_info, *model.graph.output]
              if v.type.tensor_type.HasField("shape")}
-    out = set()
+    out = {}
     for o in model.graph.output:
         n = producer.get(o.name)
+        reshaped = False
         while n is not None and n.op_type in ("QuantizeLinear", "DequantizeLinear", "Identity", "Reshape", "Flatten"):
+            reshaped |= n.op_type in ("Reshape", "Flatten")
             n = producer.get(n.input[0])
         if n is not None and n.op_type in ("Softmax", "LogSoftmax"):
             axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
             rank = ranks.get(n.output[0])
             if axis == -1 or (rank is not None and axis == rank - 1):
-                out.add(o.name)
+                out[o.name] = -1
+            elif not reshaped and rank is not None and -rank <= axis < rank:
+                out[o.name] = axis % rank
     return out
 
 
 def _score(names: list[str], refs: list[list[np.ndarray]], gots: list[list[np.ndarray]],
-           classes: frozenset[str] | set[str] = frozenset(),
+           classes: Mapping[str, int] | set[str] | frozenset[str] | None = None,
            decisions: frozenset[str] | set[str] = frozenset(),
            values: frozenset[str] | set[str] = frozenset()) -> list[OutputMetrics]:
-    """Metrics of each output of `names`: `classes` hold class scores along their last axis
-    whatever their rank, `decisions` class indices (agreement: equal elements), `values` no
-    class scores whatever their rank (no agreement read)."""
+    """Metrics of each output of `names`: `classes` hold class scores along the axis given
+    (`class_score_outputs`) whatever their rank, `decisions` class indices (agreement: equal
+    elements), `values` no class scores whatever their rank (no agreement read); a set of
+    `classes` names outputs with classes along their last axis."""
+    axes = dict(classes) if isinstance(classes, Mapping) else {n: -1 for n in classes or ()}
     accs = {n: ErrorStats(decisions=n in decisions, classifier=n not in values) for n in names}
     for ref, got in zip(refs, gots):
         for n, r, q in zip(names, ref, got):
-            if n in classes and r.ndim > 2 and r.shape == q.shape and r.shape[-1] > 1:
-                r, q = r.reshape(-1, r.shape[-1]), q.reshape(-1, q.shape[-1])  # rows of class scores
-                accs[n].samples = False  # a sequence's frames: no expected loss read from them
+            ax = axes.get(n)
+            if ax is not None and r.ndim > 2 and r.shape == q.shape and r.shape[ax] > 1:
+                # rows of class scores: a sequence's frames, an image's pixels
+                r, q = (np.moveaxis(a, ax, -1).reshape(-1, a.shape[ax]) for a in (r, q))
+                accs[n].samples = False  # frames or pixels: no expected loss read from them
             accs[n].update(r, q)
     return [accs[n].result(n) for n in names]
 

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 import mixq
 from mixq.data import default_model_path, load_default_samples
 from mixq.evaluate import ErrorStats, make_session
-from mixq.fidelity import decision_outputs, is_broken, value_outputs
+from mixq.fidelity import class_score_outputs, decision_outputs, is_broken, value_outputs
 
 
 def _with_head(kind: str) -> onnx.ModelProto:
@@ -126,3 +126,32 @@ def test_mixq_eval_reads_outputs_as_the_guard_does(tmp_path, capsys):
     assert cli_main(["eval", str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), "--data", str(tmp_path / "x.npy")]) == 0
     row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| cls | disabled"))
     assert row.rstrip(" |").endswith(f"{c.top1_agreement:.4f}")
+
+
+def _segmenter(seed: int = 0) -> onnx.ModelProto:
+    """x[N, 3, 16, 16] -> Conv 3x3 -> Relu -> Conv 1x1 -> Softmax over the 5 classes (axis 1)."""
+    rng = np.random.default_rng(seed)
+    w1 = onnx.numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) / 4).astype(np.float32), "w1")
+    w2 = onnx.numpy_helper.from_array((rng.standard_normal((5, 8, 1, 1)) / 2).astype(np.float32), "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=1)]
+    g = helper.make_graph(nodes, "seg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+                          [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["N", 5, 16, 16])], [w1, w2])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("preset", ["A16W8", "MX4"])
+def test_per_pixel_classes_of_a_softmax_over_channels(preset):
+    """A segmentation model's Softmax over axis 1 (N, C, H, W): the guard reads each pixel's
+    class, as it reads a CTC recognizer's frames; before, a rank-4 output got no agreement."""
+    m = _segmenter()
+    assert class_score_outputs(m) == {"p": 1}
+    x = np.random.default_rng(1).standard_normal((64, 3, 16, 16)).astype(np.float32)
+    res = mixq.quantize(m, preset, [{"x": x[i:i + 16]} for i in range(0, 64, 16)], check_kernels=False)
+    o = res.fidelity.outputs[0]
+    ref = make_session(m).run(None, {"x": x[-32:]})[0]
+    got = make_session(res.model, optimize="basic").run(None, {"x": x[-32:]})[0]
+    pixels = np.mean(ref.argmax(1) == got.argmax(1))
+    assert o.rows == 32 * 16 * 16 and o.top1_agreement == pytest.approx(pixels)
+    judged = o.decisive_agreement if o.decisive_agreement is not None else pixels
+    assert res.fidelity.broken == (judged < 0.9)
