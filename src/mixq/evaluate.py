@@ -304,12 +304,12 @@ def decision_outputs(model: onnx.ModelProto) -> set[str]:
             if op in ("ArgMax", "ArgMin") or (op == "TopK" and k == 1)}
 
 
-#: Ops whose output, even of rank 2, holds no class scores: normalized or pooled embeddings
-#: (Div by a norm or a count, LpNormalization, Reduce* over the tokens, BERT's Tanh pooler) and
-#: joined values (Concat: boxes and scores side by side). An argmax over an embedding's
-#: dimensions decides nothing.
-_VALUE_WRITERS = frozenset({"Div", "LpNormalization", "ReduceMean", "ReduceSum", "ReduceL2", "ReduceMax",
-                            "ReduceMin", "Tanh", "Concat"})
+#: Ops whose output, even of rank 2, holds no class scores: normalized embeddings (Div by a norm
+#: or a token count, LpNormalization), BERT's Tanh pooler, and joined values (Concat: boxes and
+#: scores side by side). An argmax over an embedding's dimensions decides nothing. Not the
+#: Reduce* ops: a global average pool (ReduceMean over H and W) writes a classifier's logits
+#: (the guard sweep's U-Net; its U8S8 likely-loss warning went when ReduceMean was listed).
+_VALUE_WRITERS = frozenset({"Div", "LpNormalization", "Tanh", "Concat"})
 
 
 def value_outputs(model: onnx.ModelProto) -> set[str]:

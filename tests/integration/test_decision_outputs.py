@@ -155,3 +155,19 @@ def test_per_pixel_classes_of_a_softmax_over_channels(preset):
     assert o.rows == 32 * 16 * 16 and o.top1_agreement == pytest.approx(pixels)
     judged = o.decisive_agreement if o.decisive_agreement is not None else pixels
     assert res.fidelity.broken == (judged < 0.9)
+
+
+def test_logits_of_a_global_average_pool_stay_class_scores():
+    """A classifier whose last op is a global average pool (ReduceMean over H and W after a 1x1
+    Conv, as the guard sweep's U-Net) keeps the agreement verdict and its likely-loss reading."""
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array((rng.standard_normal((10, 3, 3, 3)) / 3).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("ReduceMean", ["h"], ["logits"], axes=[2, 3], keepdims=0)]
+    g = helper.make_graph(nodes, "gap", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert value_outputs(m) == set() and decision_outputs(m) == set()
+    x = np.random.default_rng(1).standard_normal((64, 3, 8, 8)).astype(np.float32)
+    o = mixq.quantize(m, "A16W8", [{"x": x[i:i + 16]} for i in range(0, 64, 16)]).fidelity.outputs[0]
+    assert o.top1_agreement is not None and o.expected_agreement is not None
