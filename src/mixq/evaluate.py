@@ -11,6 +11,7 @@ import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -281,17 +282,28 @@ _CARRIERS = ("QuantizeLinear", "DequantizeLinear", "Identity", "Reshape", "Flatt
              "Unsqueeze", "Cast")
 
 
-def _writers(model: onnx.ModelProto) -> dict[str, tuple[str, int]]:
-    """Graph output -> (op type, output slot) of the node that computed its values, looked
-    through the ops that carry values unchanged (Q/DQ, casts, reshapes)."""
+class Writer(NamedTuple):
+    """The node that computed a graph output's values, which of its outputs it is, and whether
+    a reshape lay between (the axes may have moved)."""
+
+    node: onnx.NodeProto
+    slot: int
+    reshaped: bool
+
+
+def output_writers(model: onnx.ModelProto) -> dict[str, Writer]:
+    """Graph output -> its `Writer`, looked through the ops that carry values unchanged (Q/DQ,
+    casts, reshapes: `_CARRIERS`); outputs no node writes (inputs, constants) are left out."""
     producer = {o: (n, k) for n in model.graph.node for k, o in enumerate(n.output)}
     out = {}
     for o in model.graph.output:
         n, k = producer.get(o.name, (None, 0))
+        reshaped = False
         while n is not None and n.op_type in _CARRIERS and n.input:
+            reshaped |= n.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
             n, k = producer.get(n.input[0], (None, 0))
         if n is not None:
-            out[o.name] = (n.op_type, k)
+            out[o.name] = Writer(n, k, reshaped)
     return out
 
 
@@ -300,8 +312,8 @@ def decision_outputs(model: onnx.ModelProto) -> set[str]:
     indices output of a TopK (through casts and reshapes). Their SQNR says nothing (class 3
     for class 4 is a small error in value, a whole one in meaning), so the guard judges them by
     the share of elements equal to float's."""
-    return {o for o, (op, k) in _writers(model).items()
-            if op in ("ArgMax", "ArgMin") or (op == "TopK" and k == 1)}
+    return {o for o, w in output_writers(model).items()
+            if w.node.op_type in ("ArgMax", "ArgMin") or (w.node.op_type == "TopK" and w.slot == 1)}
 
 
 #: Ops whose output, even of rank 2, holds no class scores: normalized embeddings (Div by a norm
@@ -318,8 +330,8 @@ def value_outputs(model: onnx.ModelProto) -> set[str]:
     is every row's top-1 by construction and an agreement on it is 100 % whatever the model
     does). A sentence embedding, L2-normalized in the graph, read "top-1 agreement 87.5 %"
     over its 384 dimensions at A8W8 (cosine 0.975) and was called broken."""
-    return {o for o, (op, k) in _writers(model).items()
-            if (op == "TopK" and k == 0) or op in _VALUE_WRITERS}
+    return {o for o, w in output_writers(model).items()
+            if (w.node.op_type == "TopK" and w.slot == 0) or w.node.op_type in _VALUE_WRITERS}
 
 
 def compare(float_model, quant_model, feeds: Iterable[dict[str, np.ndarray]], *,

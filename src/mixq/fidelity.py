@@ -25,7 +25,7 @@ import onnx
 from onnx import helper
 
 from .config import QuantConfig
-from .evaluate import ErrorStats, OutputMetrics, decision_outputs, make_session, value_outputs
+from .evaluate import ErrorStats, OutputMetrics, decision_outputs, make_session, output_writers, value_outputs
 from .graph import with_outputs
 
 #: Below these the model is called broken.
@@ -252,27 +252,21 @@ def is_broken(outputs: list[OutputMetrics]) -> bool:
 
 def class_score_outputs(model: onnx.ModelProto) -> dict[str, int]:
     """Graph outputs written by a Softmax/LogSoftmax, and the axis their classes lie along (-1:
-    the last): over the last axis through Q/DQ nodes and reshapes, whatever the rank (a CTC
-    recognizer's (B, T, C); an opset-12 Softmax(axis=2) upgraded to Reshape -> Softmax ->
-    Reshape); over another axis only where the Softmax writes the output itself (through Q/DQ
-    and Identity), as a segmentation model's per-pixel classes (N, C, H, W) over axis 1."""
-    producer = {o: n for n in model.graph.node for o in n.output}
+    the last): over the last axis through Q/DQ nodes, casts and reshapes, whatever the rank (a
+    CTC recognizer's (B, T, C); an opset-12 Softmax(axis=2) upgraded to Reshape -> Softmax ->
+    Reshape); over another axis only where no reshape lies between, as a segmentation model's
+    per-pixel classes (N, C, H, W) over axis 1."""
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*model.graph.value_info, *model.graph.output]
              if v.type.tensor_type.HasField("shape")}
     out = {}
-    for o in model.graph.output:
-        n = producer.get(o.name)
-        reshaped = False
-        while n is not None and n.op_type in ("QuantizeLinear", "DequantizeLinear", "Identity", "Reshape", "Flatten"):
-            reshaped |= n.op_type in ("Reshape", "Flatten")
-            n = producer.get(n.input[0])
-        if n is not None and n.op_type in ("Softmax", "LogSoftmax"):
+    for o, (n, _, reshaped) in output_writers(model).items():
+        if n.op_type in ("Softmax", "LogSoftmax"):
             axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
             rank = ranks.get(n.output[0])
             if axis == -1 or (rank is not None and axis == rank - 1):
-                out[o.name] = -1
+                out[o] = -1
             elif not reshaped and rank is not None and -rank <= axis < rank:
-                out[o.name] = axis % rank
+                out[o] = axis % rank
     return out
 
 
