@@ -6,6 +6,7 @@ Before, each was accepted and dropped (`mixq quantize --preset BF16 --calib-meth
 wrote the same bytes as without it)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import mixq
@@ -93,3 +94,16 @@ def test_options_that_apply_change_the_bytes(calib):
         assert bytes_of(a8.with_options(**change)) != ref, change
     assert bytes_of(get_default_config("XINT8").with_options(calibration="minmax")) != \
         bytes_of(get_default_config("XINT8"))  # the weights' method (weight_calibration=None)
+
+
+@pytest.mark.parametrize("preset,method", [("A8W8", "percentile"), ("A8W8", "minmax"), ("U8S8", "entropy"),
+                                           ("S16S16", "minmse")])
+def test_cli_calib_method_that_applies_quantizes(preset, method, tmp_path):
+    """--calib-method set the MinMSE gain to 1 whatever the method, and quantize then refused that
+    implicit change as inert under percentile (the flag worked with `plan`, which stops before)."""
+    data = tmp_path / "calib.npy"
+    np.save(data, load_default_samples().calib_images[:16])
+    out = tmp_path / "o.onnx"
+    assert cli_main(["quantize", str(default_model_path()), str(out), "--preset", preset,
+                     "--calib-method", method, "--calib", str(data), "-q"]) == 0
+    assert out.exists()

@@ -172,7 +172,8 @@ def _config_from_args(args: argparse.Namespace):
         changes["weight"] = args.weight
     if args.calib_method:
         changes["calibration"] = args.calib_method
-        changes["minmse_min_gain"] = 1.0
+        if args.calib_method == "minmse":  # plain MinMSE; the gain means nothing to the others
+            changes["minmse_min_gain"] = 1.0
     if args.minmse_min_gain is not None:
         changes["minmse_min_gain"] = args.minmse_min_gain
     if args.range_headroom is not None:
