@@ -17,6 +17,7 @@ import onnx
 
 from ._io import load_model
 from .errors import ModelError
+from .graph import subgraphs
 from .passes.prepare import MAX_RUNTIME_OPSET, TARGET_OPSET, check_float_model, check_input_model, model_opset
 from .plan.ops import semantics, unsupported_reason
 
@@ -116,24 +117,14 @@ def _status(node: onnx.NodeProto) -> tuple[str, str]:
     return QUANTIZABLE, "activations"
 
 
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    out = []
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            out.append(a.g)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            out.extend(a.graphs)
-    return out
-
-
 def _count_nodes(g: onnx.GraphProto) -> int:
-    return sum(1 + sum(_count_nodes(s) for s in _subgraphs(n)) for n in g.node)
+    return sum(1 + sum(_count_nodes(s) for s in subgraphs(n)) for n in g.node)
 
 
 def _all_nodes(g: onnx.GraphProto):
     for n in g.node:
         yield n
-        for s in _subgraphs(n):
+        for s in subgraphs(n):
             yield from _all_nodes(s)
 
 
@@ -199,7 +190,7 @@ def check_model_support(model: onnx.ModelProto | str | os.PathLike) -> SupportRe
         status, why = _status(first[(dom, op)])
         rep.ops.append(OpSupport(dom, op, c, status, why))
     for n in g.node:
-        subs = _subgraphs(n)
+        subs = list(subgraphs(n))
         if subs:
             rep.subgraphs.append((n.name or f"<unnamed {n.op_type}>", n.op_type,
                                   sum(_count_nodes(s) for s in subs)))

@@ -25,7 +25,7 @@ from onnx import numpy_helper
 from ._io import has_external_data, load_deferred, load_model, load_model_deferred
 from ._shards import in_worker
 from .calibration.stats import TensorStats
-from .calibration.variety import InputExtremes, constant_data
+from .calibration.variety import Extremes, InputExtremes, constant_data
 from .config import QuantConfig
 from .errors import ConfigError, ModelError, did_you_mean
 from .formats import QParams, get_format
@@ -98,7 +98,7 @@ class Pipeline:
     stats: dict[str, TensorStats] = field(default_factory=dict)
     calib_skipped: dict[str, str] = field(default_factory=dict)
     #: the data inputs' extremes over the last calibration pass (mixq.calibration.variety)
-    input_extremes: dict[str, Any] = field(default_factory=dict)
+    input_extremes: dict[str, Extremes] = field(default_factory=dict)
     _index: GraphIndex | None = field(default=None, repr=False)
     _elems: dict[str, int] | None = field(default=None, repr=False)
     _bounds: dict[str, tuple[float, float]] | None = field(default=None, repr=False)

@@ -62,8 +62,9 @@ class Extremes:
         if a.dtype.kind == "f":
             finite = np.isfinite(a)
             if not finite.all():
-                self.nan += int(np.count_nonzero(np.isnan(a)))
-                self.inf += int(a.size - np.count_nonzero(finite)) - int(np.count_nonzero(np.isnan(a)))
+                nan = int(np.count_nonzero(np.isnan(a)))
+                self.nan += nan
+                self.inf += a.size - int(np.count_nonzero(finite)) - nan
                 a = a[finite]
                 if a.size == 0:
                     return
