@@ -18,7 +18,7 @@ from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
 from .graph import with_weights
-from .fidelity import HeldBack, Runs, float_reference
+from .fidelity import FLOAT_LOAD_FAILED, HeldBack, Runs, float_reference
 from .fidelity import guard as fidelity_guard
 from .passes.prepare import PrepareReport, check_graph, model_opset
 from .passes.qdq import RewriteReport
@@ -236,9 +236,13 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     # the fidelity guard: quantized against float on the last calibration samples; runs before
     # the save, so that --strict leaves an existing output untouched when the model is broken
     t = time.perf_counter()
-    fid = fidelity_guard(float_ref, qmodel, calibration_data, config=cfg, size=quant_bytes,
-                         model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
-                         custom_ops=bool(custom_ops), stats=pipe.stats, kept=kept, runs=runs)
+    try:
+        fid = fidelity_guard(float_ref, qmodel, calibration_data, config=cfg, size=quant_bytes,
+                             model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
+                             custom_ops=bool(custom_ops), stats=pipe.stats, kept=kept, runs=runs)
+    except ModelError as exc:  # presets with no calibration pass load the model here first
+        pipe.raise_if_source_fails(exc, FLOAT_LOAD_FAILED)
+        raise
     del runs
     del float_ref
     timings["fidelity"] = time.perf_counter() - t

@@ -25,6 +25,7 @@ import onnx
 from onnx import helper
 
 from .config import QuantConfig
+from .errors import ModelError
 from .evaluate import ErrorStats, OutputMetrics, decision_outputs, make_session, output_writers, value_outputs
 from .graph import with_outputs
 
@@ -686,12 +687,19 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
 
     def fs() -> Any:  # sessions only where a run is still needed
         if "f" not in sessions:
-            sessions["f"] = make_session(float_model, optimize=True)
+            try:
+                sessions["f"] = make_session(float_model, optimize=True)
+            except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+                raise ModelError(f"{FLOAT_LOAD_FAILED}: {exc}") from exc
         return sessions["f"]
 
     def qs() -> Any:  # the QDQ semantics (constants folded, no integer fusions)
         if "q" not in sessions:
-            sessions["q"] = make_session(qmodel, optimize="basic")
+            try:
+                sessions["q"] = make_session(qmodel, optimize="basic")
+            except Exception as exc:  # noqa: BLE001
+                raise ModelError(f"internal error: the quantized model does not load in onnxruntime "
+                                 f"({exc}); nothing was written. Please report it with the model.") from exc
         return sessions["q"]
 
     if runs is not None and runs.feeds is feeds:
@@ -889,6 +897,11 @@ def held_back_feeds(data: object, model: onnx.ModelProto, *, samples: int = GUAR
     tail = HeldBack(model, samples)
     tail.read(data)
     return tail.feeds
+
+
+#: how the guard reports a float model onnxruntime refuses to load (the caller may then tell
+#: whether the user's file loads at all: Pipeline.raise_if_source_fails)
+FLOAT_LOAD_FAILED = "onnxruntime cannot load the float model the guard compares against"
 
 
 def float_reference(model: object, prepared: onnx.ModelProto, base_dir: object) -> bytes | str | None:

@@ -138,6 +138,16 @@ class Pipeline:
         """A pipeline over a model that is already prepared (a search's sub-model)."""
         return cls(model, PrepareReport(), stats=dict(stats or {}))
 
+    def raise_if_source_fails(self, exc: ModelError, prefix: str) -> None:
+        """When `exc` (an error whose message starts with `prefix`) says onnxruntime could not
+        load mixq's prepared copy, and the user's file does not load either: raise that, naming
+        the user's file, instead of an error about a copy the user never saw."""
+        why = self._source_load_error() if str(exc).startswith(prefix) else None
+        if why:
+            raise ModelError(f"{self.source} does not load in onnxruntime as given, before mixq changes "
+                             f"anything: {why}. Check it with onnxruntime.InferenceSession and fix or "
+                             "re-export it (for example at another opset).") from exc
+
     def _source_load_error(self) -> str | None:
         """Why onnxruntime refuses the input file itself (None: it loads, or there is none)."""
         if self.source is None:
@@ -261,11 +271,7 @@ class Pipeline:
                 res = collect_stats(self.model, missing, data, progress=progress,
                                     base_dir=self.base_dir, tap=(tap, kept, extremes))
         except ModelError as exc:
-            why = self._source_load_error() if str(exc).startswith(LOAD_FAILED) else None
-            if why:  # the user's file itself: say so, not mixq's prepared copy
-                raise ModelError(f"{self.source} does not load in onnxruntime as given, before mixq changes "
-                                 f"anything: {why}. Check it with onnxruntime.InferenceSession and fix or "
-                                 "re-export it (for example at a newer opset).") from exc
+            self.raise_if_source_fails(exc, LOAD_FAILED)
             raise
         self.input_extremes = extremes.extremes
         self.stats.update(res.stats)

@@ -10,7 +10,8 @@ import onnx
 from onnx import TensorProto
 
 from .._io import load_model, model_size
-from ..errors import ConfigError, FormatError, ModelError, did_you_mean
+from ..errors import ConfigError, FormatError, MixqError, ModelError, did_you_mean
+from ..graph import PassResult
 from . import _graph as G
 from . import _rewrite as R
 from ._rounding import element_type_name
@@ -69,7 +70,11 @@ def _upgrade_opset(model: onnx.ModelProto, minimum: int, notes: list[str]) -> on
     try:
         from ..passes.prepare import convert_opset
 
-        up = convert_opset(model, minimum)
+        res = PassResult("opset")
+        up = convert_opset(model, minimum, res)
+        notes += res.notes
+    except MixqError:
+        raise
     except Exception as exc:
         raise ModelError(f"the model uses opset {opset}; bfloat16 Casts need opset >= {minimum} and the "
                          f"automatic upgrade failed ({exc}). Re-export the model with opset >= {minimum}.") from exc

@@ -15,11 +15,12 @@ from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
 from .._io import has_external_data, load_deferred_tensor, tensor_array
-from ..errors import ModelError
+from ..errors import MixqError, ModelError
 from ..evaluate import onnxruntime_max_ir_version
 from ..formats.base import MIXQ_DOMAIN
 from ..graph import GraphIndex, NameAllocator, PassResult, walk_graphs
 from .float16 import compute_float16_in_float32
+from .function_ops import expand_function_ops
 from .recognize import RecognizeReport, recognize
 
 #: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
@@ -93,13 +94,18 @@ def _function_moves_with(fn: onnx.FunctionProto, target: int) -> bool:
     return True
 
 
-def convert_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
+def convert_opset(model: onnx.ModelProto, target: int, result: PassResult | None = None) -> onnx.ModelProto:
     """onnx.version_converter.convert_version, keeping the model-local functions it drops.
 
     onnxruntime and the checker want a function's default-domain opset to be the model's, so a
     function moves to `target` with the model when no op of its body changes meaning on the way;
-    one whose body does is inlined first and converted with the graph."""
+    one whose body does is inlined first and converted with the graph. A standard op that
+    onnxruntime runs at the model's opset and not at `target` is first expanded into its ONNX
+    function body (`function_ops`; a note in `result` says so)."""
     from onnx import inliner, version_converter
+
+    source = model_opset(model)
+    model = expand_function_ops(model, source, target, result, source_runs=source <= MAX_RUNTIME_OPSET)
 
     stale = [(f.domain, f.name) for f in model.functions if not _function_moves_with(f, target)]
     if stale:
@@ -148,8 +154,10 @@ def _convert_skeleton(model: onnx.ModelProto, target: int) -> onnx.ModelProto | 
 MAX_RUNTIME_OPSET = 26
 
 
-def downgrade_opset(model: onnx.ModelProto, target: int = MAX_RUNTIME_OPSET) -> onnx.ModelProto:
-    """Convert a model newer than onnxruntime runs down to `target` (no-op otherwise)."""
+def downgrade_opset(model: onnx.ModelProto, target: int = MAX_RUNTIME_OPSET,
+                    result: PassResult | None = None) -> onnx.ModelProto:
+    """Convert a model newer than onnxruntime runs down to `target` (no-op otherwise); `result`
+    gets the conversion's notes."""
     cur = model_opset(model)
     if cur > onnx.defs.onnx_opset_version():
         raise ModelError(f"the model uses opset {cur} of the default ONNX domain, newer than this "
@@ -158,20 +166,26 @@ def downgrade_opset(model: onnx.ModelProto, target: int = MAX_RUNTIME_OPSET) -> 
     if cur <= target:
         return model
     try:
-        return convert_opset(model, target)
+        return convert_opset(model, target, result)
+    except MixqError:
+        raise
     except Exception as exc:  # the converter raises bare RuntimeErrors naming the op
         raise ModelError(
             f"the model uses opset {cur}, newer than onnxruntime runs (up to {target}), and "
             f"converting it down failed: {exc}. Re-export it with opset {target} or lower.") from exc
 
 
-def upgrade_opset(model: onnx.ModelProto, target: int = TARGET_OPSET) -> onnx.ModelProto:
-    """Convert the default-domain opset to `target` (no-op when already there or newer)."""
+def upgrade_opset(model: onnx.ModelProto, target: int = TARGET_OPSET,
+                  result: PassResult | None = None) -> onnx.ModelProto:
+    """Convert the default-domain opset to `target` (no-op when already there or newer);
+    `result` gets the conversion's notes."""
     cur = model_opset(model)
     if cur >= target:
-        return downgrade_opset(model)
+        return downgrade_opset(model, result=result)
     try:
-        new = convert_opset(model, target)
+        new = convert_opset(model, target, result)
+    except MixqError:
+        raise
     except Exception as exc:  # the converter raises bare RuntimeErrors naming the op
         raise ModelError(
             f"cannot upgrade the model from opset {cur} to {target}, which quantization needs "
@@ -783,10 +797,13 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     wide = compute_float16_in_float32(m, base_dir)
     rep.passes.append(wide)
     rep.notes += wide.notes
-    m = upgrade_opset(m)
+    opset = PassResult("opset")
+    m = upgrade_opset(m, result=opset)
     rep.opset_to = model_opset(m)
-    rep.passes.append(PassResult("opset", in_place=rep.opset_to == rep.opset_from,
-                                 changed=int(rep.opset_to != rep.opset_from)))
+    opset.in_place = rep.opset_to == rep.opset_from
+    opset.changed += int(rep.opset_to != rep.opset_from)
+    rep.passes.append(opset)
+    rep.notes += opset.notes
     if rep.opset_to < rep.opset_from:
         rep.notes.append(f"opset {rep.opset_from} converted down to {rep.opset_to}, the newest "
                          "onnxruntime runs")

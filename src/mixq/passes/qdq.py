@@ -138,8 +138,9 @@ def _pass_opset(rw: _Rewrite) -> PassResult:
         res.decline("model", f"opset {have} already runs every planned format")
         return res
     rw.report.notes.append(f"model upgraded from opset {have} to {need}, which its formats' ONNX needs")
-    rw.model = upgrade_opset(rw.model, need)
-    res.in_place, res.changed = False, 1
+    rw.model = upgrade_opset(rw.model, need, result=res)
+    rw.report.notes += res.notes
+    res.in_place, res.changed = False, res.changed + 1
     return res
 
 

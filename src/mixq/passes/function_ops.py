@@ -1,0 +1,144 @@
+"""Standard ops that onnxruntime runs at one opset and not at another, expanded into their ONNX
+function body before the model's opset is converted.
+
+Some standard ops are ONNX functions that onnxruntime has no kernel for: it expands them at
+session creation, but only at the opsets whose function body it can find. Swish (opset 24) runs
+in a model of opset 24 and fails in the same model converted to opset 26 ("Could not find an
+implementation for Swish(24)"), which the block formats' BitCast needs. Which ops do this is
+found empirically, never from a list: a one-node model of the op is probed at the model's opset
+and at the target (`mixq.convert.probe`). An op that runs at the first and not at the second is
+replaced, node by node, by the function body ONNX defines for it: exactly what onnxruntime itself
+computes for it, so no value changes.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import onnx
+from onnx import TensorProto
+
+from ..errors import ModelError
+from ..graph import GraphIndex, PassResult, walk_graphs
+
+__all__ = ["expand_function_ops"]
+
+
+def _schema(op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    try:
+        return onnx.defs.get_schema(op_type, opset)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _probe_types(ix: GraphIndex, node: onnx.NodeProto) -> tuple[list[int], list[int]]:
+    """The element types of `node`'s inputs and outputs as the model records them; float32 where
+    it records none (a function op's values are float tensors unless the model says otherwise)."""
+    ins = [ix.elem_type(x) or TensorProto.FLOAT for x in node.input]
+    first = next((t for t in ins if t), TensorProto.FLOAT)
+    outs = [ix.elem_type(x) or first for x in node.output]
+    return ins, outs
+
+
+def _body(schema: Any, opset: int) -> onnx.FunctionProto | None:
+    """The context-free function body ONNX gives `schema` for `opset`, if any (the schema is
+    typed Any: onnx's stubs lack its function accessors)."""
+    versions = [v for v in schema.function_opset_versions if v <= opset]
+    if not versions:
+        return None
+    body = onnx.FunctionProto()
+    body.ParseFromString(schema.get_function_with_opset_version(max(versions)))
+    return body
+
+
+def _body_opset(body: onnx.FunctionProto) -> int:
+    return next((int(i.version) for i in body.opset_import if i.domain in ("", "ai.onnx")), 0)
+
+
+def _with_defaults(node: onnx.NodeProto, schema: onnx.defs.OpSchema) -> None:
+    """Write the schema's default of every attribute `node` leaves out: a function body reads
+    attributes by reference, and an absent one would leave its Constant without a value."""
+    have = {a.name for a in node.attribute}
+    for name, attr in schema.attributes.items():
+        default = attr.default_value
+        if name not in have and default.type != onnx.AttributeProto.UNDEFINED:
+            node.attribute.append(default)
+
+
+def expand_function_ops(model: onnx.ModelProto, source: int, target: int,
+                        result: PassResult | None = None, *, source_runs: bool = True) -> onnx.ModelProto:
+    """Expand, into their ONNX function body, the default-domain nodes (main graph and subgraphs)
+    whose op onnxruntime runs at opset `source` and not at `target`. `source_runs=False` (a model
+    newer than onnxruntime runs, converted down): every op onnxruntime lacks a kernel for at
+    `target`. Returns `model` itself when nothing needs it, else a new model; `result` (when
+    given) gets a note per op type. Raises ModelError for such an op that ONNX defines no
+    context-free function body for."""
+    if source == target:
+        return model
+    ix = GraphIndex.of(model)
+    found: dict[str, onnx.NodeProto] = {}
+    for g in walk_graphs(model.graph):
+        for n in g.node:
+            if n.domain in ("", "ai.onnx") and n.op_type not in found:
+                s: Any = _schema(n.op_type, source)
+                if s is not None and (s.has_function or s.has_context_dependent_function):
+                    found[n.op_type] = n
+    if not found:
+        return model
+    from ..convert.probe import probe_kernel
+
+    expand: dict[str, tuple[onnx.defs.OpSchema, onnx.FunctionProto]] = {}
+    for op, node in sorted(found.items()):
+        ins, outs = _probe_types(ix, node)
+        after = probe_kernel(node, ins, outs, opset=target)
+        if after.ok:
+            continue
+        if source_runs:
+            before = probe_kernel(node, ins, outs, opset=source)
+            if not (before.ok and before.verified):
+                continue  # not probed in isolation: the whole-model session checks decide
+        elif not after.reason.startswith(("no kernel", "This is an invalid model")):
+            continue
+        schema = _schema(op, source)
+        body = None if schema is None else _body(schema, source)
+        if schema is None or body is None:
+            raise ModelError(
+                f"onnxruntime runs op {op} (node {node.name!r}) at the model's opset {source} but not "
+                f"at opset {target} ({after.reason}), and ONNX defines it by a function body that "
+                f"depends on the input types, which mixq does not expand. Replace {op} by the ops "
+                f"it stands for in the exporter, or export the model at opset {target}.")
+        expand[op] = (schema, body)
+    if not expand:
+        return model
+    from onnx import inliner
+
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    counts: Counter[str] = Counter()
+    for g in walk_graphs(work.graph):
+        for n in g.node:
+            if n.domain in ("", "ai.onnx") and n.op_type in expand:
+                n.domain = ""
+                _with_defaults(n, expand[n.op_type][0])
+                counts[n.op_type] += 1
+    for op, (_, body) in sorted(expand.items()):
+        body.domain, body.name = "", op
+        work.functions.append(body)
+    try:
+        work = inliner.inline_selected_functions(work, [("", op) for op in sorted(expand)])
+    except RuntimeError as exc:  # a body written for another opset than the model's
+        ops = ", ".join(f"{op} (body of opset {_body_opset(b)})" for op, (_, b) in sorted(expand.items()))
+        raise ModelError(
+            f"onnxruntime does not run {ops} at opset {target}, and its ONNX function body cannot be "
+            f"put in a model of opset {source} ({exc}). Export the model at opset {target} or lower, "
+            "or replace the op by the ops it stands for.") from exc
+    if result is not None:
+        import onnxruntime as ort
+
+        for op, k in sorted(counts.items()):
+            result.changed += k
+            result.notes.append(
+                f"{k} x {op} expanded into the ops of its ONNX function body: onnxruntime "
+                f"{ort.__version__} does not run {op} at opset {target}, which the conversion from "
+                f"{source} goes to (the same values: onnxruntime computes {op} by that body)")
+    return work
