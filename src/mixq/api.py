@@ -14,6 +14,8 @@ import onnx
 
 from ._io import check_output_path, load_deferred, model_size, save_model
 from .calibration.data import CalibData, readable_twice
+from .calibration.variety import InputExtremes
+from .calibration.variety import constant_data as constant_data_why
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
@@ -236,13 +238,18 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     # the fidelity guard: quantized against float on the last calibration samples; runs before
     # the save, so that --strict leaves an existing output untouched when the model is broken
     t = time.perf_counter()
+    # no calibration pass (block formats): the guard's samples are the only data read
+    watch = InputExtremes(pipe.model) if not pipe.input_extremes else None
     try:
         fid = fidelity_guard(float_ref, qmodel, calibration_data, config=cfg, size=quant_bytes,
                              model_path=str(model) if isinstance(model, (str, os.PathLike)) else None,
-                             custom_ops=bool(custom_ops), stats=pipe.stats, kept=kept, runs=runs)
+                             custom_ops=bool(custom_ops), stats=pipe.stats, kept=kept, runs=runs,
+                             watch=watch)
     except ModelError as exc:  # presets with no calibration pass load the model here first
         pipe.raise_if_source_fails(exc, FLOAT_LOAD_FAILED)
         raise
+    if constant_data is None and watch is not None:
+        constant_data = constant_data_why(pipe.model, watch.extremes, calibrated=False)
     del runs
     del float_ref
     timings["fidelity"] = time.perf_counter() - t

@@ -919,11 +919,12 @@ def float_reference(model: object, prepared: onnx.ModelProto, base_dir: object) 
 
 def guard(float_model: onnx.ModelProto | bytes | str | None, qmodel: onnx.ModelProto, data: object, *,
           config: QuantConfig, model_path: str | None, size: int, custom_ops: bool = False,
-          stats: dict | None = None, kept: HeldBack | None = None, runs: Runs | None = None
-          ) -> FidelityReport:
+          stats: dict | None = None, kept: HeldBack | None = None, runs: Runs | None = None,
+          watch: Any = None) -> FidelityReport:
     """What `quantize` runs last: the comparison on the last calibration samples (`kept`: those
     the calibration pass kept, for data that cannot be read again; `runs`: both models' runs on
-    them, made before); a report saying why not, where it cannot run."""
+    them, made before; `watch`: a tap, as calibration.variety.InputExtremes, fed the samples
+    compared on); a report saying why not, where it cannot run."""
     if custom_ops:
         return FidelityReport(not_checked="the model has ops onnxruntime cannot run here")
     if float_model is None:
@@ -936,6 +937,9 @@ def guard(float_model: onnx.ModelProto | bytes | str | None, qmodel: onnx.ModelP
     if feeds is None:
         return FidelityReport(not_checked="the calibration data is a one-shot reader that no calibration "
                                           "pass here read (run `mixq eval` on held-out data)")
+    if watch is not None:
+        for f in feeds:
+            watch.update(f)
     from .config import PRESETS
 
     calib = str(data) if isinstance(data, (str, os.PathLike)) else None

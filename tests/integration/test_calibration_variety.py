@@ -51,6 +51,24 @@ def test_zeros_as_calibration_data_warn_and_strict_refuses(images, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("preset", ["BFP16", "MXINT8"])
+def test_block_presets_warn_of_constant_data_too(images, tmp_path, preset):
+    """Block formats take no range from data, so no calibration pass watched it: the guard's
+    samples are checked instead. Before, BFP16 on zeros printed a clean summary whose fidelity
+    line had measured on zeros alone (the model itself is the same as with real data: the
+    warning is about what the check can vouch for)."""
+    calib, test = images
+    res = mixq.quantize(default_model_path(), preset, np.zeros_like(calib))
+    assert res.warnings and res.warnings[0].startswith(f"WARNING: {WARN}: input 'image' holds only the value 0")
+    assert "No range was fit to it" in res.warnings[0]
+    ok = mixq.quantize(default_model_path(), preset, calib)
+    assert not any(WARN in w for w in ok.warnings)
+    out = tmp_path / "o.onnx"
+    with pytest.raises(ModelError, match=f"strict.*{WARN}"):
+        mixq.quantize(default_model_path(), preset, np.zeros_like(calib), output_path=out, strict=True)
+    assert not out.exists()
+
+
 def test_real_data_and_sharded_calibration(images):
     calib, _ = images
     ok = mixq.quantize(default_model_path(), "A16W8", calib)

@@ -97,15 +97,22 @@ class InputExtremes:
         self.complete = True
 
 
-def constant_data(model: onnx.ModelProto, extremes: Mapping[str, Extremes]) -> str | None:
+def constant_data(model: onnx.ModelProto, extremes: Mapping[str, Extremes], *,
+                  calibrated: bool = True) -> str | None:
     """Why the calibration data cannot stand for real inputs, when every input of `data_inputs`
-    held a single finite value over all of it; None when one varied, or one was not seen."""
+    held a single finite value over all of it; None when one varied, or one was not seen.
+    `calibrated=False`: no range was fit to the data (block formats), only checks measured on it."""
     names = data_inputs(model)
     if not names or any(n not in extremes for n in names):
         return None
     if not all(extremes[n].constant for n in names):
         return None
     held = "; ".join(f"input {n!r} holds only the value {extremes[n].lo:g}" for n in names[:3])
+    if not calibrated:
+        return (f"the calibration data is constant: {held}, in every sample. No range was fit to "
+                "it (these formats take none from data), but the fidelity check measured on that "
+                "one input, so it does not say how the model does on real inputs. Pass real "
+                "samples (a few hundred typical inputs).")
     return (f"the calibration data is constant: {held}, in every sample. The ranges were fit to "
             "that one input, and the checks made on the same data measured on it too, so none of "
             "them says how the model does on real inputs. Calibrate with real samples (a few "
