@@ -57,7 +57,7 @@ def test_block_presets_warn_of_constant_data_too(images, tmp_path, preset):
     samples are checked instead. Before, BFP16 on zeros printed a clean summary whose fidelity
     line had measured on zeros alone (the model itself is the same as with real data: the
     warning is about what the check can vouch for)."""
-    calib, test = images
+    calib, _ = images
     res = mixq.quantize(default_model_path(), preset, np.zeros_like(calib))
     assert res.warnings and res.warnings[0].startswith(f"WARNING: {WARN}: input 'image' holds only the value 0")
     assert "No range was fit to it" in res.warnings[0]
