@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from onnx import TensorProto, helper
 
-from mixq.convert.probe import PROBE_CACHE, check_provider, probe_kernel
+from mixq.kernels import PROBE_CACHE, check_provider, probe_kernel
 from mixq.errors import ConfigError
 
 B, F = TensorProto.BFLOAT16, TensorProto.FLOAT
@@ -45,7 +45,7 @@ def test_unknown_provider():
 def test_auto_provider_targets_the_gpu_for_the_native_formats():
     """The bf16 format is documented for onnxruntime-gpu: 'auto' picks CUDA (then ROCm) when
     onnxruntime has it, CPU otherwise; the rounding formats run anywhere and stay on CPU."""
-    from mixq.convert.probe import resolve_provider
+    from mixq.kernels import resolve_provider
 
     gpu = ["TensorrtExecutionProvider", "ROCMExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     assert resolve_provider("auto", native=True, available=gpu) == "CUDAExecutionProvider"

@@ -9,7 +9,7 @@ Command line: ``python -m mixq.tools.convert_fp32_to_bf16 --input A --output B -
 ``convert_fp16_to_bf16``, ``convert_fp32_to_fp16``), or ``mixq convert bf16 ...``.
 """
 from .api import BF16_FORMATS, FP16_FORMATS, SOURCES, detect_source, to_bf16, to_fp16
-from .probe import PROBE_CACHE, probe_kernel
+from ..kernels import PROBE_CACHE, probe_kernel
 from .report import ConversionReport, KeptFloat, OutputFidelity
 
 __all__ = ["to_bf16", "to_fp16", "detect_source", "ConversionReport", "KeptFloat", "OutputFidelity",

@@ -27,7 +27,7 @@ from ..formats.base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION
 from . import _graph as G
 from ._rounding import BF16_MAX, FP16_MAX, element_type_name, round_tensor_inplace, tensor_to_target
 from ._fragile import find_fragile, find_sentinels, find_shape_arithmetic
-from .probe import probe_kernel, short_error
+from ..kernels import probe_kernel, short_error
 
 __all__ = ["RewriteResult", "KeptFloat", "simulate", "qdq", "native", "QUANTIZE_FN", "DEQUANTIZE_FN"]
 

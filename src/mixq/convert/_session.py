@@ -7,7 +7,7 @@ import tempfile
 import onnx
 
 from .._io import EXTERNAL_THRESHOLD, save_model
-from .probe import session_options
+from ..kernels import session_options
 
 
 def open_session(model: onnx.ModelProto, provider: str, *, optimize: bool = True):

@@ -112,7 +112,7 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
              source: str, provider: str, evaluate: bool, feeds: Mapping[str, np.ndarray] | None,
              shapes: Mapping[str, Sequence[int]] | None, seed: int, validate: bool,
              ) -> tuple[onnx.ModelProto, ConversionReport]:
-    from .probe import check_provider, resolve_provider
+    from ..kernels import check_provider, resolve_provider
 
     _check_choice(fmt, formats, "conversion format", FormatError)
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ session creation, but only at the opsets whose function body it can find. Swish 
 in a model of opset 24 and fails in the same model converted to opset 26 ("Could not find an
 implementation for Swish(24)"), which the block formats' BitCast needs. Which ops do this is
 found empirically, never from a list: a one-node model of the op is probed at the model's opset
-and at the target (`mixq.convert.probe`). An op that runs at the first and not at the second is
+and at the target (`mixq.kernels`). An op that runs at the first and not at the second is
 replaced, node by node, by the function body ONNX defines for it: exactly what onnxruntime itself
 computes for it, so no value changes.
 """
@@ -85,7 +85,7 @@ def expand_function_ops(model: onnx.ModelProto, source: int, target: int,
                     found[n.op_type] = n
     if not found:
         return model
-    from ..convert.probe import probe_kernel
+    from ..kernels import probe_kernel
 
     expand: dict[str, tuple[onnx.defs.OpSchema, onnx.FunctionProto]] = {}
     for op, node in sorted(found.items()):

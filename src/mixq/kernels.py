@@ -13,6 +13,9 @@ If even the all-float version of the probe cannot be created (an op whose kernel
 needs constant inputs or known shapes), the probe is inconclusive: the answer is "supported,
 unverified", and the converter's final whole-model session check decides (a node it names is
 moved back to float). That whole-model check is the documented fallback; no table of ops is kept.
+
+Used by the bf16/fp16 converter (which nodes can compute in the target type) and by the opset
+conversions (`passes.function_ops`: which function ops stop running at the new opset).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
-from ..errors import ConfigError, did_you_mean
+from .errors import ConfigError, did_you_mean
 
 __all__ = ["ProbeResult", "probe_kernel", "PROBE_CACHE", "check_provider", "resolve_provider", "GPU_PROVIDERS",
            "session_options"]
