@@ -98,22 +98,21 @@ def short_error(exc: BaseException) -> str:
     return msg[:200]
 
 
+def _slots(names: Sequence[str], types: Sequence[int | None], prefix: str) -> tuple[list[str], list]:
+    """The probe node's value names for `names` (empty ones kept empty: an optional slot left
+    out) and the graph inputs/outputs that declare them with `types`."""
+    out, infos = [], []
+    for k, (name, t) in enumerate(zip(names, types)):
+        out.append(f"{prefix}{k}" if name else "")
+        if name:
+            infos.append(helper.make_tensor_value_info(f"{prefix}{k}", t or onnx.TensorProto.UNDEFINED, None))
+    return out, infos
+
+
 def _one_node_model(node: onnx.NodeProto, in_types: Sequence[int | None],
                     out_types: Sequence[int | None], opset_imports) -> onnx.ModelProto:
-    inputs, names = [], []
-    for k, (name, t) in enumerate(zip(node.input, in_types)):
-        if not name:
-            names.append("")
-            continue
-        names.append(f"i{k}")
-        inputs.append(helper.make_tensor_value_info(f"i{k}", t or onnx.TensorProto.UNDEFINED, None))
-    outs, onames = [], []
-    for k, (name, t) in enumerate(zip(node.output, out_types)):
-        if not name:
-            onames.append("")
-            continue
-        onames.append(f"o{k}")
-        outs.append(helper.make_tensor_value_info(f"o{k}", t or onnx.TensorProto.UNDEFINED, None))
+    names, inputs = _slots(node.input, in_types, "i")
+    onames, outs = _slots(node.output, out_types, "o")
     n = helper.make_node(node.op_type, names, onames, domain=node.domain, name="probe")
     n.attribute.extend(node.attribute)
     g = helper.make_graph([n], "probe", inputs, outs)
