@@ -103,10 +103,11 @@ def expand_function_ops(model: onnx.ModelProto, source: int, target: int,
         body = None if schema is None else _body(schema, source)
         if schema is None or body is None:
             raise ModelError(
-                f"onnxruntime runs op {op} (node {node.name!r}) at the model's opset {source} but not "
-                f"at opset {target} ({after.reason}), and ONNX defines it by a function body that "
-                f"depends on the input types, which mixq does not expand. Replace {op} by the ops "
-                f"it stands for in the exporter, or export the model at opset {target}.")
+                f"onnxruntime does not run op {op} (node {node.name!r}) at opset {target}, which the "
+                f"conversion from opset {source} goes to ({after.reason}), and the function body "
+                f"ONNX defines it by depends on the input types, which mixq does not expand. "
+                f"Replace {op} by the ops it stands for in the exporter, or export the model at "
+                f"opset {target}.")
         expand[op] = (schema, body)
     if not expand:
         return model
