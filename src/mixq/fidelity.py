@@ -25,7 +25,7 @@ import onnx
 from onnx import helper
 
 from .config import QuantConfig
-from .errors import ModelError
+from .errors import DataError, MixqError, ModelError
 from .evaluate import ErrorStats, OutputMetrics, decision_outputs, make_session, output_writers, value_outputs
 from .graph import with_outputs
 
@@ -702,12 +702,30 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
                                  f"({exc}); nothing was written. Please report it with the model.") from exc
         return sessions["q"]
 
+    def run_all(session: Callable[[], Any], quantized: bool) -> list[Any]:
+        out = []
+        for k, f in enumerate(feeds):
+            try:
+                out.append(session().run(names, f))
+            except MixqError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+                shapes = ", ".join(f"{n}: {tuple(np.shape(v))}" for n, v in f.items())
+                if quantized:  # the float model ran on this sample: the rewrite is at fault
+                    raise ModelError(f"internal error: the quantized model fails in onnxruntime on the "
+                                     f"guard's sample {k} (input shapes {shapes}), where the float model "
+                                     f"runs: {exc}; nothing was written. Please report it with the "
+                                     "model.") from exc
+                raise DataError(f"onnxruntime failed running the float model on the guard's sample "
+                                f"{k} (input shapes {shapes}): {exc}") from exc
+        return out
+
     if runs is not None and runs.feeds is feeds:
         names, refs, gots = runs.names, runs.refs, runs.got
     else:
         names = _numeric_outputs(fs())
-        refs = [fs().run(names, f) for f in feeds] if names else []
-        gots = [qs().run(names, f) for f in feeds] if names else []
+        refs = run_all(fs, quantized=False) if names else []
+        gots = run_all(qs, quantized=True) if names else []
     if not names:
         return FidelityReport(not_checked="the model has no numeric tensor output")
     if not any(np.any(r) for rs in [*refs, *gots] for r in rs):  # 0 against 0 would score perfect

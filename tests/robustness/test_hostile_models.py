@@ -247,6 +247,25 @@ def test_a_file_onnxruntime_refuses_is_named_as_the_users(tmp_path):
         mixq.quantize(str(path), "A8W8", feeds)
 
 
+@pytest.mark.parametrize("preset", ["A8W8", "BFP16", "MXFP4"])
+def test_a_model_onnxruntime_cannot_run_is_a_data_error_for_every_preset(tmp_path, preset):
+    """A model that loads and then fails when onnxruntime runs it (a dilated Conv with
+    auto_pad=SAME_UPPER, which onnxruntime's Conv refuses at run time): the integer presets stop
+    at the first calibration batch, the block presets (no calibration pass) at the guard's first
+    sample, each with a DataError naming the input shapes; before, the block presets raised
+    onnxruntime's raw InvalidArgument from the guard."""
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.3, (4, 2, 3)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", dilations=[2], group=2)],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 20])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 20])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = [{"x": np.random.default_rng(k).normal(0, 1, (1, 4, 20)).astype(np.float32)} for k in range(8)]
+    out = tmp_path / "q.onnx"
+    with pytest.raises(mixq.errors.DataError, match=r"onnxruntime failed .*input shapes x: \(1, 4, 20\)"):
+        mixq.quantize(m, preset, feeds, output_path=out)
+    assert not out.exists()
+
+
 def test_unknown_custom_op_bf16_with_calibration_data_still_converts():
     """BF16 needs no calibration; given data it checks its casts' range in onnxruntime, which
     cannot run a custom op: the check is skipped and the summary says so (not an error that
