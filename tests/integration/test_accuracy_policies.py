@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import mixq
 import mixq.api
 import mixq.passes.prepare
+import mixq.plan.numerics
 from mixq.evaluate import compare
 from mixq.passes.recognize import RecognizeReport
 
@@ -344,6 +345,51 @@ def test_log_of_quiet_bins(preset, policies_off):
     _, cos_off = _quantize_and_compare(m, preset, feeds)
     # the quiet bands become log(eps) (int8) or -inf clipped to the grid's end (int16)
     assert cos_off < (0.9 if preset == "A8W8" else 0.97), cos_off
+
+
+def _waveform_log_mel():
+    """The spectrogram computed in the graph from the waveform (Unsqueeze, STFT,
+    ReduceSumSquare: ops mixq leaves float), then the filterbank, the Log and a layer; loud,
+    medium and quiet recordings (amplitudes 1, 0.3 and 0.001)."""
+    rng = np.random.default_rng(5)
+    n, nfft, hop, mels = 2048, 128, 64, 16
+    fb = np.zeros((nfft // 2 + 1, mels), np.float32)
+    for j in range(mels):
+        fb[4 * j:4 * j + 4, j] = [0.5, 1.0, 1.0, 0.5]
+    inits = {"hop": np.array(hop, np.int64), "win": np.hanning(nfft).astype(np.float32),
+             "flen": np.array(nfft, np.int64), "fb": fb, "eps": np.float32(1e-10),
+             "w": rng.normal(0, 0.2, (mels, 10)).astype(np.float32), "ax": np.array([-1], np.int64)}
+    nodes = [helper.make_node("Unsqueeze", ["wave", "ax"], ["w3"]),
+             helper.make_node("STFT", ["w3", "hop", "win", "flen"], ["stft"], onesided=1),
+             helper.make_node("ReduceSumSquare", ["stft"], ["power"], axes=[-1], keepdims=0),
+             helper.make_node("MatMul", ["power", "fb"], ["mel"]), helper.make_node("Add", ["mel", "eps"], ["mel_e"]),
+             helper.make_node("Log", ["mel_e"], ["logmel"]), helper.make_node("MatMul", ["logmel", "w"], ["y"])]
+    m = _model(nodes, [_vi("wave", ["B", n])], [_vi("y", ["B", "T", 10])], inits)
+    t = np.arange(n) / 8000.0
+    feeds = []
+    for k in range(12):
+        amp = [1.0, 0.3, 1e-3][k % 3]
+        wave = amp * np.sin(2 * np.pi * rng.uniform(200, 1500) * t) + amp * 0.05 * rng.standard_normal(n)
+        feeds.append({"wave": wave.astype(np.float32)[None]})
+    return m, feeds
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "U8S8"])
+def test_quiet_waveforms_before_an_stft(preset, monkeypatch):
+    """Policy (b) walks back from the Log through tensors without statistics (the STFT's and
+    ReduceSumSquare's outputs) to the waveform: an 8-bit grid fit to the loud recordings rounds
+    the quiet ones to 0, a spectrogram of zeros. Before, the walk stopped at the first tensor
+    without statistics and the waveform was quantized (the walk-through switched off below)."""
+    m, feeds = _waveform_log_mel()
+    quiet = feeds[2::3]
+    res = mixq.quantize(m, preset, feeds, check_kernels=False)
+    reasons = {f.tensor: f.reason for f in res.numerics}
+    assert "wave" in reasons and "through Unsqueeze" in reasons["wave"], reasons
+    assert compare(m, res.model, quiet).first().cosine >= 0.999
+    monkeypatch.setattr(mixq.plan.numerics, "is_float_type", lambda t: False)  # no walk-through
+    old = mixq.quantize(m, preset, feeds, check_kernels=False)
+    assert "wave" not in {f.tensor for f in old.numerics}
+    assert compare(m, old.model, quiet).first().cosine < 0.98
 
 
 # ------------------------------------------------------------------ fidelity: NaN scores worst

@@ -37,6 +37,7 @@ import onnx
 from ..calibration.stats import TensorStats
 from ..formats import get_format
 from ..formats.integer import IntFormat
+from ..graph import GraphIndex, is_float_type
 from .memo import StatsMemo
 from .plan import PrecisionPlan, TensorPrecision
 
@@ -260,7 +261,9 @@ def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | N
     divisor of Div; then, walking back through their producers, every run-time input whose
     statistics hold a small-value population (`share` of the non-zero values more than 2^8
     below the absmax): the quiet bins of a spectrogram reach the Log through the filterbank
-    MatMul, and rounding them anywhere upstream sends them to log(eps)."""
+    MatMul, and rounding them anywhere upstream sends them to log(eps). The walk goes on through
+    tensors without statistics (the output of an STFT or a ReduceSumSquare, left float) to the
+    planned ones behind them: a quiet waveform rounded to 0 is a spectrogram of zeros."""
     inits = {t.name: t for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output if o}
     out: dict[str, str] = {}
@@ -281,13 +284,21 @@ def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | N
             out[name] = (f"small values matter: {what}; a uniform grid rounds small values to 0 "
                          "and the op turns them into inf")
             stack.append((name, what, 0))
+    passed: set[str] = set()  # uncalibrated tensors walked through (float already: an STFT's output)
+    index: GraphIndex | None = None
     while stats and stack:
         name, what, depth = stack.pop()
         p = producer.get(name)
         if p is None or depth >= 8:
             continue
         for i in p.input:
-            if not i or i in inits or i in out or i not in stats:
+            if not i or i in inits or i in out or i in passed:
+                continue
+            if i not in stats:  # no statistics, no grid: what feeds it may still round the small values
+                index = index or GraphIndex.of(model)
+                if is_float_type(index.elem_type(i)):  # values, not a shape computed from Shape/Size
+                    passed.add(i)
+                    stack.append((i, what, depth + 1))
                 continue
             sh = small_share(stats[i])
             if sh >= share:
