@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .graph import is_float_type
+
 
 @functools.lru_cache(maxsize=1)
 def onnxruntime_max_ir_version() -> int:
@@ -160,6 +162,10 @@ class OutputMetrics:
     #: the output holds decisions (class indices): `top1_agreement` is the share of its elements
     #: equal to float's, over `rows` elements; its SQNR and cosine compare index values
     decisions: bool = False
+    #: samples whose output had another shape than float's (a detector's box count after NMS),
+    #: of `pairs` compared: the SQNR and cosine are over the others
+    shape_changed: int = 0
+    pairs: int = 0
 
     @property
     def decisive_flips(self) -> int:
@@ -194,9 +200,16 @@ class ErrorStats:
     #: the output holds decisions (the class indices an ArgMax or TopK wrote): its agreement is
     #: the share of elements equal to float's (each one a decision; no scores, no flip risk)
     decisions: bool = False
+    pairs: int = 0
+    #: pairs whose shapes differ (a detector's box count after NMS): no element-wise error is
+    #: defined between them, so they add to no sum; a decision output compares what both hold
+    shape_changed: int = 0
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
         ref, got = np.asarray(ref), np.asarray(got)
+        self.pairs += 1
+        if ref.shape != got.shape:
+            return self._changed(ref, got)
         r, q = ref.astype(np.float64), got.astype(np.float64)
         ref_ok = np.isfinite(r)
         broken = ref_ok & ~np.isfinite(q)
@@ -209,21 +222,18 @@ class ErrorStats:
         self.nb += float(np.sum(q * q))
         if r.size:
             self.maxerr = max(self.maxerr, float(np.max(np.abs(r - q))))
-        if self.decisions and ref.shape == got.shape:
+        if self.decisions:
             self.agree += int(np.count_nonzero(ref == got))
-            self.rows += ref.size
-        elif self.decisions:  # a decision output whose shape changed: none of it agrees
             self.rows += ref.size
         elif ref.ndim == 2 and ref.shape[1] > 1:
             same = np.argmax(ref, 1) == np.argmax(got, 1)
-            if got.shape == ref.shape:
-                same &= ~np.any(broken.reshape(ref.shape), axis=1)
+            same &= ~np.any(broken.reshape(ref.shape), axis=1)
             top2 = np.partition(r, -2, axis=1)[:, -2:]
             near = (top2[:, 1] - top2[:, 0]) <= NEAR_TIE * (np.abs(top2[:, 1]) + np.abs(top2[:, 0]))
             self.agree += int(np.sum(same))
             self.near += int(np.sum(near))
             self.agree_decisive += int(np.sum(same & ~near))
-            if self.samples and got.shape == ref.shape:  # a row left non-finite by float risks nothing
+            if self.samples:  # a row left non-finite by float risks nothing
                 risk = np.where(np.all(ref_ok, axis=1), flip_exposure(got, ref).risk, 0.0)
                 self.risk_decisive += float(np.sum(risk[~near]))
             self.rows += ref.shape[0]
@@ -231,11 +241,25 @@ class ErrorStats:
             self.classifier = False
         return self
 
+    def _changed(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
+        """A pair of different shapes: a decision output's leading rows are compared as far as
+        both hold them (selected boxes in score order), every other row counts as changed;
+        class-score rows count as disagreeing."""
+        self.shape_changed += 1
+        if self.decisions:
+            self.rows += max(ref.size, got.size)
+            if ref.ndim == got.ndim >= 1 and ref.shape[1:] == got.shape[1:]:
+                k = min(ref.shape[0], got.shape[0])
+                self.agree += int(np.count_nonzero(ref[:k] == got[:k]))
+        elif ref.ndim == 2 and ref.shape[1] > 1:
+            self.rows += ref.shape[0]
+        return self
+
     @property
     def sqnr_db(self) -> float:
-        """10*log10(signal / noise): inf without noise, -inf for noise on a zero signal or for
-        any NaN/inf where the reference is finite."""
-        if self.bad:
+        """10*log10(signal / noise): inf without noise, -inf for noise on a zero signal, for
+        any NaN/inf where the reference is finite, or when no pair had float's shape."""
+        if self.bad or (self.pairs and self.shape_changed == self.pairs):
             return -math.inf
         if self.noise == 0.0:
             return math.inf
@@ -247,7 +271,7 @@ class ErrorStats:
     def cosine(self) -> float:
         """Cosine similarity (1.0 for two all-zero outputs, 0.0 when only one is or when the
         output has NaN/inf where the reference is finite)."""
-        if self.bad:
+        if self.bad or (self.pairs and self.shape_changed == self.pairs):
             return 0.0
         if self.sig == 0.0 or self.nb == 0.0:
             return float(self.sig == self.nb)
@@ -261,7 +285,7 @@ class ErrorStats:
                              self.agree_decisive / decisive if decisive else None, decisive,
                              self.rows if self.classifier else 0,
                              1.0 - self.risk_decisive / decisive if decisive and self.samples else None,
-                             self.decisions)
+                             self.decisions, self.shape_changed, self.pairs)
 
 
 @dataclass
@@ -309,11 +333,14 @@ def output_writers(model: onnx.ModelProto) -> dict[str, Writer]:
 
 def decision_outputs(model: onnx.ModelProto) -> set[str]:
     """Graph outputs that hold decisions: class indices written by an ArgMax / ArgMin, or the
-    indices output of a TopK (through casts and reshapes). Their SQNR says nothing (class 3
+    indices output of a TopK (through casts and reshapes), and every integer or boolean output
+    (the boxes a NonMaxSuppression selected, counts, masks). Their SQNR says nothing (class 3
     for class 4 is a small error in value, a whole one in meaning), so the guard judges them by
     the share of elements equal to float's."""
-    return {o for o, w in output_writers(model).items()
-            if w.node.op_type in ("ArgMax", "ArgMin") or (w.node.op_type == "TopK" and w.slot == 1)}
+    written = {o for o, w in output_writers(model).items()
+               if w.node.op_type in ("ArgMax", "ArgMin") or (w.node.op_type == "TopK" and w.slot == 1)}
+    return written | {o.name for o in model.graph.output
+                      if o.type.tensor_type.elem_type and not is_float_type(o.type.tensor_type.elem_type)}
 
 
 #: Ops whose output, even of rank 2, holds no class scores: normalized embeddings (Div by a norm

@@ -146,12 +146,14 @@ class FidelityReport:
             return [f"fidelity not checked: {self.not_checked}"]
         # the last calibration samples: the ranges were fit on them too (an in-sample check)
         out = [f"fidelity on the last {self.samples} calibration samples: " + "; ".join(
-            f"{o.name}: class indices equal to float's: {100 * (o.top1_agreement or 0.0):.1f}% of {o.rows}"
-            if o.decisions else
-            f"{o.name}: SQNR {o.sqnr_db:.1f} dB, cosine {o.cosine:.4f}"
-            + (f", top-1 agreement {100 * o.top1_agreement:.1f}%" if o.top1_agreement is not None else "")
-            + (f" ({100 * o.decisive_agreement:.1f}% on the {o.decisive_rows} rows that are no near-ties)"
-               if o.decisive_agreement is not None and o.decisive_rows < o.rows else "")
+            (f"{o.name}: values equal to float's: {100 * (o.top1_agreement or 0.0):.1f}% of {o.rows}"
+             if o.decisions else
+             f"{o.name}: SQNR {o.sqnr_db:.1f} dB, cosine {o.cosine:.4f}"
+             + (f", top-1 agreement {100 * o.top1_agreement:.1f}%" if o.top1_agreement is not None else "")
+             + (f" ({100 * o.decisive_agreement:.1f}% on the {o.decisive_rows} rows that are no near-ties)"
+                if o.decisive_agreement is not None and o.decisive_rows < o.rows else ""))
+            + (f" (another shape than float's on {o.shape_changed} of {o.pairs} samples"
+               + ("" if o.decisions else ", compared on the others") + ")" if o.shape_changed else "")
             for o in self.outputs)]
         likely = self.likely_loss
         if likely is not None:
@@ -163,8 +165,11 @@ class FidelityReport:
                        "your own data, or keep the tensors below wider")
         if self.broken or likely is not None:
             if self.broken:
+                reshaped = any(o.shape_changed for o in self.outputs)
                 out.append(f"WARNING: the quantized model looks broken (SQNR < {BROKEN_SQNR_DB:g} dB or "
-                           f"agreement < {100 * BROKEN_AGREEMENT:.0f}% on rows that are no near-ties)")
+                           f"agreement < {100 * BROKEN_AGREEMENT:.0f}% on rows that are no near-ties"
+                           + (f", or outputs of another shape than float's on more than "
+                              f"{100 * (1 - BROKEN_AGREEMENT):.0f}% of the samples" if reshaped else "") + ")")
             if self.culprits:
                 out.append("most damage from (back to float, output SQNR gain): " + ", ".join(
                     f"{c.tensor} ({f'weight of {c.producer_op} {c.node}' if c.kind == 'weight' else c.producer_op}, "
@@ -239,12 +244,14 @@ def judged_agreement(o: OutputMetrics) -> float | None:
 
 
 def is_broken(outputs: list[OutputMetrics]) -> bool:
-    """Any output with NaN/inf where float is finite, a class-score output with top-1
-    agreement (`judged_agreement`) below BROKEN_AGREEMENT, or another output below
-    BROKEN_SQNR_DB. Class scores are judged by agreement alone: probabilities near 0 and 1 give
+    """Any output with NaN/inf where float is finite, a value output with another shape than
+    float's on more than 1 - BROKEN_AGREEMENT of the samples, a class-score output with top-1 agreement
+    (`judged_agreement`) below BROKEN_AGREEMENT, or another output below BROKEN_SQNR_DB. Class scores are judged by agreement alone: probabilities near 0 and 1 give
     a low SQNR for small, harmless errors (a CTC recognizer at A8W8: 9.5 dB, the same
     characters)."""
     def bad(o: OutputMetrics) -> bool:
+        if not o.decisions and o.shape_changed > (1.0 - BROKEN_AGREEMENT) * o.pairs:
+            return True  # its SQNR is over the other samples only (decisions count them as changed)
         agreement = judged_agreement(o)
         return agreement < BROKEN_AGREEMENT if agreement is not None else o.sqnr_db < BROKEN_SQNR_DB
 

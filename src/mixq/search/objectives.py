@@ -326,8 +326,15 @@ class AgreementObjective(DropObjective):
 
 
 def _exposure(outputs: list[np.ndarray], reference: list[np.ndarray]) -> FlipExposure:
-    """`bounds.flip_exposure` of every row of the outputs, batch after batch."""
-    return FlipExposure.concat([flip_exposure(q, f) for q, f in zip(outputs, reference)])
+    """`bounds.flip_exposure` of every row of the outputs, batch after batch (a batch whose
+    shape changed: every row flipped)."""
+    def one(q: np.ndarray, f: np.ndarray) -> FlipExposure:
+        if q.shape == f.shape:
+            return flip_exposure(q, f)
+        n = len(_rows(f))
+        return FlipExposure(np.ones(n), np.ones(n, dtype=bool))
+
+    return FlipExposure.concat([one(q, f) for q, f in zip(outputs, reference)])
 
 
 @dataclass
@@ -341,6 +348,9 @@ class CosineObjective(DropObjective):
         sims = []
         for q, f in zip(outputs, wb.float_outputs):
             q2, f2 = _rows(q), _rows(f)
+            if q2.shape != f2.shape:  # a changed shape (a detector's box count): no similarity
+                sims.append(np.zeros(len(f2)))
+                continue
             nq, nf = np.linalg.norm(q2, axis=1), np.linalg.norm(f2, axis=1)
             dot = np.sum(q2 * f2, axis=1)
             both_zero = (nq == 0) & (nf == 0)

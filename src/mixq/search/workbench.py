@@ -18,6 +18,7 @@ from onnx import numpy_helper
 
 from .._shards import Executor, Shared, in_worker, shard_bounds, shared_value
 from ..config import QuantConfig
+from ..errors import ConfigError
 from ..graph import with_weights
 from ..pipeline import Pipeline, model_from_shared, shared_form
 from ..plan.memo import StatsMemo
@@ -51,12 +52,17 @@ def run_output(model: onnx.ModelProto, feeds: Feeds, index: int, threads: int | 
     return [sess.run([name], f)[0] for f in feeds]
 
 
+_FLOAT_OUTPUTS = frozenset({"tensor(float)", "tensor(float16)", "tensor(double)", "tensor(bfloat16)"})
+
+
 def relative_l2(pairs) -> float:
-    """sqrt(sum (q - f)^2 / sum f^2) over (quantized, float) array pairs."""
+    """sqrt(sum (q - f)^2 / sum f^2) over (quantized, float) array pairs; a pair of different
+    shapes (a detector's box count changed) counts as unrelated: sum q^2 + sum f^2."""
     num = den = 0.0
     for q, f in pairs:
-        f64 = np.asarray(f, dtype=np.float64)
-        num += float(np.sum((np.asarray(q, dtype=np.float64) - f64) ** 2))
+        f64, q64 = np.asarray(f, dtype=np.float64), np.asarray(q, dtype=np.float64)
+        num += float(np.sum((q64 - f64) ** 2)) if q64.shape == f64.shape else \
+            float(np.sum(q64 ** 2) + np.sum(f64 ** 2))
         den += float(np.sum(f64 ** 2))
     return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
 
@@ -85,8 +91,16 @@ class Workbench:
 
         if not self.float_outputs:
             sess = make_session(self.model)
-            name = sess.get_outputs()[self.output_index].name
-            self.float_outputs = [sess.run([name], f)[0] for f in self.eval_feeds]
+            outs = sess.get_outputs()
+            out = outs[self.output_index]
+            if out.type not in _FLOAT_OUTPUTS:  # indices, counts, masks: no error to measure
+                scored = [f"{k} ({o.name!r})" for k, o in enumerate(outs) if o.type in _FLOAT_OUTPUTS]
+                raise ConfigError(
+                    f"output {self.output_index} ({out.name!r}) holds {out.type}: the search's metrics "
+                    "measure how far a float output moves, and this one holds decisions (indices, "
+                    "counts, a mask). Choose a float output with --output-index / output_index: "
+                    f"{', '.join(scored) or 'the model has none'}.")
+            self.float_outputs = [sess.run([out.name], f)[0] for f in self.eval_feeds]
         self.eval_digest = feeds_digest(self.eval_feeds)
         self.nonfinite = nonfinite_initializers(self.model)
 
@@ -143,6 +157,7 @@ class Workbench:
     def top1_agree_rows(self, outputs: list[np.ndarray]) -> np.ndarray:
         """1.0 for each output row whose top-1 class is the float model's, else 0.0."""
         agree = [np.argmax(q.reshape(q.shape[0], -1), 1) == np.argmax(f.reshape(f.shape[0], -1), 1)
+                 if q.shape == f.shape else np.zeros(f.shape[0] if f.ndim else 1, dtype=bool)
                  for q, f in zip(outputs, self.float_outputs)]
         return np.concatenate(agree).astype(np.float64) if agree else np.zeros(0)
 
