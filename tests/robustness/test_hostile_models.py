@@ -167,6 +167,52 @@ def test_every_opset(opset, saved, tmp_path):
         assert any("converted down" in n for n in res.prepare.notes)
 
 
+def _model_zoo_classic(opset: int) -> onnx.ModelProto:
+    """A CNN as the ONNX Model Zoo's oldest files hold one: IR version 3, every initializer also
+    listed as a graph input, Conv + BatchNormalization + Dropout, Upsample (opset < 10), Gemm."""
+    rng = np.random.default_rng(0)
+    arrays = {"c1": rng.normal(0, 0.3, (8, 3, 3, 3)), "b1": rng.normal(0, 0.1, 8), "g": np.ones(8),
+              "be": np.zeros(8), "mu": np.zeros(8), "var": np.ones(8), "scales": np.array([1, 1, 2, 2]),
+              "fc": rng.normal(0, 0.05, (10, 8 * 16 * 16)), "fb": rng.normal(0, 0.1, 10)}
+    inits = [numpy_helper.from_array(np.asarray(a, np.float32), k) for k, a in arrays.items()]
+    up = (helper.make_node("Upsample", ["p", "scales"], ["u"], mode="nearest") if opset >= 9 else
+          helper.make_node("Upsample", ["p"], ["u"], mode="nearest", scales=[1.0, 1.0, 2.0, 2.0]))
+    nodes = [helper.make_node("Conv", ["x", "c1", "b1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["a", "g", "be", "mu", "var"], ["bn"], epsilon=1e-5),
+             helper.make_node("Relu", ["bn"], ["r"]), helper.make_node("Dropout", ["r"], ["d"]),
+             helper.make_node("MaxPool", ["d"], ["p"], kernel_shape=[2, 2], strides=[2, 2]), up,
+             helper.make_node("Flatten", ["u"], ["f"]), helper.make_node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])] + [
+        helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.dims)) for t in inits]
+    g = helper.make_graph(nodes, "zoo", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 3
+    return m
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "BFP16"])
+@pytest.mark.parametrize("opset", [7, 8, 9])
+def test_ir3_models_whose_initializers_are_inputs(opset, preset, tmp_path):
+    """Before, the BatchNorm fold and the opset conversion replaced initializers and left their
+    graph-input entries behind, so calibration asked the data to feed 'b1', 'g', 'be', ...;
+    the shadowing inputs are now dropped first (and the IR version raised to 4, the first that
+    allows it, since the opset converter reads IR 3 initializers through the inputs)."""
+    m = _model_zoo_classic(opset)
+    onnx.checker.check_model(m)
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(16)]
+    out = tmp_path / "q.onnx"
+    res = mixq.quantize(m, preset, feeds, output_path=out)
+    assert any("initializers were also listed as graph inputs" in n for n in res.prepare.notes)
+    import onnxruntime as ort
+
+    q = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert [i.name for i in q.get_inputs()] == ["x"]
+    f = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref, got = f.run(None, feeds[0])[0], q.run(None, feeds[0])[0]
+    assert float(np.sum(ref * got) / np.linalg.norm(ref) / np.linalg.norm(got)) > 0.99
+
+
 @pytest.mark.parametrize("opset", [11, 13, 17, 21])
 def test_seq_block_opsets(opset):
     m = M.seq_block(opset)

@@ -785,6 +785,17 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     check_input_model(m)
     check_float_model(m)
     rep = PrepareReport(opset_from=model_opset(m))
+    # graph inputs that shadow initializers (IR < 4 lists every initializer as an input) make
+    # them overridable: drop that first, before a fold or the opset conversion replaces the
+    # initializer and leaves its input behind as one the data would have to feed
+    init_names = {t.name for t in m.graph.initializer}
+    shadow = [i for i in m.graph.input if i.name in init_names]
+    if shadow:
+        keep = [i for i in m.graph.input if i.name not in init_names]
+        del m.graph.input[:]
+        m.graph.input.extend(keep)
+        m.ir_version = max(m.ir_version, 4)  # the first IR version whose initializers need not be inputs
+        rep.notes.append(f"{len(shadow)} initializers were also listed as graph inputs; treated as constants")
 
     def counted(name: str, n: int) -> int:
         rep.passes.append(PassResult(name, changed=n))
@@ -814,14 +825,6 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     rep.nodes_folded = counted("fold constants", fold_constants(m, base_dir))
     # after folding: exporters compute the pads
     rep.pads_folded = counted("fold Pad into Conv", fold_pad_into_conv(m))
-    # graph inputs that shadow initializers (old exporters) make them overridable: drop that
-    init_names = {t.name for t in m.graph.initializer}
-    shadow = [i for i in m.graph.input if i.name in init_names]
-    if shadow:
-        keep = [i for i in m.graph.input if i.name not in init_names]
-        del m.graph.input[:]
-        m.graph.input.extend(keep)
-        rep.notes.append(f"{len(shadow)} initializers were also listed as graph inputs; treated as constants")
     for r in (unknown_negative_dims(m), fit_ir_version(m)):
         rep.passes.append(r)
         rep.notes += r.notes
