@@ -238,3 +238,51 @@ def test_transformer_block_fuses_all_three():
     assert rep.counts() == {"LayerNormalization": 1, "Gelu": 1, "Softmax": 1}
     assert [n.op_type for n in m.graph.node] == ["LayerNormalization", "MatMul", "Gelu", "MatMul", "Softmax"]
     np.testing.assert_allclose(_run(m, x)[0], ref, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- Einsum with a weight
+#: (equation, weight shape, whether the weight is the first operand); x is (B, T, C)
+EINSUM_PRODUCTS = [
+    ("btc,cf->btf", (C, 6), False),          # a dense layer
+    ("btc,fc->btf", (6, C), False),          # with the weight transposed
+    ("btc,chk->bthk", (C, 2, 3), False),     # a multi-head projection (flax DenseGeneral)
+    ("...c,cf->...f", (C, 6), False),        # an ellipsis for the batch dims
+    ("cf,btc->btf", (C, 6), True),           # the weight written first
+]
+
+
+@pytest.mark.parametrize("eq,wshape,first", EINSUM_PRODUCTS, ids=[e[0] for e in EINSUM_PRODUCTS])
+def test_einsum_with_a_weight_becomes_matmul(eq, wshape, first):
+    g = _G()
+    w = g.c(np.random.default_rng(2).standard_normal(wshape).astype(np.float32))
+    y = g.op("Einsum", *((w, "x") if first else ("x", w)), equation=eq)
+    fused = _check_fused(g.model(y), "MatMul")
+    assert not any(n.op_type == "Einsum" for n in fused.graph.node)
+    assert any(t.name.endswith("_matmul") and len(t.dims) == 2 for t in fused.graph.initializer)
+
+
+def test_einsum_contracting_two_labels_becomes_reshape_matmul():
+    """'bthk,hkd->btd' (a multi-head output projection): the two contracted labels are merged by
+    a Reshape before the MatMul."""
+    g = _G()
+    h = g.op("Reshape", "x", g.ints([B, T, 4, 4]))
+    w = g.c(np.random.default_rng(3).standard_normal((4, 4, 5)).astype(np.float32))
+    y = g.op("Einsum", h, w, equation="bthk,hkd->btd")
+    fused = _check_fused(g.model(y), "MatMul")
+    assert [n.op_type for n in fused.graph.node] == ["Reshape", "Reshape", "MatMul"]
+
+
+@pytest.mark.parametrize("eq,why", [
+    ("btc,cf->bft", "no matrix product"),     # the output's labels in another order
+    ("btc,ctf->btf", "no matrix product"),    # a label of the weight that x holds too, kept (batched)
+    ("btc,cc->bt", "repeated"),               # a diagonal
+    ("btc,cf", "no explicit output"),
+])
+def test_einsum_that_is_no_plain_matrix_product_stays(eq, why):
+    g = _G()
+    wshape = {"btc,cf->bft": (C, 6), "btc,ctf->btf": (C, T, 6), "btc,cc->bt": (C, C), "btc,cf": (C, 6)}[eq]
+    y = g.op("Einsum", "x", g.c(np.ones(wshape, np.float32)), equation=eq)
+    m = g.model(y)
+    rep = recognize(m)
+    assert not rep.fused and any(why in d.reason for d in rep.declined), rep
+    assert any(n.op_type == "Einsum" for n in m.graph.node)

@@ -834,6 +834,8 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     rep.notes += inference.notes
     rep.recognized = recognize(m)  # after shape inference: the 1/n and axis checks need shapes
     rep.passes.append(PassResult("recognize", changed=len(rep.recognized.fused)))
+    if rep.recognized.counts().get("MatMul"):  # an Einsum's Reshapes: new values to give shapes
+        m = infer_shapes(m, PassResult("infer shapes", in_place=False))
     return m, rep
 
 

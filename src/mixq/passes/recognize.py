@@ -1,5 +1,6 @@
 """Recognise normalisations and activations written out as element-wise ops and fuse them into
-the native ONNX op: LayerNormalization (opset 17), Gelu (opset 20) and Softmax.
+the native ONNX op: LayerNormalization (opset 17), Gelu (opset 20) and Softmax; and an Einsum
+that is a matrix product with a weight, rewritten as MatMul.
 
 Why: a LayerNorm written out as ReduceMean/Sub/Mul/Sqrt/Div (or, from JAX, with the variance as
 E[x^2] - E[x]^2) exposes every intermediate to quantization, and the variance cancels
@@ -66,6 +67,7 @@ class _Match:
     output: str
     new_node: onnx.NodeProto
     new_inits: list[onnx.TensorProto] = field(default_factory=list)
+    before: list[onnx.NodeProto] = field(default_factory=list)  # new nodes that feed new_node
 
 
 class _Index:
@@ -611,10 +613,76 @@ def _match_softmax(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     return _Match(used, y, node)
 
 
+# ---------------------------------------------------------------------------- Einsum with a weight
+def _match_einsum(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
+    """Anchor: an Einsum of a run-time tensor and a constant weight that is a matrix product:
+    the tensor's labels are batch labels then the contracted ones, the output's the same batch
+    labels then the weight's free ones ('bsd,df->bsf', 'bsd,dhk->bshk', 'bshk,hkd->bsd',
+    '...d,fd->...f'). It becomes MatMul with the weight laid out as (contracted, free), between
+    Reshapes where more than one label is contracted or free: the same products and sums,
+    and a layer every format quantizes (JAX and TF exports write dense layers this way)."""
+    if len(anchor.input) != 2:
+        return None
+    consts = [i for i, t in enumerate(anchor.input) if idx.const(t) is not None]
+    if len(consts) != 1:
+        return None if not consts else f"Einsum {anchor.name!r} has two constant operands"
+    wi = consts[0]
+    x, w_name = anchor.input[1 - wi], anchor.input[wi]
+    eq = next((a.s.decode() for a in anchor.attribute if a.name == "equation"), "").replace(" ", "")
+    if "->" not in eq:
+        return f"Einsum {anchor.name!r}: equation {eq!r} has no explicit output"
+    lhs, out = eq.split("->")
+    terms = lhs.split(",")
+    if len(terms) != 2:
+        return None
+    xt, wt = terms[1 - wi], terms[wi]
+    if "." in wt:
+        return f"Einsum {anchor.name!r}: an ellipsis on the weight"
+    rank = len(idx.shape(x) or []) if "..." in xt else 0
+    if "..." in xt and (not xt.startswith("...") or not out.startswith("...") or not rank):
+        return f"Einsum {anchor.name!r}: an ellipsis that is not the leading batch dims of known rank"
+    ell = rank - len(xt.replace("...", "")) if "..." in xt else 0  # dims the ellipsis stands for
+    xl, ol = list(xt.replace("...", "")), list(out.replace("...", ""))
+    if any(len(set(t)) != len(t) for t in (xl, list(wt), ol)):
+        return f"Einsum {anchor.name!r}: a label repeated within one operand (a diagonal)"
+    c = [a for a in xl if a in wt and a not in ol]
+    f = [a for a in wt if a in ol and a not in xl]
+    b = [a for a in xl if a in ol and a not in wt]
+    if set(wt) != set(c) | set(f) or set(xl) != set(b) | set(c) or ol != b + f or xl != b + c or not c or not f:
+        return (f"Einsum {anchor.name!r}: {eq!r} is no matrix product of batch, contracted and free "
+                "labels in that order")
+    w = idx.const(w_name)
+    assert w is not None  # consts above
+    if w.dtype.kind != "f":
+        return f"Einsum {anchor.name!r}: a weight of dtype {w.dtype}"
+    dims = dict(zip(wt, w.shape))
+    kc, kf = int(np.prod([dims[a] for a in c])), [int(dims[a]) for a in f]
+    w2 = np.ascontiguousarray(np.transpose(w, [wt.index(a) for a in c + f]).reshape(kc, int(np.prod(kf))))
+    y = anchor.output[0]
+    nb = ell + len(b)  # leading batch dims, copied by the Reshapes' zeros
+    base = anchor.name or y
+    inits = [numpy_helper.from_array(w2, idx.fresh(f"{w_name}_matmul"))]
+    before: list[onnx.NodeProto] = []
+    x2 = x
+    if len(c) > 1:
+        inits.append(numpy_helper.from_array(np.array([0] * nb + [kc], np.int64), idx.fresh(f"{base}_in_shape")))
+        x2 = idx.fresh(f"{base}_in")
+        before.append(helper.make_node("Reshape", [x, inits[-1].name], [x2], name=idx.fresh(f"{base}_reshape_in")))
+    if len(f) == 1:
+        node = helper.make_node("MatMul", [x2, inits[0].name], [y], name=idx.fresh(f"{base}_matmul"))
+        return _Match([anchor], y, node, inits, before)
+    m = idx.fresh(f"{base}_mm")
+    before.append(helper.make_node("MatMul", [x2, inits[0].name], [m], name=idx.fresh(f"{base}_matmul")))
+    inits.append(numpy_helper.from_array(np.array([0] * nb + kf, np.int64), idx.fresh(f"{base}_out_shape")))
+    node = helper.make_node("Reshape", [m, inits[-1].name], [y], name=idx.fresh(f"{base}_reshape_out"))
+    return _Match([anchor], y, node, inits, before)
+
+
 _RULES: list[tuple[str, tuple[str, ...], Callable[[_Index, onnx.NodeProto], _Match | str | None]]] = [
     ("LayerNormalization", ("Sqrt", "Pow"), _match_layernorm),
     ("Gelu", ("Erf", "Tanh"), _match_gelu),
     ("Softmax", ("Exp",), _match_softmax),
+    ("MatMul", ("Einsum",), _match_einsum),
 ]
 
 
@@ -629,7 +697,7 @@ def _apply(model: onnx.ModelProto, matches: list[_Match]) -> None:
     new_nodes = []
     for n in g.node:
         if id(n) in last:
-            new_nodes.append(last[id(n)].new_node)
+            new_nodes.extend([*last[id(n)].before, last[id(n)].new_node])
         if id(n) not in drop:
             new_nodes.append(n)
     gone = {o for m in matches for n in m.nodes for o in n.output if o != m.output}
