@@ -117,6 +117,20 @@ def _status(node: onnx.NodeProto) -> tuple[str, str]:
     return QUANTIZABLE, "activations"
 
 
+def _einsum_status(model: onnx.ModelProto) -> tuple[str, str]:
+    """Einsums are quantizable where prepare's recognition pass rewrites them as MatMul."""
+    from .passes.recognize import einsum_verdicts
+
+    verdicts = einsum_verdicts(model)
+    kept = [v for v in verdicts if v is not None]
+    if not kept:
+        return QUANTIZABLE, "a matrix product with a weight: rewritten as MatMul, activations and weights"
+    if len(kept) == len(verdicts):
+        return LEFT_FLOAT, f"not a matrix product with a constant weight ({kept[0]})"
+    return QUANTIZABLE, (f"{len(verdicts) - len(kept)} of {len(verdicts)} are matrix products with a weight "
+                         f"(rewritten as MatMul); the others stay float ({kept[0]})")
+
+
 def _count_nodes(g: onnx.GraphProto) -> int:
     return sum(1 + sum(_count_nodes(s) for s in subgraphs(n)) for n in g.node)
 
@@ -187,7 +201,8 @@ def check_model_support(model: onnx.ModelProto | str | os.PathLike) -> SupportRe
     for n in g.node:
         first.setdefault((n.domain, n.op_type), n)
     for (dom, op), c in counts.items():
-        status, why = _status(first[(dom, op)])
+        status, why = _einsum_status(model) if (dom, op) in (("", "Einsum"), ("ai.onnx", "Einsum")) \
+            else _status(first[(dom, op)])
         rep.ops.append(OpSupport(dom, op, c, status, why))
     for n in g.node:
         subs = list(subgraphs(n))

@@ -50,3 +50,17 @@ def test_einsum_layers_are_quantized(preset, weight_type):
         assert len(q8) == 4
     cos = compare(m, res.model, feeds, optimize=False).first().cosine
     assert cos >= (0.999 if preset == "A16W8" else 0.99), cos
+
+
+def test_check_reports_what_prepare_will_do():
+    """`mixq check` reads the model as given: its Einsum row says which Einsums become MatMul
+    layers (the ellipsis one needs the ranks shape inference gives)."""
+    from mixq.check import check_model_support
+
+    row = next(o for o in check_model_support(_block()).ops if o.op_type == "Einsum")
+    assert row.status == "quantizable" and "rewritten as MatMul" in row.reason, row
+    m = _block()
+    m.graph.node[0].attribute[0].s = b"bsd,dhk->bkhs"  # a reordered output: no plain product
+    onnx.checker.check_model(m)
+    row = next(o for o in check_model_support(m).ops if o.op_type == "Einsum")
+    assert "3 of 4" in row.reason and "no matrix product" in row.reason, row

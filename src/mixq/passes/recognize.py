@@ -678,6 +678,26 @@ def _match_einsum(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     return _Match([anchor], y, node, inits, before)
 
 
+def einsum_verdicts(model: onnx.ModelProto) -> list[str | None]:
+    """For each Einsum of `model`'s main graph: None where the recognition pass rewrites it as
+    MatMul (a matrix product with a constant weight), else why it stays an Einsum. Shapes are
+    inferred on a copy where an ellipsis needs a rank (prepare infers them before the pass)."""
+    if any(n.op_type == "Einsum" and "..." in onnx.helper.get_attribute_value(a).decode()
+           for n in model.graph.node for a in n.attribute if a.name == "equation"):
+        try:
+            model = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 - a model inference rejects: the ranks stay unknown
+            pass
+    idx = _Index(model)
+    out: list[str | None] = []
+    for n in model.graph.node:
+        if n.op_type == "Einsum" and n.domain in ("", "ai.onnx"):
+            res = _match_einsum(idx, n)
+            out.append(None if isinstance(res, _Match) else
+                       res or "no constant weight: a product of two run-time tensors")
+    return out
+
+
 _RULES: list[tuple[str, tuple[str, ...], Callable[[_Index, onnx.NodeProto], _Match | str | None]]] = [
     ("LayerNormalization", ("Sqrt", "Pow"), _match_layernorm),
     ("Gelu", ("Erf", "Tanh"), _match_gelu),
