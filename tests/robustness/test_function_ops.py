@@ -123,3 +123,22 @@ def test_a_file_onnxruntime_refuses_is_named_as_the_users_for_every_preset(tmp_p
     with pytest.raises(ModelError, match="does not load in onnxruntime as given"):
         mixq.quantize(str(src), preset, _feeds(), output_path=str(tmp_path / "q.onnx"))
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_rmsnormalization_is_quantized_like_layernormalization():
+    """RMSNormalization (opset 23, what newer exporters write for LLM blocks) has LayerNormalization's
+    semantics in the op table: its input and output take the activation format; before, it was
+    'not in mixq's op table' and left float."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 16)) / 4).astype(np.float32), "w"),
+             numpy_helper.from_array(np.ones(16, np.float32), "g")]
+    g = helper.make_graph([helper.make_node("RMSNormalization", ["x", "g"], ["n"], axis=-1),
+                           helper.make_node("MatMul", ["n", "w"], ["y"])], "rms",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
+    m.ir_version = 10
+    res = mixq.quantize(m, "A8W8", _feeds(), check_kernels=False)
+    assert "n" in res.plan.tensors and res.plan.tensors["n"].format == "int8"
+    assert "x" in res.plan.tensors and "RMSNormalization" in res.plan.tensors["x"].reason
+    assert not any("RMSNormalization" in r for r in res.plan.float_nodes.values())
