@@ -87,7 +87,7 @@ class QuantizeResult:
             lines += ["", "Left float: " + "; ".join(f"{n} x {r}" for r, n in sorted(why.items()))]
         for name, r in self.rewrite.biases_kept_float.items():
             lines.append(f"- bias {name}: {r}")
-        lines += [f"- Einsum with a weight rewritten as MatMul: {n}" if k == "MatMul" else
+        lines += [f"- Einsum (a matrix product) rewritten as MatMul: {n}" if k == "MatMul" else
                   f"- written-out {k} fused into the native op: {n}"
                   for k, n in self.prepare.recognized.counts().items()]
         lines += [f"- kept float ({f.policy}): {f.tensor}: {f.reason}" for f in self.numerics]

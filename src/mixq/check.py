@@ -118,17 +118,18 @@ def _status(node: onnx.NodeProto) -> tuple[str, str]:
 
 
 def _einsum_status(model: onnx.ModelProto) -> tuple[str, str]:
-    """Einsums are quantizable where prepare's recognition pass rewrites them as MatMul."""
+    """Einsums are quantizable where prepare's recognition pass rewrites them as MatMul (a
+    matrix product with a weight, or a batched one of two run-time tensors)."""
     from .passes.recognize import einsum_verdicts
 
     verdicts = einsum_verdicts(model)
     kept = [v for v in verdicts if v is not None]
     if not kept:
-        return QUANTIZABLE, "a matrix product with a weight: rewritten as MatMul, activations and weights"
+        return QUANTIZABLE, "a matrix product: rewritten as MatMul, activations (and weights)"
     if len(kept) == len(verdicts):
-        return LEFT_FLOAT, f"not a matrix product with a constant weight ({kept[0]})"
-    return QUANTIZABLE, (f"{len(verdicts) - len(kept)} of {len(verdicts)} are matrix products with a weight "
-                         f"(rewritten as MatMul); the others stay float ({kept[0]})")
+        return LEFT_FLOAT, f"no matrix product ({kept[0]})"
+    return QUANTIZABLE, (f"{len(verdicts) - len(kept)} of {len(verdicts)} are matrix products (rewritten "
+                         f"as MatMul); the others stay float ({kept[0]})")
 
 
 def _count_nodes(g: onnx.GraphProto) -> int:

@@ -43,7 +43,7 @@ def _feeds(n: int = 40) -> list[dict[str, np.ndarray]]:
 def test_einsum_layers_are_quantized(preset, weight_type):
     m, feeds = _block(), _feeds()
     res = mixq.quantize(m, preset, feeds, check_kernels=False)
-    assert "Einsum with a weight rewritten as MatMul: 4" in res.summary()
+    assert "Einsum (a matrix product) rewritten as MatMul: 4" in res.summary()
     assert res.rewrite.weights_quantized == 4, res.summary()
     if weight_type is not None:
         q8 = [t for t in res.model.graph.initializer if t.data_type == weight_type and len(t.dims) == 2]

@@ -286,3 +286,26 @@ def test_einsum_that_is_no_plain_matrix_product_stays(eq, why):
     rep = recognize(m)
     assert not rep.fused and any(why in d.reason for d in rep.declined), rep
     assert any(n.op_type == "Einsum" for n in m.graph.node)
+
+
+@pytest.mark.parametrize("eq,bshape,transposed", [
+    ("bhqd,bhkd->bhqk", (B, 2, 7, 8), True),    # attention scores: the keys transposed
+    ("bhqk,bhkd->bhqd", (B, 2, 8, 7), False),   # attention times the values
+    ("...qd,...dk->...qk", (B, 2, 8, 7), False),
+])
+def test_einsum_of_two_run_time_tensors_becomes_matmul(eq, bshape, transposed):
+    """Attention written as Einsum: a batched matrix product of two run-time tensors."""
+    g = _G()
+    a = g.op("Reshape", "x", g.ints([B, 2, T, 8]))
+    other = g.op("Mul", g.c(np.random.default_rng(4).standard_normal(bshape).astype(np.float32)), g.c(1.0))
+    y = g.op("Einsum", a, other, equation=eq)
+    fused = _check_fused(g.model(y), "MatMul")
+    assert any(n.op_type == "Transpose" for n in fused.graph.node) == transposed
+
+
+def test_einsum_of_two_run_time_tensors_that_is_no_matmul_stays():
+    g = _G()
+    y = g.op("Einsum", "x", "x", equation="btc,btc->bt")  # a row-wise dot product
+    m = g.model(y)
+    rep = recognize(m)
+    assert not rep.fused and "no batched matrix product" in rep.declined[0].reason

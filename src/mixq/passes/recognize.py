@@ -623,11 +623,6 @@ def _match_einsum(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     and a layer every format quantizes (JAX and TF exports write dense layers this way)."""
     if len(anchor.input) != 2:
         return None
-    consts = [i for i, t in enumerate(anchor.input) if idx.const(t) is not None]
-    if len(consts) != 1:
-        return None if not consts else f"Einsum {anchor.name!r} has two constant operands"
-    wi = consts[0]
-    x, w_name = anchor.input[1 - wi], anchor.input[wi]
     eq = next((a.s.decode() for a in anchor.attribute if a.name == "equation"), "").replace(" ", "")
     if "->" not in eq:
         return f"Einsum {anchor.name!r}: equation {eq!r} has no explicit output"
@@ -635,6 +630,13 @@ def _match_einsum(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     terms = lhs.split(",")
     if len(terms) != 2:
         return None
+    consts = [i for i, t in enumerate(anchor.input) if idx.const(t) is not None]
+    if not consts:
+        return _batched_matmul(idx, anchor, terms, out)
+    if len(consts) != 1:
+        return f"Einsum {anchor.name!r} has two constant operands"
+    wi = consts[0]
+    x, w_name = anchor.input[1 - wi], anchor.input[wi]
     xt, wt = terms[1 - wi], terms[wi]
     if "." in wt:
         return f"Einsum {anchor.name!r}: an ellipsis on the weight"
@@ -676,6 +678,37 @@ def _match_einsum(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     inits.append(numpy_helper.from_array(np.array([0] * nb + kf, np.int64), idx.fresh(f"{base}_out_shape")))
     node = helper.make_node("Reshape", [m, inits[-1].name], [y], name=idx.fresh(f"{base}_reshape_out"))
     return _Match([anchor], y, node, inits, before)
+
+
+def _batched_matmul(idx: _Index, anchor: onnx.NodeProto, terms: list[str], out: str) -> _Match | str:
+    """An Einsum of two run-time tensors that is a batched matrix product, as attention writes
+    it: 'bhqd,bhkd->bhqk' (the second operand transposed) or 'bhqk,bhkd->bhqd': the same batch
+    labels first in all three, then one row, one contracted and one column label. It becomes
+    MatMul (after a Transpose of the second operand's last two axes where needed)."""
+    a, b = terms
+    n = len(out) - 2
+    labels = [t.replace("...", "") for t in (a, b)]
+    if n < 0 or len(a) != n + 2 or len(b) != n + 2 or a[:n] != out[:n] or b[:n] != out[:n] or \
+            any(len(set(t)) != len(t) for t in labels):
+        return (f"Einsum {anchor.name!r}: {'->'.join([','.join(terms), out])!r} is no batched "
+                "matrix product of two run-time tensors")
+    row, col = out[n], out[n + 1]
+    c = a[-1]
+    if a[n:] == row + c and c not in out and b[n:] in (c + col, col + c):
+        y, x2 = anchor.output[0], anchor.input[1]
+        base = anchor.name or y
+        before: list[onnx.NodeProto] = []
+        if b[n:] == col + c:  # keys stored (k, d): swap the last two axes
+            x2 = idx.fresh(f"{base}_t")
+            perm = list(range(n)) + [n + 1, n]
+            if "." in b:
+                return f"Einsum {anchor.name!r}: a transposed operand under an ellipsis"
+            before.append(helper.make_node("Transpose", [anchor.input[1]], [x2], name=idx.fresh(f"{base}_transpose"),
+                                           perm=perm))
+        node = helper.make_node("MatMul", [anchor.input[0], x2], [y], name=idx.fresh(f"{base}_matmul"))
+        return _Match([anchor], y, node, [], before)
+    return (f"Einsum {anchor.name!r}: {'->'.join([','.join(terms), out])!r} is no batched matrix "
+            "product of two run-time tensors")
 
 
 def einsum_verdicts(model: onnx.ModelProto) -> list[str | None]:
