@@ -245,8 +245,9 @@ def judged_agreement(o: OutputMetrics) -> float | None:
 
 def is_broken(outputs: list[OutputMetrics]) -> bool:
     """Any output with NaN/inf where float is finite, a value output with another shape than
-    float's on more than 1 - BROKEN_AGREEMENT of the samples, a class-score output with top-1 agreement
-    (`judged_agreement`) below BROKEN_AGREEMENT, or another output below BROKEN_SQNR_DB. Class scores are judged by agreement alone: probabilities near 0 and 1 give
+    float's on more than 1 - BROKEN_AGREEMENT of the samples, a class-score output with top-1
+    agreement (`judged_agreement`) below BROKEN_AGREEMENT, or another output below
+    BROKEN_SQNR_DB. Class scores are judged by agreement alone: probabilities near 0 and 1 give
     a low SQNR for small, harmless errors (a CTC recognizer at A8W8: 9.5 dB, the same
     characters)."""
     def bad(o: OutputMetrics) -> bool:
