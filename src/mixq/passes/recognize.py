@@ -1,6 +1,6 @@
 """Recognise normalisations and activations written out as element-wise ops and fuse them into
 the native ONNX op: LayerNormalization (opset 17), Gelu (opset 20) and Softmax; and an Einsum
-that is a matrix product with a weight, rewritten as MatMul.
+that is a matrix product (with a weight, or batched, as attention), rewritten as MatMul.
 
 Why: a LayerNorm written out as ReduceMean/Sub/Mul/Sqrt/Div (or, from JAX, with the variance as
 E[x^2] - E[x]^2) exposes every intermediate to quantization, and the variance cancels
@@ -613,7 +613,7 @@ def _match_softmax(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     return _Match(used, y, node)
 
 
-# ---------------------------------------------------------------------------- Einsum with a weight
+# ---------------------------------------------------------------------------- Einsum as MatMul
 def _match_einsum(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     """Anchor: an Einsum of a run-time tensor and a constant weight that is a matrix product:
     the tensor's labels are batch labels then the contracted ones, the output's the same batch
@@ -713,7 +713,8 @@ def _batched_matmul(idx: _Index, anchor: onnx.NodeProto, terms: list[str], out: 
 
 def einsum_verdicts(model: onnx.ModelProto) -> list[str | None]:
     """For each Einsum of `model`'s main graph: None where the recognition pass rewrites it as
-    MatMul (a matrix product with a constant weight), else why it stays an Einsum. Shapes are
+    MatMul (a matrix product with a constant weight, or a batched one), else why it stays an
+    Einsum. Shapes are
     inferred on a copy where an ellipsis needs a rank (prepare infers them before the pass)."""
     if any(n.op_type == "Einsum" and "..." in onnx.helper.get_attribute_value(a).decode()
            for n in model.graph.node for a in n.attribute if a.name == "equation"):
@@ -727,7 +728,7 @@ def einsum_verdicts(model: onnx.ModelProto) -> list[str | None]:
         if n.op_type == "Einsum" and n.domain in ("", "ai.onnx"):
             res = _match_einsum(idx, n)
             out.append(None if isinstance(res, _Match) else
-                       res or "no constant weight: a product of two run-time tensors")
+                       res or "not an Einsum of two operands")
     return out
 
 
