@@ -309,3 +309,19 @@ def test_einsum_of_two_run_time_tensors_that_is_no_matmul_stays():
     m = g.model(y)
     rep = recognize(m)
     assert not rep.fused and "no batched matrix product" in rep.declined[0].reason
+
+
+@pytest.mark.parametrize("with_values", [False, True])
+def test_einsum_batched_products_in_any_order_become_transposes_and_matmul(with_values):
+    """XLNet's attention: scores 'ibnd,jbnd->bnij' (every term in its own order), then values
+    'bnij,jbnd->ibnd' (the output transposed back)."""
+    g = _G()
+    rng = np.random.default_rng(5)
+    q = g.op("Reshape", "x", g.ints([T, B, 2, 8]))  # (i, b, n, d)
+    k = g.op("Mul", g.c(rng.standard_normal((9, B, 2, 8)).astype(np.float32)), g.c(1.0))
+    y = g.op("Einsum", q, k, equation="ibnd,jbnd->bnij")
+    if with_values:
+        v = g.op("Mul", g.c(rng.standard_normal((9, B, 2, 4)).astype(np.float32)), g.c(1.0))
+        y = g.op("Einsum", y, v, equation="bnij,jbnd->ibnd")
+    fused = _check_fused(g.model(y), "MatMul", n_fused=2 if with_values else 1)
+    assert sum(n.op_type == "Transpose" for n in fused.graph.node) == (4 if with_values else 2)  # q, k; then v and the output

@@ -682,33 +682,51 @@ def _match_einsum(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
 
 def _batched_matmul(idx: _Index, anchor: onnx.NodeProto, terms: list[str], out: str) -> _Match | str:
     """An Einsum of two run-time tensors that is a batched matrix product, as attention writes
-    it: 'bhqd,bhkd->bhqk' (the second operand transposed) or 'bhqk,bhkd->bhqd': the same batch
-    labels first in all three, then one row, one contracted and one column label. It becomes
-    MatMul (after a Transpose of the second operand's last two axes where needed)."""
+    it ('bhqd,bhkd->bhqk', 'bhqk,bhkd->bhqd', XLNet's 'ibnd,jbnd->bnij'): every label is a
+    batch label (in all three terms), the row (first operand and output), the column (second
+    operand and output) or the contracted one (both operands), one of each of the last three.
+    It becomes MatMul of the operands laid out as (batch, row, contracted) and (batch,
+    contracted, column), with Transposes where a term's order differs (none under an ellipsis,
+    whose rank the permutation would need)."""
     a, b = terms
-    n = len(out) - 2
-    labels = [t.replace("...", "") for t in (a, b)]
-    if n < 0 or len(a) != n + 2 or len(b) != n + 2 or a[:n] != out[:n] or b[:n] != out[:n] or \
-            any(len(set(t)) != len(t) for t in labels):
-        return (f"Einsum {anchor.name!r}: {'->'.join([','.join(terms), out])!r} is no batched "
-                "matrix product of two run-time tensors")
-    row, col = out[n], out[n + 1]
-    c = a[-1]
-    if a[n:] == row + c and c not in out and b[n:] in (c + col, col + c):
-        y, x2 = anchor.output[0], anchor.input[1]
-        base = anchor.name or y
-        before: list[onnx.NodeProto] = []
-        if b[n:] == col + c:  # keys stored (k, d): swap the last two axes
-            x2 = idx.fresh(f"{base}_t")
-            perm = list(range(n)) + [n + 1, n]
-            if "." in b:
-                return f"Einsum {anchor.name!r}: a transposed operand under an ellipsis"
-            before.append(helper.make_node("Transpose", [anchor.input[1]], [x2], name=idx.fresh(f"{base}_transpose"),
-                                           perm=perm))
-        node = helper.make_node("MatMul", [anchor.input[0], x2], [y], name=idx.fresh(f"{base}_matmul"))
-        return _Match([anchor], y, node, [], before)
-    return (f"Einsum {anchor.name!r}: {'->'.join([','.join(terms), out])!r} is no batched matrix "
-            "product of two run-time tensors")
+    no = f"Einsum {anchor.name!r}: {'->'.join([','.join(terms), out])!r} is no batched matrix product"
+    ell = a.startswith("...")
+    if "." in (a + b + out).replace("...", "") or (ell and not (b.startswith("...") and out.startswith("..."))) \
+            or (not ell and "..." in b + out):
+        return no + " of two run-time tensors (an ellipsis that is not the leading batch dims of all three)"
+    a, b, out = (t.replace("...", "") for t in (a, b, out))
+    if any(len(set(t)) != len(t) for t in (a, b, out)):
+        return no + " (a label repeated within one term)"
+    batch = [x for x in out if x in a and x in b]
+    row = [x for x in a if x in out and x not in b]
+    col = [x for x in b if x in out and x not in a]
+    con = [x for x in a if x in b and x not in out]
+    if len(row) != 1 or len(col) != 1 or len(con) != 1 or set(a) != {*batch, *row, *con} or \
+            set(b) != {*batch, *col, *con} or set(out) != {*batch, *row, *col}:
+        return no + " of two run-time tensors"
+    want_a, want_b, got = "".join(batch + row + con), "".join(batch + con + col), "".join(batch + row + col)
+    y, base = anchor.output[0], anchor.name or anchor.output[0]
+    if ell and (a != want_a or b != want_b or out != got):
+        return no + " without a Transpose (under an ellipsis, whose rank it would need)"
+    before: list[onnx.NodeProto] = []
+
+    def laid_out(name: str, have: str, want: str) -> str:
+        if have == want:
+            return name
+        t = idx.fresh(f"{base}_{name}_t")
+        before.append(helper.make_node("Transpose", [name], [t], name=idx.fresh(f"{base}_transpose"),
+                                       perm=[have.index(x) for x in want]))
+        return t
+
+    x1, x2 = laid_out(anchor.input[0], a, want_a), laid_out(anchor.input[1], b, want_b)
+    if out == got:
+        return _Match([anchor], y, helper.make_node("MatMul", [x1, x2], [y], name=idx.fresh(f"{base}_matmul")),
+                      [], before)
+    mm = idx.fresh(f"{base}_mm")
+    before.append(helper.make_node("MatMul", [x1, x2], [mm], name=idx.fresh(f"{base}_matmul")))
+    node = helper.make_node("Transpose", [mm], [y], name=idx.fresh(f"{base}_transpose_out"),
+                            perm=[got.index(x) for x in out])
+    return _Match([anchor], y, node, [], before)
 
 
 def einsum_verdicts(model: onnx.ModelProto) -> list[str | None]:
