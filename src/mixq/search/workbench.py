@@ -52,9 +52,6 @@ def run_output(model: onnx.ModelProto, feeds: Feeds, index: int, threads: int | 
     return [sess.run([name], f)[0] for f in feeds]
 
 
-_FLOAT_OUTPUTS = frozenset({"tensor(float)", "tensor(float16)", "tensor(double)", "tensor(bfloat16)"})
-
-
 def relative_l2(pairs) -> float:
     """sqrt(sum (q - f)^2 / sum f^2) over (quantized, float) array pairs; a pair of different
     shapes (a detector's box count changed) counts as unrelated: sum q^2 + sum f^2."""
@@ -87,14 +84,15 @@ class Workbench:
     _numerics: StatsMemo = field(default_factory=StatsMemo, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from ..evaluate import make_session
+        from ..evaluate import decision_outputs, make_session
 
         if not self.float_outputs:
             sess = make_session(self.model)
             outs = sess.get_outputs()
             out = outs[self.output_index]
-            if out.type not in _FLOAT_OUTPUTS:  # indices, counts, masks: no error to measure
-                scored = [f"{k} ({o.name!r})" for k, o in enumerate(outs) if o.type in _FLOAT_OUTPUTS]
+            decisions = decision_outputs(self.model)  # indices, counts, masks: no error to measure
+            if out.name in decisions:
+                scored = [f"{k} ({o.name!r})" for k, o in enumerate(outs) if o.name not in decisions]
                 raise ConfigError(
                     f"output {self.output_index} ({out.name!r}) holds {out.type}: the search's metrics "
                     "measure how far a float output moves, and this one holds decisions (indices, "
