@@ -392,6 +392,132 @@ def test_quiet_waveforms_before_an_stft(preset, monkeypatch):
     assert compare(m, old.model, quiet).first().cosine < 0.98
 
 
+# ------------------------------------------------------------------ (h) phases of Sin / Cos
+def _rotary_at_run_time(start_max: int = 2000):
+    """A rotary position embedding computed from position_ids at run time (int64 -> Cast ->
+    Unsqueeze -> MatMul by the inverse-frequency row -> Concat -> Cos / Sin), rotating a
+    projection of x; positions from up to `start_max` on, as in a long prompt's later tokens."""
+    rng = np.random.default_rng(3)
+    d, h = 16, 8
+    inv = (1.0 / 10000 ** (np.arange(0, h, 2) / h)).astype(np.float32)[None, :]
+    inits = {"wq": rng.normal(0, 0.3, (d, h)).astype(np.float32), "inv": inv, "ax": np.array([2], np.int64),
+             "s0": np.array([0], np.int64), "s1": np.array([h // 2], np.int64), "s2": np.array([h], np.int64),
+             "last": np.array([-1], np.int64), "wo": rng.normal(0, 0.3, (h, 6)).astype(np.float32)}
+    nodes = [helper.make_node("Cast", ["position_ids"], ["pos"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["pos", "ax"], ["pos3"]),
+             helper.make_node("MatMul", ["pos3", "inv"], ["freqs"]),
+             helper.make_node("Concat", ["freqs", "freqs"], ["phase"], axis=-1),
+             helper.make_node("Cos", ["phase"], ["cos"]), helper.make_node("Sin", ["phase"], ["sin"]),
+             helper.make_node("MatMul", ["x", "wq"], ["q"]),
+             helper.make_node("Slice", ["q", "s0", "s1", "last"], ["q1"]),
+             helper.make_node("Slice", ["q", "s1", "s2", "last"], ["q2"]),
+             helper.make_node("Neg", ["q2"], ["nq2"]), helper.make_node("Concat", ["nq2", "q1"], ["rot"], axis=-1),
+             helper.make_node("Mul", ["q", "cos"], ["qc"]), helper.make_node("Mul", ["rot", "sin"], ["rs"]),
+             helper.make_node("Add", ["qc", "rs"], ["qr"]), helper.make_node("MatMul", ["qr", "wo"], ["y"])]
+    m = _model(nodes, [_vi("x", ["N", "S", d]), _vi("position_ids", ["N", "S"], TensorProto.INT64)],
+               [_vi("y", ["N", "S", 6])], inits)
+    feeds = []
+    for _ in range(12):
+        start = int(rng.integers(0, start_max))
+        feeds.append({"x": rng.normal(0, 1, (2, 6, d)).astype(np.float32),
+                      "position_ids": np.tile(np.arange(start, start + 6), (2, 1)).astype(np.int64)})
+    return m, feeds
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "A16W8", "BF16", "BFP16"])
+def test_rotary_positions_at_run_time_keep_their_phase(preset, policies_off):
+    """Positions near 2000 on an int8 grid (spacing 16), in bf16 (spacing 8) or in a BFP16
+    block (spacing 16) lose their phase entirely: Cos / Sin of them is noise and the model's
+    output with it (cosine ~0.1-0.7 with the policy off). Policy (h) keeps the positions, the
+    frequency row and the phase float; int16's spacing (0.06) is within a period's 256 codes
+    only below 800 and is kept float too."""
+    m, feeds = _rotary_at_run_time()
+    res = mixq.quantize(m, preset, feeds, check_kernels=False)
+    # measured: 33 (A8W8), 45 (A16W8), 47 (BF16), 38 dB (BFP16); off: -2, 31, 2, 2 dB
+    assert compare(m, res.model, feeds).first().sqnr_db >= 32.0, res.summary()
+    kept = {f.tensor: f for f in res.numerics if f.policy == "phase"}
+    # the positions (a cast plans the Cast's output, the block formats the MatMul's operand)
+    # and the frequency row
+    pos = {"pos", "pos3"} & set(kept)
+    assert pos and "inv" in kept, sorted(kept)
+    assert all("phase" in kept[t].reason and "codes a period" in kept[t].reason for t in pos)
+    assert "wq" not in kept and "q" not in kept  # the rotated values are not phases
+    policies_off()
+    off = mixq.quantize(m, preset, feeds, check_kernels=False)
+    assert compare(m, off.model, feeds).first().sqnr_db < (35.0 if preset == "A16W8" else 5.0)
+
+
+def _timestep_embedding():
+    """A diffusion model's timestep embedding: t in [0, 1000] times 8 frequencies (1 .. 1e-3),
+    Sin and Cos concatenated, then a layer."""
+    rng = np.random.default_rng(4)
+    freqs = np.exp(-np.log(1000.0) * np.arange(8) / 8).astype(np.float32)[None, :]
+    inits = {"ax": np.array([1], np.int64), "freqs": freqs, "w": rng.normal(0, 0.3, (16, 8)).astype(np.float32)}
+    nodes = [helper.make_node("Unsqueeze", ["t", "ax"], ["t2"]), helper.make_node("Mul", ["t2", "freqs"], ["arg"]),
+             helper.make_node("Sin", ["arg"], ["s"]), helper.make_node("Cos", ["arg"], ["c"]),
+             helper.make_node("Concat", ["s", "c"], ["emb"], axis=1), helper.make_node("MatMul", ["emb", "w"], ["y"])]
+    m = _model(nodes, [_vi("t", ["N"])], [_vi("y", ["N", 8])], inits)
+    return m, [{"t": rng.uniform(0, 1000, 8).astype(np.float32)} for _ in range(8)]
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "U8S8", "FP16"])
+def test_timestep_embedding_keeps_its_phase(preset, policies_off):
+    """The timestep (up to 1000) is the graph input itself: (h) walks back from the Sin's input
+    through the Mul by the frequencies and the Unsqueeze to it. fp16 spaces 1000 by 0.5."""
+    m, feeds = _timestep_embedding()
+    res = mixq.quantize(m, preset, feeds, check_kernels=False)
+    # measured: 41.5 (A8W8, U8S8), 69.6 dB (FP16); off: -3.5, -1.1, 24.4 dB
+    assert compare(m, res.model, feeds).first().sqnr_db >= 40.0, res.summary()
+    assert {"t", "arg", "freqs"} <= {f.tensor for f in res.numerics if f.policy == "phase"}
+    policies_off()
+    off = mixq.quantize(m, preset, feeds, check_kernels=False)
+    assert compare(m, off.model, feeds).first().sqnr_db < 30.0
+
+
+def test_a_small_phase_stays_on_its_grid():
+    """Sin of a tensor within (-2, 2) (a periodic activation): int8 spaces it by 0.016, within
+    256 codes a period; nothing is kept float for it."""
+    rng = np.random.default_rng(0)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Sin", ["h"], ["s"]),
+                helper.make_node("MatMul", ["s", "w2"], ["y"])],
+               [_vi("x", ["N", 8])], [_vi("y", ["N", 4])],
+               {"w": rng.normal(0, 0.15, (8, 8)).astype(np.float32), "w2": rng.normal(0, 0.3, (8, 4)).astype(np.float32)})
+    feeds = [{"x": rng.uniform(-1, 1, (16, 8)).astype(np.float32)} for _ in range(4)]
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    assert not [f for f in res.numerics if f.policy == "phase"], res.numerics
+    assert res.plan.tensors["h"].format == "int8"
+
+
+@pytest.mark.parametrize("fmt", ["int8", "uint8", "int16", "int4", "bf16", "fp16", "fp8_e4m3", "bfp16", "mx6",
+                                 "mx9", "mxint8", "mxfp4", "mxfp8_e4m3"])
+def test_grid_spacing_bounds_the_rounding_of_every_format(fmt):
+    """`grid_spacing(fmt, A)` against the format's NumPy reference: values in [A/2, A] round by
+    at most half of it (integer grids and casts; block formats and scaled floats clip near the
+    top by up to twice it), and some by more than a quarter of it (it is no loose bound)."""
+    from mixq.formats import get_format
+    from mixq.plan.numerics import grid_spacing
+
+    f = get_format(fmt)
+    rng = np.random.default_rng(1)
+    for a in (0.7, 3.0, 1000.0, 2047.0):
+        x = np.sort(rng.uniform(a / 2, a, 4096)).astype(np.float32)
+        x[-1] = a
+        if f.kind == "int":
+            q = f.fake_quant(x, f.qparams_from_range(-a, a, symmetric=True))
+        elif f.kind == "block":
+            q = f.fake_quant(x.reshape(-1, 32), axis=1).reshape(-1)
+            x = x.reshape(-1, 32).reshape(-1)
+        elif f.needs_qparams:
+            q = f.fake_quant(x, f.qparams_from_range(-a, a))
+        else:
+            q = f.fake_quant(x)
+        err = np.abs(q.astype(np.float64) - x)
+        step = grid_spacing(fmt, a)
+        bound = step / 2 if f.kind == "int" or (f.kind == "float" and not f.needs_qparams) else 2 * step
+        assert err.max() <= bound + np.spacing(np.float32(a)), (a, err.max(), step)
+        assert err.max() > step / 4, (a, err.max(), step)
+
+
 # ------------------------------------------------------------------ fidelity: NaN scores worst
 def test_all_nan_output_scores_worst():
     from mixq.evaluate import ErrorStats

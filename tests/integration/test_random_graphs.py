@@ -20,7 +20,7 @@ _NAMES = st.sampled_from(["t", "a:b", "a_b", "x__mq", "h/scale", "conv.out", "n 
 
 #: (op, builder) pairs: each builder appends nodes reading `src` (shape (N, C, H, W)) and
 #: returns the new tensor (same shape unless the op changes it, given back too).
-_UNARY = ["Relu", "Sigmoid", "Tanh", "HardSigmoid", "Identity", "Softmax"]
+_UNARY = ["Relu", "Sigmoid", "Tanh", "HardSigmoid", "Identity", "Softmax", "Sin", "Cos"]
 
 
 #: post-processing after the final MatMul (shape (1, 5) kept): a bias Add, activations, a

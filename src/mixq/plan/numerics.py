@@ -22,9 +22,14 @@ Each detector is a pure function returning {tensor: reason}:
   cast makes them inf, and a Softmax over a fully masked row NaN. `overflow_constants` the same
   for weights and constants. Only these two policies read the casts' statistics (collected when
   calibration data is given); (a)-(d) and (f) judge scaled formats.
+- `phase_tensors` (h): tensors on the way to a Sin / Cos (a timestep or rotary position
+  embedding computed at run time: positions times frequencies) whose grid spacing, carried to
+  the phase, is a sizeable part of a period: a position of 2000 on an int8 grid moves by 16
+  radians, and bf16 spaces 2000 by 16 too. Every format counts (int, the casts, block formats):
+  the spacing at a value is what a period sees, not the relative error.
 - `op_scope_notes` (e): quantized nodes that no integer kernel executes (informational).
 
-`apply_numerics` applies (a)-(d), (f) and (g) to a plan.
+`apply_numerics` applies (a)-(d) and (f)-(h) to a plan.
 """
 from __future__ import annotations
 
@@ -66,7 +71,20 @@ OUTLIER_QUANTILE = 0.99
 #: bell-shaped tensor already leaves its 99th percentile under 5 codes without any outlier
 OUTLIER_MIN_RATIO = 8.0
 
-POLICIES = ("sentinel", "small_values", "cancellation", "concat", "outliers", "overflow")
+#: (h) the largest grid spacing a phase may see: 256 codes per period, a Sin / Cos output off
+#: by at most 0.012 (about 40 dB, what a 16-bit grid gives the rest of a model); an int8 grid
+#: allows phases up to 3, int16 up to 800. What it keeps float is small: positions, timesteps
+PHASE_MAX_STEP = 2 * math.pi / 256
+#: (h) periodic ops, whose output error is the phase's absolute error at any magnitude
+PERIODIC_OPS = frozenset({"Sin", "Cos", "Tan"})
+#: (h) ops that carry an operand's rounding error to their output scaled, not averaged away:
+#: data movement, casts and element-wise arithmetic (MatMul / Gemm only with a constant
+#: operand: positions times a frequency row)
+_PHASE_WALK_OPS = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand",
+                             "Tile", "Slice", "Gather", "Concat", "Split", "Cast", "Neg", "Mul", "Div", "Add",
+                             "Sub", "MatMul", "Gemm"})
+
+POLICIES = ("sentinel", "small_values", "cancellation", "concat", "outliers", "overflow", "phase")
 
 
 def cast_limit(fmt: str) -> float | None:
@@ -416,6 +434,105 @@ def outlier_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats], *,
     return out
 
 
+def phase_paths(model: onnx.ModelProto, depth: int = 8) -> dict[str, list[str]]:
+    """(h) For each run-time input of a Sin / Cos / Tan: the tensors whose rounding reaches it
+    scaled (itself, and what `_PHASE_WALK_OPS` compute it from, constants included), walking
+    back at most `depth` ops; the walk stops at integer tensors (a Cast from int64 positions)
+    and at a MatMul / Gemm of two run-time operands."""
+    inits = {t.name for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    index: GraphIndex | None = None
+    out: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        if n.op_type not in PERIODIC_OPS or n.domain not in ("", "ai.onnx") or not n.input \
+                or n.input[0] in inits or n.input[0] in out:
+            continue
+        seen = [n.input[0]]
+        frontier = [n.input[0]]
+        for _ in range(depth):
+            nxt = []
+            for t in frontier:
+                p = producer.get(t)
+                if p is None or p.op_type not in _PHASE_WALK_OPS or p.domain not in ("", "ai.onnx"):
+                    continue
+                ins = [i for i in p.input if i]
+                if p.op_type == "Gather":
+                    ins = ins[:1]  # the indices are integers
+                if p.op_type in ("MatMul", "Gemm") and not any(i in inits for i in ins[:2]):
+                    continue
+                if p.op_type in ("Reshape", "Slice", "Expand", "Tile", "Unsqueeze", "Squeeze", "Split"):
+                    ins = ins[:1]  # shapes, axes and starts
+                for i in ins:
+                    if i in seen:
+                        continue
+                    index = index or GraphIndex.of(model)
+                    if not is_float_type(index.elem_type(i)):
+                        continue
+                    seen.append(i)
+                    if i not in inits:
+                        nxt.append(i)
+            frontier = nxt
+        out[n.input[0]] = seen
+    return out
+
+
+def grid_spacing(fmt_name: str, value: float) -> float:
+    """The spacing of format `fmt_name`'s grid at `value`, for a tensor whose largest magnitude
+    is `value` (integer grids: absmax / symmetric limit; scaled floats: the top binade's spacing
+    once `value` is scaled to the largest finite value; casts and block formats: the spacing of
+    the binade `value` lies in). Values round by half of it at most; a block format's largest
+    code can sit below the binade's top, where values clip by up to twice the spacing (OCP
+    MXFP8: elements end at 1.75 times the binade's base)."""
+    f = get_format(fmt_name)
+    if value <= 0.0:
+        return 0.0
+    if isinstance(f, IntFormat):
+        return value / f.symmetric_limit
+    e = math.floor(math.log2(value))
+    if f.kind == "float" and f.needs_qparams:  # scaled: `value` maps to the largest finite value
+        top = float(getattr(f, "max_normal"))
+        return value * math.ldexp(1.0, math.floor(math.log2(top)) - int(getattr(f, "mantissa_bits"))) / top
+    if f.kind == "float":
+        return math.ldexp(1.0, e - int(getattr(f, "mantissa_bits")))
+    element = getattr(f, "element", "int")
+    bits = int(getattr(f, "mant_bits")) - 1 if element == "int" else int(f.element_format.mantissa_bits)  # type: ignore[attr-defined]
+    return math.ldexp(1.0, e - bits)
+
+
+def phase_tensors(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats], *,
+                  max_step: float = PHASE_MAX_STEP) -> dict[str, str]:
+    """(h) Planned tensors (activations, weights, constants) on a `phase_paths` walk whose
+    format's spacing at the phase's absmax passes `max_step` radians: the phase is off by up to
+    half that, whatever its magnitude. The phase's own statistics give the absmax (the
+    calibration pass collects them, see `phase_inputs`)."""
+    out: dict[str, str] = {}
+    for phase, path in phase_paths(model).items():
+        st = stats.get(phase)
+        if st is None or st.empty or not math.isfinite(st.absmax) or st.absmax == 0.0:
+            continue
+        for t in path:
+            tp = plan.tensors.get(t)
+            if tp is None or t in out:
+                continue
+            fmts = sorted({f for f in [tp.format, *tp.consumer_formats.values()] if f is not None})
+            if not fmts:
+                continue
+            worst = max(fmts, key=lambda f: grid_spacing(f, st.absmax))
+            step = grid_spacing(worst, st.absmax)
+            if step > max_step:
+                out[t] = (f"phase: reaches a periodic op's input {phase} (up to {st.absmax:.4g}) scaled; the "
+                          f"{worst} grid spaces values that large {step:.3g} apart, "
+                          f"{2 * math.pi / step:.1f} codes a period (needs {2 * math.pi / max_step:.0f})")
+    return out
+
+
+def phase_inputs(plan: PrecisionPlan, model: onnx.ModelProto) -> list[str]:
+    """(h) The periodic ops' inputs whose statistics `phase_tensors` needs: those with a planned
+    tensor on their walk (statistics the calibration pass collects whatever their format)."""
+    return [p for p, path in phase_paths(model).items()
+            if any((tp := plan.tensors.get(t)) is not None and _gridded(tp, int_only=False) for t in path)]
+
+
 #: Op types whose QDQ form onnxruntime (and the usual NPU compilers) execute as integer kernels.
 INTEGER_KERNEL_OPS = frozenset({
     "Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Mul", "AveragePool", "GlobalAveragePool",
@@ -479,12 +596,13 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
         "concat": lambda: concat_range_outputs(model, cal),
         "outliers": lambda: outlier_tensors(plan, cal, memo=memo),
         "overflow": lambda: overflow_tensors(plan, every),
+        "phase": lambda: phase_tensors(plan, model, stats),
     }
     for pol in POLICIES:
         if pol not in policies:
             continue
         for t, why in detectors[pol]().items():
-            tp = acts.get(t)
+            tp = plan.tensors.get(t) if pol == "phase" else acts.get(t)  # (h): weights too
             if tp is None or t in found or not _gridded(tp, int_only=pol in ("small_values", "outliers")) \
                     or tp.reason == "tensor override":  # the user's word wins
                 continue
@@ -557,6 +675,8 @@ def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str,
             continue
         tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {f.reason}")
     for name, (pol, why) in _float_input_weights(model, plan, flagged).items():
+        if name in flagged:  # a policy kept it float already, for its own reason
+            continue
         tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {why}")
         findings.append(Finding(name, pol, why))
     for name, tp in plan.tensors.items():  # parameter sharers that calibrate nothing themselves

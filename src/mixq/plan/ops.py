@@ -81,7 +81,7 @@ OP_TABLE: dict[str, OpSemantics] = {
     "HardSigmoid": _UNARY, "HardSwish": _UNARY, "Softmax": _UNARY, "Gelu": _UNARY, "Erf": _UNARY,
     "PRelu": _UNARY, "Elu": _UNARY, "Mish": _UNARY, "Swish": _UNARY,
     "Resize": _UNARY, "LayerNormalization": _UNARY, "InstanceNormalization": _UNARY,
-    "RMSNormalization": _UNARY,
+    "RMSNormalization": _UNARY, "Sin": _UNARY, "Cos": _UNARY,
     "ReduceMean": _UNARY, "Pow": _UNARY, "Sqrt": _UNARY,
     "Gather": OpSemantics(activations=(0,), passthrough=True),
     # data movement and max-like ops keep their input's quantization
@@ -132,6 +132,7 @@ def float_attr(node: onnx.NodeProto, name: str, default: float) -> float:
 BOUNDED_OUTPUTS: dict[str, tuple[float, float]] = {
     "Sigmoid": (0.0, 1.0), "HardSigmoid": (0.0, 1.0), "Softmax": (0.0, 1.0),
     "Tanh": (-1.0, 1.0), "Erf": (-1.0, 1.0), "Relu": (0.0, float("inf")),
+    "Sin": (-1.0, 1.0), "Cos": (-1.0, 1.0),
 }
 
 #: Ops whose output is a mean of input values (or of padded zeros): they keep a bound.
