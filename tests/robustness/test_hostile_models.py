@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixq
+from mixq.check import check_model_support
 from mixq.errors import ModelError
 
 from . import models as M
@@ -151,6 +152,63 @@ def test_checker_message_names_the_problem(kind, saved):
     msg = str(res)
     assert "checker" in msg and "re-export" in msg
     assert {"dangling_input": "nowhere", "duplicate_output": "'h'", "unsorted_nodes": "sorted"}[kind] in msg
+
+
+# ---------------------------------------------------------------- inputs and outputs without a shape
+def _shapeless_output(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its output declared by type only (what onnx.helper.make_tensor_value_info
+    with shape=None writes, as graph-editing tools do): ONNX requires a shape, onnxruntime runs it."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    o = m.graph.output[0]
+    o.type.tensor_type.ClearField("shape")
+    return m
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "BF16", "BFP16"])
+def test_an_output_without_a_shape_is_declared_as_computed(preset, saved, tmp_path):
+    """Before, every preset refused such a model as failing the ONNX checker; now prepare
+    declares the shape inference computes, says so, and the output passes the checker."""
+    m = _shapeless_output(VALID)
+    p = saved(m)
+    out = tmp_path / "o.onnx"
+    res = outcome(lambda: mixq.quantize(p, preset, FEEDS, output_path=out), input_path=p, output_path=out,
+                  feed=FEEDS[0])
+    assert not isinstance(res, Exception), res
+    assert any("declared no shape" in n and "'y'" in n for n in res.prepare.notes), res.prepare.notes
+    onnx.checker.check_model(onnx.load(out), full_check=True)
+    assert [d.dim_value or d.dim_param for d in onnx.load(out).graph.output[0].type.tensor_type.shape.dim][1] == 8
+    rep = check_model_support(m)
+    assert rep.ok and rep.checker.startswith("ok once 1 output"), (rep.checker, rep.problems)
+
+
+def test_an_output_whose_shape_cannot_be_inferred_is_named():
+    """Reshape to a target fed at run time: inference cannot tell the output's rank."""
+    m = _shapeless_output(VALID)
+    g = m.graph
+    y = g.output[0].name
+    for n in g.node:
+        n.output[:] = [f"{o}_pre" if o == y else o for o in n.output]
+    g.node.append(helper.make_node("Reshape", [f"{y}_pre", "target"], [y], name="reshape_rt"))
+    g.input.append(helper.make_tensor_value_info("target", TensorProto.INT64, ["K"]))
+    with pytest.raises(ModelError, match=r"graph output 'y' declares no shape.*cannot compute it.*make_tensor_value_info"):
+        mixq.quantize(m, "A8W8", [{**f, "target": np.array([-1, 8], np.int64)} for f in FEEDS])
+
+
+def test_an_input_without_a_shape_is_named():
+    m = onnx.ModelProto()
+    m.CopyFrom(VALID)
+    m.graph.input[0].type.tensor_type.ClearField("shape")
+    with pytest.raises(ModelError, match=r"graph input 'x' declares no shape"):
+        mixq.quantize(m, "A8W8", FEEDS)
+
+
+def test_a_shapeless_output_does_not_hide_the_checkers_real_problem():
+    """A Concat without its required axis, feeding an output declared without a shape: the
+    error names the checker's problem, not the shape (inference fails on the Concat too)."""
+    m = _broken("missing_required_attr")
+    with pytest.raises(ModelError, match="fails the ONNX checker.*axis"):
+        mixq.quantize(m, "A8W8", FEEDS)
 
 
 # ---------------------------------------------------------------------------- opsets

@@ -562,15 +562,28 @@ def _first_line(exc: BaseException) -> str:
     return " ".join(lines[:2])[:300] or type(exc).__name__
 
 
+def undeclared_shapes(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(kind, name) of the main graph's tensor inputs and outputs that declare no shape, which
+    ONNX requires of them (onnxruntime runs without; graph-editing tools write such outputs)."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    return [(kind, v.name) for kind, vs in (("input", g.input), ("output", g.output)) for v in vs
+            if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")
+            and v.name not in inits]
+
+
 def repair_output_shapes(model: onnx.ModelProto) -> PassResult:
     """Replace declared graph-output shapes that shape inference contradicts (a different rank,
-    or a different static dim) by the inferred ones. Exporters sometimes declare a wrong output
-    shape; onnxruntime runs such a model, but any rewrite that adds a node before the output
-    makes the checker reject it. In place; declared shapes that agree are kept as they are."""
+    or a different static dim) by the inferred ones, and declare the inferred shape of an
+    output that declares none. Exporters sometimes declare a wrong output shape, and graph
+    editing tools none; onnxruntime runs such a model, but the checker rejects an output without
+    a shape, and one with a wrong shape once a rewrite adds a node before it. In place; declared
+    shapes that agree are kept as they are."""
     res = PassResult("repair output shapes")
     g = model.graph
     declared = {o.name: o.type for o in g.output if o.type.tensor_type.HasField("shape")}
-    if not declared:
+    missing = {name for kind, name in undeclared_shapes(model) if kind == "output"}
+    if not declared and not missing:
         return res
     probe = onnx.ModelProto()
     for fld in ("ir_version", "opset_import", "functions"):
@@ -597,7 +610,16 @@ def repair_output_shapes(model: onnx.ModelProto) -> PassResult:
     got.update({v.name: v.type for v in inferred.graph.value_info})
     for o in g.output:
         want, inf = declared.get(o.name), got.get(o.name)
-        if want is None or inf is None or not inf.tensor_type.HasField("shape"):
+        if inf is None or not inf.tensor_type.HasField("shape"):
+            continue
+        if o.name in missing:
+            o.type.tensor_type.shape.CopyFrom(inf.tensor_type.shape)
+            res.changed += 1
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in inf.tensor_type.shape.dim]
+            res.notes.append(f"graph output {o.name!r} declared no shape (ONNX requires one; onnxruntime "
+                             f"runs without): declared as the graph computes it, {_dims(dims)}")
+            continue
+        if want is None:
             continue
         a = [d.dim_value if d.HasField("dim_value") else None for d in want.tensor_type.shape.dim]
         b = [d.dim_value if d.HasField("dim_value") else None for d in inf.tensor_type.shape.dim]
@@ -700,22 +722,42 @@ def _damaged_string(msg: Message, path: str = "model") -> str | None:
     return None
 
 
-def check_input_model(model: onnx.ModelProto) -> None:
-    """Run the ONNX checker on an input model (on a skeleton without the large tensors' data
-    for big models); raises ModelError naming the problem instead of failing later, deep
-    inside a pass."""
+def _raise_if_damaged(model: onnx.ModelProto) -> None:
     bad = _damaged_string(model)
     if bad:
         raise ModelError(f"{bad} is not valid UTF-8: the file is damaged; re-export "
                          "it and quantize again.")
+
+
+def check_input_model(model: onnx.ModelProto) -> None:
+    """Run the ONNX checker on an input model (on a skeleton without the large tensors' data
+    for big models); raises ModelError naming the problem instead of failing later, deep
+    inside a pass."""
+    _raise_if_damaged(model)
+    undeclared = undeclared_shapes(model)
+    probe = model
+    if undeclared:  # the checker's other problems first: a stand-in shape lets it reach them
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        names = {name for _, name in undeclared}
+        for v in [*probe.graph.input, *probe.graph.output]:
+            if v.name in names:
+                v.type.tensor_type.shape.SetInParent()
     try:
-        check_graph(model)
+        check_graph(probe)
     except Exception as exc:  # ValidationError, and the C++ checker's other errors
         msg = str(exc).strip().splitlines()
         detail = " ".join(line.strip() for line in msg[:4] if line.strip()).rstrip(".")
         raise ModelError(f"the input model fails the ONNX checker: {detail}. Fix the model "
                          "(re-export it, or run onnx.checker.check_model(model, full_check=True) "
                          "to see every problem) and quantize again.") from exc
+    if undeclared:
+        kind, name = undeclared[0]
+        more = f" (and {len(undeclared) - 1} more)" if len(undeclared) > 1 else ""
+        why = "" if kind == "input" else ", and shape inference cannot compute it"
+        raise ModelError(f"graph {kind} {name!r}{more} declares no shape, which ONNX requires of the main "
+                         f"graph's inputs and outputs{why}. Declare it (onnx.helper.make_tensor_value_info"
+                         f"({name!r}, elem_type, [dims, or names for dynamic ones])) and quantize again.")
 
 
 #: Ops only an already-quantized model holds: the default domain's quantize kernels, and
@@ -782,9 +824,13 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
         m.CopyFrom(model)
     else:
         m = model
+    _raise_if_damaged(m)  # before any pass copies a string field
+    declared = repair_output_shapes(m)  # before the checker, which requires every output's shape
     check_input_model(m)
     check_float_model(m)
     rep = PrepareReport(opset_from=model_opset(m))
+    rep.passes.append(declared)
+    rep.notes += declared.notes
     # graph inputs that shadow initializers (IR < 4 lists every initializer as an input) make
     # them overridable: drop that first, before a fold or the opset conversion replaces the
     # initializer and leaves its input behind as one the data would have to feed
@@ -801,9 +847,9 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
         rep.passes.append(PassResult(name, changed=n))
         return n
 
-    for r in (densify_sparse_initializers(m), repair_output_shapes(m)):
-        rep.passes.append(r)
-        rep.notes += r.notes
+    dense = densify_sparse_initializers(m)
+    rep.passes.append(dense)
+    rep.notes += dense.notes
     rep.constants_to_initializers = counted("constants to initializers", constants_to_initializers(m))
     wide = compute_float16_in_float32(m, base_dir)
     rep.passes.append(wide)
