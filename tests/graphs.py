@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import onnxruntime as ort
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from mixq.formats import get_format
 
@@ -115,3 +115,74 @@ def dq_scale(qmodel: onnx.ModelProto, value: str) -> float | None:
             if sc.size == 1 and np.all(np.asarray(zp) == 0):
                 return float(sc.reshape(()))
     return None
+
+
+# ------------------------------------------------------------ phases of Sin / Cos computed at run time
+def _model(nodes, inputs, outputs, inits, opset: int = 17) -> onnx.ModelProto:
+    gr = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return helper.make_model(gr, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+
+
+def _vi(name, shape, t=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def rotary_at_run_time(start_max: int = 2000):
+    """A rotary position embedding computed from position_ids at run time (int64 -> Cast ->
+    Unsqueeze -> MatMul by the inverse-frequency row -> Concat -> Cos / Sin), rotating a
+    projection of x; positions from up to `start_max` on, as in a long prompt's later tokens."""
+    rng = np.random.default_rng(3)
+    d, h = 16, 8
+    inv = (1.0 / 10000 ** (np.arange(0, h, 2) / h)).astype(np.float32)[None, :]
+    inits = {"wq": rng.normal(0, 0.3, (d, h)).astype(np.float32), "inv": inv, "ax": np.array([2], np.int64),
+             "s0": np.array([0], np.int64), "s1": np.array([h // 2], np.int64), "s2": np.array([h], np.int64),
+             "last": np.array([-1], np.int64), "wo": rng.normal(0, 0.3, (h, 6)).astype(np.float32)}
+    nodes = [helper.make_node("Cast", ["position_ids"], ["pos"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["pos", "ax"], ["pos3"]),
+             helper.make_node("MatMul", ["pos3", "inv"], ["freqs"]),
+             helper.make_node("Concat", ["freqs", "freqs"], ["phase"], axis=-1),
+             helper.make_node("Cos", ["phase"], ["cos"]), helper.make_node("Sin", ["phase"], ["sin"]),
+             helper.make_node("MatMul", ["x", "wq"], ["q"]),
+             helper.make_node("Slice", ["q", "s0", "s1", "last"], ["q1"]),
+             helper.make_node("Slice", ["q", "s1", "s2", "last"], ["q2"]),
+             helper.make_node("Neg", ["q2"], ["nq2"]), helper.make_node("Concat", ["nq2", "q1"], ["rot"], axis=-1),
+             helper.make_node("Mul", ["q", "cos"], ["qc"]), helper.make_node("Mul", ["rot", "sin"], ["rs"]),
+             helper.make_node("Add", ["qc", "rs"], ["qr"]), helper.make_node("MatMul", ["qr", "wo"], ["y"])]
+    m = _model(nodes, [_vi("x", ["N", "S", d]), _vi("position_ids", ["N", "S"], TensorProto.INT64)],
+               [_vi("y", ["N", "S", 6])], inits)
+    feeds = []
+    for _ in range(12):
+        start = int(rng.integers(0, start_max))
+        feeds.append({"x": rng.normal(0, 1, (2, 6, d)).astype(np.float32),
+                      "position_ids": np.tile(np.arange(start, start + 6), (2, 1)).astype(np.int64)})
+    return m, feeds
+
+
+def timestep_embedding():
+    """A diffusion model's timestep embedding: t in [0, 1000] times 8 frequencies (1 .. 1e-3),
+    Sin and Cos concatenated, then a layer."""
+    rng = np.random.default_rng(4)
+    freqs = np.exp(-np.log(1000.0) * np.arange(8) / 8).astype(np.float32)[None, :]
+    inits = {"ax": np.array([1], np.int64), "freqs": freqs, "w": rng.normal(0, 0.3, (16, 8)).astype(np.float32)}
+    nodes = [helper.make_node("Unsqueeze", ["t", "ax"], ["t2"]), helper.make_node("Mul", ["t2", "freqs"], ["arg"]),
+             helper.make_node("Sin", ["arg"], ["s"]), helper.make_node("Cos", ["arg"], ["c"]),
+             helper.make_node("Concat", ["s", "c"], ["emb"], axis=1), helper.make_node("MatMul", ["emb", "w"], ["y"])]
+    m = _model(nodes, [_vi("t", ["N"])], [_vi("y", ["N", 8])], inits)
+    return m, [{"t": rng.uniform(0, 1000, 8).astype(np.float32)} for _ in range(8)]
+
+
+
+
+def groupnorm_block(seed: int = 0):
+    """Conv -> GroupNormalization (opset 21) -> SiLU -> Conv: ONNX type inference gives the
+    GroupNormalization (a function op) no output type, nor anything after it."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": rng.normal(0, 0.3, (8, 4, 3, 3)).astype(np.float32), "g": np.ones(8, np.float32),
+             "b": np.zeros(8, np.float32), "w2": rng.normal(0, 0.2, (4, 8, 3, 3)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("GroupNormalization", ["c1", "g", "b"], ["gn"], num_groups=2),
+             helper.make_node("Sigmoid", ["gn"], ["sg"]), helper.make_node("Mul", ["gn", "sg"], ["act"]),
+             helper.make_node("Conv", ["act", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    m = _model(nodes, [_vi("x", ["N", 4, 8, 8])], [_vi("y", ["N", 4, 8, 8])], inits, opset=21)
+    m.ir_version = 10
+    return m, [{"x": rng.normal(0, 1, (2, 4, 8, 8)).astype(np.float32)} for _ in range(6)]

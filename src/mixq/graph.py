@@ -177,6 +177,46 @@ def is_float_type(elem_type: int) -> bool:
     return elem_type in FLOAT_TYPES
 
 
+_TYPE_NAMES = {f"tensor({onnx.helper.tensor_dtype_to_string(t).split('.')[-1].lower()})": int(t)
+               for t in onnx.TensorProto.DataType.values() if t != onnx.TensorProto.UNDEFINED}
+
+
+def schema_types(model: onnx.ModelProto, types: dict[str, int]) -> None:
+    """Type (in `types`, element types by name) the node outputs of the main graph that ONNX
+    inference left untyped, from each op's schema, in graph order:
+    an output whose type variable an input binds takes that input's type, one the schema fixes
+    to a single type takes it. ONNX infers no type through some function ops (GroupNormalization):
+    without this every tensor after one is untyped: the converters neither converted nor cast it
+    (a bfloat16 tensor reached a float Conv), and the quantizer planned none of it."""
+    opsets = {(d.domain or ""): int(d.version) for d in model.opset_import}
+    for node in model.graph.node:
+        missing = [o for o in node.output if o and o not in types]
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        if not missing or domain not in opsets:
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opsets[domain], domain)
+        except Exception:  # noqa: BLE001 - a custom op: no schema, left untyped
+            continue
+        bound: dict[str, int] = {}
+        for i, name in enumerate(node.input):
+            if not schema.inputs or not name or name not in types:
+                continue
+            formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+            bound.setdefault(formal.type_str, types[name])
+        allowed = {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}
+        for j, name in enumerate(node.output):
+            if not name or name in types or not schema.outputs:
+                continue
+            ts = schema.outputs[min(j, len(schema.outputs) - 1)].type_str
+            only = allowed.get(ts, [ts])
+            if ts in bound:
+                types[name] = bound[ts]
+            elif len(only) == 1 and only[0] in _TYPE_NAMES:
+                types[name] = _TYPE_NAMES[only[0]]
+
+
+
 @dataclass
 class GraphIndex:
     """Def-use of a model's main graph.
@@ -213,6 +253,13 @@ class GraphIndex:
             tp.tensor_type.elem_type = t.data_type
             tp.tensor_type.shape.dim.extend(onnx.TensorShapeProto.Dimension(dim_value=d) for d in t.dims)
             ix.types[t.name] = tp
+        known = {k: tensor_type(v) for k, v in ix.types.items() if tensor_type(v)}
+        schema_types(model, known)
+        for k, et in known.items():  # typed from the schemas: element type, no shape
+            if k not in ix.types or not tensor_type(ix.types[k]):
+                tp = onnx.TypeProto()
+                tp.tensor_type.elem_type = et
+                ix.types[k] = tp
         for i, n in enumerate(g.node):
             ix.position[id(n)] = i
             for o in n.output:

@@ -20,6 +20,8 @@ import mixq.plan.numerics
 from mixq.evaluate import compare
 from mixq.passes.recognize import RecognizeReport
 
+from ..graphs import rotary_at_run_time, timestep_embedding
+
 
 def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
     g = helper.make_graph(nodes, "g", inputs, outputs,
@@ -393,37 +395,6 @@ def test_quiet_waveforms_before_an_stft(preset, monkeypatch):
 
 
 # ------------------------------------------------------------------ (h) phases of Sin / Cos
-def _rotary_at_run_time(start_max: int = 2000):
-    """A rotary position embedding computed from position_ids at run time (int64 -> Cast ->
-    Unsqueeze -> MatMul by the inverse-frequency row -> Concat -> Cos / Sin), rotating a
-    projection of x; positions from up to `start_max` on, as in a long prompt's later tokens."""
-    rng = np.random.default_rng(3)
-    d, h = 16, 8
-    inv = (1.0 / 10000 ** (np.arange(0, h, 2) / h)).astype(np.float32)[None, :]
-    inits = {"wq": rng.normal(0, 0.3, (d, h)).astype(np.float32), "inv": inv, "ax": np.array([2], np.int64),
-             "s0": np.array([0], np.int64), "s1": np.array([h // 2], np.int64), "s2": np.array([h], np.int64),
-             "last": np.array([-1], np.int64), "wo": rng.normal(0, 0.3, (h, 6)).astype(np.float32)}
-    nodes = [helper.make_node("Cast", ["position_ids"], ["pos"], to=TensorProto.FLOAT),
-             helper.make_node("Unsqueeze", ["pos", "ax"], ["pos3"]),
-             helper.make_node("MatMul", ["pos3", "inv"], ["freqs"]),
-             helper.make_node("Concat", ["freqs", "freqs"], ["phase"], axis=-1),
-             helper.make_node("Cos", ["phase"], ["cos"]), helper.make_node("Sin", ["phase"], ["sin"]),
-             helper.make_node("MatMul", ["x", "wq"], ["q"]),
-             helper.make_node("Slice", ["q", "s0", "s1", "last"], ["q1"]),
-             helper.make_node("Slice", ["q", "s1", "s2", "last"], ["q2"]),
-             helper.make_node("Neg", ["q2"], ["nq2"]), helper.make_node("Concat", ["nq2", "q1"], ["rot"], axis=-1),
-             helper.make_node("Mul", ["q", "cos"], ["qc"]), helper.make_node("Mul", ["rot", "sin"], ["rs"]),
-             helper.make_node("Add", ["qc", "rs"], ["qr"]), helper.make_node("MatMul", ["qr", "wo"], ["y"])]
-    m = _model(nodes, [_vi("x", ["N", "S", d]), _vi("position_ids", ["N", "S"], TensorProto.INT64)],
-               [_vi("y", ["N", "S", 6])], inits)
-    feeds = []
-    for _ in range(12):
-        start = int(rng.integers(0, start_max))
-        feeds.append({"x": rng.normal(0, 1, (2, 6, d)).astype(np.float32),
-                      "position_ids": np.tile(np.arange(start, start + 6), (2, 1)).astype(np.int64)})
-    return m, feeds
-
-
 @pytest.mark.parametrize("preset", ["A8W8", "A16W8", "BF16", "BFP16"])
 def test_rotary_positions_at_run_time_keep_their_phase(preset, policies_off):
     """Positions near 2000 on an int8 grid (spacing 16), in bf16 (spacing 8) or in a BFP16
@@ -431,7 +402,7 @@ def test_rotary_positions_at_run_time_keep_their_phase(preset, policies_off):
     output with it (cosine ~0.1-0.7 with the policy off). Policy (h) keeps the positions, the
     frequency row and the phase float; int16's spacing (0.06) is within a period's 256 codes
     only below 800 and is kept float too."""
-    m, feeds = _rotary_at_run_time()
+    m, feeds = rotary_at_run_time()
     res = mixq.quantize(m, preset, feeds, check_kernels=False)
     # measured: 33 (A8W8), 45 (A16W8), 47 (BF16), 38 dB (BFP16); off: -2, 31, 2, 2 dB
     assert compare(m, res.model, feeds).first().sqnr_db >= 32.0, res.summary()
@@ -447,24 +418,11 @@ def test_rotary_positions_at_run_time_keep_their_phase(preset, policies_off):
     assert compare(m, off.model, feeds).first().sqnr_db < (35.0 if preset == "A16W8" else 5.0)
 
 
-def _timestep_embedding():
-    """A diffusion model's timestep embedding: t in [0, 1000] times 8 frequencies (1 .. 1e-3),
-    Sin and Cos concatenated, then a layer."""
-    rng = np.random.default_rng(4)
-    freqs = np.exp(-np.log(1000.0) * np.arange(8) / 8).astype(np.float32)[None, :]
-    inits = {"ax": np.array([1], np.int64), "freqs": freqs, "w": rng.normal(0, 0.3, (16, 8)).astype(np.float32)}
-    nodes = [helper.make_node("Unsqueeze", ["t", "ax"], ["t2"]), helper.make_node("Mul", ["t2", "freqs"], ["arg"]),
-             helper.make_node("Sin", ["arg"], ["s"]), helper.make_node("Cos", ["arg"], ["c"]),
-             helper.make_node("Concat", ["s", "c"], ["emb"], axis=1), helper.make_node("MatMul", ["emb", "w"], ["y"])]
-    m = _model(nodes, [_vi("t", ["N"])], [_vi("y", ["N", 8])], inits)
-    return m, [{"t": rng.uniform(0, 1000, 8).astype(np.float32)} for _ in range(8)]
-
-
 @pytest.mark.parametrize("preset", ["A8W8", "U8S8", "FP16"])
 def test_timestep_embedding_keeps_its_phase(preset, policies_off):
     """The timestep (up to 1000) is the graph input itself: (h) walks back from the Sin's input
     through the Mul by the frequencies and the Unsqueeze to it. fp16 spaces 1000 by 0.5."""
-    m, feeds = _timestep_embedding()
+    m, feeds = timestep_embedding()
     res = mixq.quantize(m, preset, feeds, check_kernels=False)
     # measured: 41.5 (A8W8, U8S8), 69.6 dB (FP16); off: -3.5, -1.1, 24.4 dB
     assert compare(m, res.model, feeds).first().sqnr_db >= 40.0, res.summary()

@@ -652,3 +652,20 @@ def test_the_runtime_check_looks_past_a_16bit_quantizelinear_without_zero_point(
     del m.graph.node[2:]
     m.graph.node[1].output[0] = "y"
     assert not _fusable(m)
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "U8S8", "A16W8"])
+def test_tensors_after_a_function_op_without_inferred_types_are_planned(preset):
+    """ONNX type inference types neither a GroupNormalization-21 (a function op) nor anything
+    after it. Before, the plan left all of it float without a word (the second Conv ran on a
+    float input with an int8 weight); the op schemas type it now, and GroupNormalization is
+    in the op table like InstanceNormalization."""
+    from tests.graphs import groupnorm_block
+
+    m, fd = groupnorm_block()
+    res = mixq.quantize(m, preset, fd, check_kernels=False)
+    want = "int16" if preset == "A16W8" else ("uint8" if preset == "U8S8" else "int8")
+    for t in ("gn", "sg", "act"):
+        assert res.plan.tensors[t].format == want, (t, res.plan.tensors.get(t))
+    assert "GroupNormalization" not in " ".join(res.plan.float_nodes.values())
+    assert compare(m, res.model, fd).first().sqnr_db >= (40.0 if preset == "A16W8" else 28.0)

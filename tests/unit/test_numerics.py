@@ -121,3 +121,27 @@ def test_a_memo_gives_the_same_findings_and_reads_each_statistics_once(monkeypat
     copies = {n: st.copy() for n, st in stats.items()}
     apply_numerics(plans[0], m, copies, memo=memo)
     assert calls == {"sentinel": 3 * 6 + 6, "quantile": 3 * 6 + 6}, calls
+
+
+def test_phase_walk_goes_through_an_outer_product_not_through_a_layer():
+    """(h) The walk back from a Sin's input carries on through a MatMul with a constant whose
+    contracted dimension is 1 (positions times a frequency row: each output is one input times a
+    constant) and stops at one whose sum averages its inputs' rounding (a layer)."""
+    from mixq.plan.numerics import phase_paths
+
+    def model(k: int):
+        inits = [numpy_helper.from_array(np.ones((k, 4), np.float32), "w"),
+                 numpy_helper.from_array(np.array([2], np.int64), "ax")]
+        src = "x3" if k == 1 else "x"
+        nodes = ([helper.make_node("Unsqueeze", ["x", "ax"], ["x3"])] if k == 1 else []) + \
+                [helper.make_node("MatMul", [src, "w"], ["ph"]), helper.make_node("Sin", ["ph"], ["y"])]
+        shape = ["N", "S"] if k == 1 else ["N", "S", k]
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "S", 4])], inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        import onnx
+
+        return onnx.shape_inference.infer_shapes(m)
+
+    assert phase_paths(model(1)) == {"ph": ["ph", "x3", "w", "x"]}
+    assert phase_paths(model(8)) == {"ph": ["ph"]}

@@ -325,3 +325,26 @@ def test_einsum_batched_products_in_any_order_become_transposes_and_matmul(with_
         y = g.op("Einsum", y, v, equation="bnij,jbnd->ibnd")
     fused = _check_fused(g.model(y), "MatMul", n_fused=2 if with_values else 1)
     assert sum(n.op_type == "Transpose" for n in fused.graph.node) == (4 if with_values else 2)  # q, k; then v and the output
+
+
+def test_schema_types_follow_a_function_op_onnx_inference_leaves_untyped():
+    """GroupNormalization-21 -> Relu -> Shape: ONNX inference types none of them; the schemas
+    bind GroupNormalization's T to its input's type, Relu's to GroupNormalization's, and fix
+    Shape's output to int64."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mixq.graph import GraphIndex, schema_types
+
+    g = helper.make_graph(
+        [helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2),
+         helper.make_node("Relu", ["y"], ["z"]), helper.make_node("Shape", ["z"], ["shp"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["N", 4, 8, 8])],
+        [helper.make_tensor_value_info("shp", TensorProto.INT64, [4])],
+        [numpy_helper.from_array(np.ones(4, np.float16), "s"), numpy_helper.from_array(np.zeros(4, np.float16), "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    types = {"x": TensorProto.FLOAT16, "s": TensorProto.FLOAT16, "b": TensorProto.FLOAT16}
+    schema_types(m, types)
+    assert types["y"] == types["z"] == TensorProto.FLOAT16 and types["shp"] == TensorProto.INT64
+    ix = GraphIndex.of(m)
+    assert ix.elem_type("z") == TensorProto.FLOAT16 and ix.shape("z") is None

@@ -24,8 +24,8 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, numpy_helper
 
-__all__ = ["FragileRegion", "find_fragile", "find_sentinels", "find_shape_arithmetic", "REASON_CANCEL",
-           "REASON_NORM", "REASON_RMS", "REASON_SHAPE"]
+__all__ = ["FragileRegion", "find_fragile", "find_phases", "find_sentinels", "find_shape_arithmetic",
+           "REASON_CANCEL", "REASON_NORM", "REASON_RMS", "REASON_SHAPE"]
 
 REASON_CANCEL = ("numerically fragile: variance computed as E[x^2]-E[x]^2 (cancels catastrophically "
                  "in bfloat16); its normalization is kept in float")
@@ -296,3 +296,38 @@ def find_shape_arithmetic(g: onnx.GraphProto) -> list[FragileRegion]:
     region = {k for k, n in enumerate(g.node) if n.output and n.op_type != "Constant"
               and all(o in shaped for o in n.output if o)}
     return [FragileRegion(region, REASON_SHAPE)] if region else []
+
+
+def find_phases(model: onnx.ModelProto, types: dict[str, int], target: str, mantissa_bits: int
+                ) -> list[FragileRegion]:
+    """The nodes computing the phase of a Sin / Cos from coordinates (positions cast from
+    integers, a timestep or coordinates fed as a graph input), through the ops that carry their
+    rounding scaled (`mixq.plan.numerics.phase_paths`), and the periodic nodes themselves. Such
+    phases reach the thousands, where `target` spaces values by a sizeable part of a period
+    (bfloat16: 8 at 2000; float16: 1): Cos / Sin of them is noise. A phase a layer computes from
+    features is left to the conversion (no range is known here, and it is usually small).
+    `types`: the element type of each tensor (the converter's type inference)."""
+    from ..plan.numerics import PERIODIC_OPS, phase_paths
+
+    producer = {o: k for k, n in enumerate(model.graph.node) for o in n.output if o}
+    graph_inputs = {i.name for i in model.graph.input}
+    inits = {t.name for t in model.graph.initializer}
+    region: set[int] = set()
+    for phase, path in phase_paths(model, elem_type=types.get).items():
+        def coordinate(t: str) -> bool:
+            if t in graph_inputs and t not in inits:
+                return True
+            k = producer.get(t)
+            return k is not None and model.graph.node[k].op_type == "Cast" and \
+                any(i and i not in path for i in model.graph.node[k].input)  # cast from an integer
+        if not any(coordinate(t) for t in path):
+            continue
+        region.update(producer[t] for t in path if t in producer)
+        region.update(k for k, n in enumerate(model.graph.node)
+                      if n.op_type in PERIODIC_OPS and n.input and n.input[0] == phase)
+    if not region:
+        return []
+    return [FragileRegion(region, f"phase of a Sin / Cos computed from positions or a timestep: {target} "
+                                  f"keeps {mantissa_bits + 1} significant bits, which space a phase of 2000 "
+                                  f"{2.0 ** (10 - mantissa_bits):g} apart, a sizeable part of its period; "
+                                  "kept in float")]

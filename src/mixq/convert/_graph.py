@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import AttributeProto, TensorProto, helper
 
+from ..graph import schema_types
+
 __all__ = ["GraphInfo", "analyze", "input_var", "output_var", "allowed_types", "NON_DATA_INPUTS",
            "VALUE_AGNOSTIC", "ATTR_TYPED_OPS", "subgraph_names", "default_opset"]
 
@@ -135,6 +137,7 @@ def infer_types(model: onnx.ModelProto) -> dict[str, int]:
             types.setdefault(vi.name, et)
     for t in g.initializer:
         types[t.name] = int(t.data_type)
+    schema_types(model, types)
     for node in g.node:  # Constant outputs, in case inference skipped them
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for a in node.attribute:

@@ -262,9 +262,10 @@ def bf16_representable(a: np.ndarray) -> bool:
 
 
 def _data_initializers(model: onnx.ModelProto, F: int, exact: ConversionReport | None = None,
-                       ) -> list[onnx.TensorProto]:
-    """F weights read as data. With `exact` (a bf16 report), leave out those the converter keeps
-    exact on purpose: one-element weights and weights read only by nodes it kept float."""
+                       scalars: bool = True) -> list[onnx.TensorProto]:
+    """F weights read as data. With `exact` (the report), leave out those the converter keeps
+    exact on purpose: weights read only by nodes it kept float and, unless `scalars` (fp16
+    converts them), one-element weights."""
     from ._graph import NON_DATA_INPUTS
     params = {n.input[j] for n in model.graph.node for j in NON_DATA_INPUTS.get(n.op_type, ())
               if j < len(n.input)}
@@ -277,7 +278,7 @@ def _data_initializers(model: onnx.ModelProto, F: int, exact: ConversionReport |
     for n in model.graph.node:
         for i in n.input:
             readers.setdefault(i, set()).add(n.name or n.output[0])
-    return [t for t in out if int(np.prod(t.dims)) != 1 and not readers.get(t.name, set()) <= kept]
+    return [t for t in out if (scalars or int(np.prod(t.dims)) != 1) and not readers.get(t.name, set()) <= kept]
 
 
 def check_conversion(model: onnx.ModelProto | str | os.PathLike, fmt: str, *, source: str = "auto",
@@ -325,14 +326,14 @@ def check_conversion(model: onnx.ModelProto | str | os.PathLike, fmt: str, *, so
         assert rep.tensors_converted > 0
         assert n_cast(out) - n_cast(original) == rep.casts_inserted == 2 * rep.tensors_converted
         if target == TensorProto.BFLOAT16:
-            for t in _data_initializers(out, F, rep):
+            for t in _data_initializers(out, F, rep, scalars=False):
                 assert bf16_representable(numpy_helper.to_array(t)), f"weight {t.name} not bf16-rounded"
         assert all(f.sqnr_db != float("inf") for f in rep.fidelity) or rep.tensors_converted == 0, \
             "with_cast outputs identical to the original: were the Casts optimized away?"
     elif fmt in ("simulate_bf16", "simulate_fp16"):
         assert ops(out) == ops(original), "simulate must not change the graph"
         assert rep.initializers_converted > 0
-        for t in _data_initializers(out, F, rep if target == TensorProto.BFLOAT16 else None):
+        for t in _data_initializers(out, F, rep, scalars=target != TensorProto.BFLOAT16):
             arr = numpy_helper.to_array(t)
             if target == TensorProto.BFLOAT16:
                 assert bf16_representable(arr), f"weight {t.name} not bf16-representable"
@@ -342,7 +343,7 @@ def check_conversion(model: onnx.ModelProto | str | os.PathLike, fmt: str, *, so
         stored = [t for t in out.graph.initializer if t.data_type == target]
         assert stored, f"no {fmt} initializers"
         assert rep.initializers_converted == len(stored)
-        left = [t.name for t in _data_initializers(out, F, rep if target == TensorProto.BFLOAT16 else None)
+        left = [t.name for t in _data_initializers(out, F, rep, scalars=target != TensorProto.BFLOAT16)
                 if t.name not in {i.name for i in out.graph.input}]
         assert not left, f"float weights left unconverted: {left}"
     elif fmt == "customqdq":

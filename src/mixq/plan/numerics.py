@@ -34,6 +34,7 @@ Each detector is a pure function returning {tensor: reason}:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -78,8 +79,8 @@ PHASE_MAX_STEP = 2 * math.pi / 256
 #: (h) periodic ops, whose output error is the phase's absolute error at any magnitude
 PERIODIC_OPS = frozenset({"Sin", "Cos", "Tan"})
 #: (h) ops that carry an operand's rounding error to their output scaled, not averaged away:
-#: data movement, casts and element-wise arithmetic (MatMul / Gemm only with a constant
-#: operand: positions times a frequency row)
+#: data movement, casts and element-wise arithmetic (MatMul / Gemm only as an outer product
+#: with a constant, positions times a frequency row: a layer's sum averages its inputs' errors)
 _PHASE_WALK_OPS = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand",
                              "Tile", "Slice", "Gather", "Concat", "Split", "Cast", "Neg", "Mul", "Div", "Add",
                              "Sub", "MatMul", "Gemm"})
@@ -434,12 +435,15 @@ def outlier_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats], *,
     return out
 
 
-def phase_paths(model: onnx.ModelProto, depth: int = 8) -> dict[str, list[str]]:
+def phase_paths(model: onnx.ModelProto, depth: int = 8,
+                elem_type: Callable[[str], int | None] | None = None) -> dict[str, list[str]]:
     """(h) For each run-time input of a Sin / Cos / Tan: the tensors whose rounding reaches it
     scaled (itself, and what `_PHASE_WALK_OPS` compute it from, constants included), walking
     back at most `depth` ops; the walk stops at integer tensors (a Cast from int64 positions)
-    and at a MatMul / Gemm of two run-time operands."""
-    inits = {t.name for t in model.graph.initializer}
+    and at a MatMul / Gemm that is not an outer product with a constant (a layer).
+    `elem_type`: a tensor's element type where the caller knows them (default: read from the
+    model's value_info, which shape inference has filled)."""
+    inits = {t.name: t for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output if o}
     index: GraphIndex | None = None
     out: dict[str, list[str]] = {}
@@ -458,15 +462,17 @@ def phase_paths(model: onnx.ModelProto, depth: int = 8) -> dict[str, list[str]]:
                 ins = [i for i in p.input if i]
                 if p.op_type == "Gather":
                     ins = ins[:1]  # the indices are integers
-                if p.op_type in ("MatMul", "Gemm") and not any(i in inits for i in ins[:2]):
+                if p.op_type in ("MatMul", "Gemm") and not _outer_product(p, inits):
                     continue
                 if p.op_type in ("Reshape", "Slice", "Expand", "Tile", "Unsqueeze", "Squeeze", "Split"):
                     ins = ins[:1]  # shapes, axes and starts
                 for i in ins:
                     if i in seen:
                         continue
-                    index = index or GraphIndex.of(model)
-                    if not is_float_type(index.elem_type(i)):
+                    if elem_type is None:
+                        index = index or GraphIndex.of(model)
+                        elem_type = index.elem_type
+                    if not is_float_type(elem_type(i) or 0):
                         continue
                     seen.append(i)
                     if i not in inits:
@@ -474,6 +480,17 @@ def phase_paths(model: onnx.ModelProto, depth: int = 8) -> dict[str, list[str]]:
             frontier = nxt
         out[n.input[0]] = seen
     return out
+
+
+def _outer_product(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
+    """A MatMul / Gemm with a constant operand whose contracted dimension is 1."""
+    a, b = (node.input[0], node.input[1]) if len(node.input) > 1 else ("", "")
+    trans = {x.name: x.i for x in node.attribute}
+    if b in inits and len(inits[b].dims) >= 2:
+        return int(inits[b].dims[-1 if trans.get("transB") else -2]) == 1
+    if a in inits and len(inits[a].dims) >= 2:
+        return int(inits[a].dims[-2 if trans.get("transA") else -1]) == 1
+    return False
 
 
 def grid_spacing(fmt_name: str, value: float) -> float:

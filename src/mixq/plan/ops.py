@@ -81,7 +81,7 @@ OP_TABLE: dict[str, OpSemantics] = {
     "HardSigmoid": _UNARY, "HardSwish": _UNARY, "Softmax": _UNARY, "Gelu": _UNARY, "Erf": _UNARY,
     "PRelu": _UNARY, "Elu": _UNARY, "Mish": _UNARY, "Swish": _UNARY,
     "Resize": _UNARY, "LayerNormalization": _UNARY, "InstanceNormalization": _UNARY,
-    "RMSNormalization": _UNARY, "Sin": _UNARY, "Cos": _UNARY,
+    "RMSNormalization": _UNARY, "GroupNormalization": _UNARY, "Sin": _UNARY, "Cos": _UNARY,
     "ReduceMean": _UNARY, "Pow": _UNARY, "Sqrt": _UNARY,
     "Gather": OpSemantics(activations=(0,), passthrough=True),
     # data movement and max-like ops keep their input's quantization
