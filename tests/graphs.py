@@ -186,3 +186,20 @@ def groupnorm_block(seed: int = 0):
     m = _model(nodes, [_vi("x", ["N", 4, 8, 8])], [_vi("y", ["N", 4, 8, 8])], inits, opset=21)
     m.ir_version = 10
     return m, [{"x": rng.normal(0, 1, (2, 4, 8, 8)).astype(np.float32)} for _ in range(6)]
+
+
+def standardized_features(seed: int = 0):
+    """Tabular features fed unnormalized (a year 2020 +- 3, a price 350 +- 40, a latitude
+    45 +- 0.5, a centred score) and standardized in the graph, (x - mean) / std with constants,
+    then a two-layer MLP with a 2-value regression output."""
+    rng = np.random.default_rng(seed)
+    mean = np.array([2020.0, 350.0, 45.0, 0.0], np.float32)
+    std = np.array([3.0, 40.0, 0.5, 1.0], np.float32)
+    inits = {"mean": mean, "std": std, "w1": rng.normal(0, 0.5, (4, 32)).astype(np.float32),
+             "b1": rng.normal(0, 0.1, 32).astype(np.float32), "w2": rng.normal(0, 0.3, (32, 2)).astype(np.float32)}
+    nodes = [helper.make_node("Sub", ["x", "mean"], ["xc"]), helper.make_node("Div", ["xc", "std"], ["z"]),
+             helper.make_node("MatMul", ["z", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    m = _model(nodes, [_vi("x", ["N", 4])], [_vi("y", ["N", 2])], inits)
+    feeds = [{"x": (mean + rng.normal(0, 1, (16, 4)) * std).astype(np.float32)} for _ in range(8)]
+    return m, feeds

@@ -35,6 +35,10 @@ BROKEN_AGREEMENT = 0.90
 #: many are, on every row otherwise.
 MIN_DECISIVE_ROWS = 8
 BROKEN_SQNR_DB = 10.0
+#: Any float output whose error has more power than the output itself is broken, class scores
+#: too: its agreement then only shows a class that wins whatever the input (a 2-value
+#: regression read as class scores agreed on 94% of rows at -0.2 dB).
+BROKEN_FLOOR_DB = 0.0
 #: Short of broken, the summary warns that the model likely loses accuracy when a class-score
 #: output (one row per sample) is expected to agree on fewer than 1 - LIKELY_DROP of its
 #: decisive rows (`OutputMetrics.expected_agreement`): 32 samples show too few flips to count
@@ -167,7 +171,8 @@ class FidelityReport:
             if self.broken:
                 reshaped = any(o.shape_changed for o in self.outputs)
                 out.append(f"WARNING: the quantized model looks broken (SQNR < {BROKEN_SQNR_DB:g} dB or "
-                           f"agreement < {100 * BROKEN_AGREEMENT:.0f}% on rows that are no near-ties"
+                           f"agreement < {100 * BROKEN_AGREEMENT:.0f}% on rows that are no near-ties; "
+                           f"class scores under {BROKEN_FLOOR_DB:g} dB whatever their agreement"
                            + (f", or outputs of another shape than float's on more than "
                               f"{100 * (1 - BROKEN_AGREEMENT):.0f}% of the samples" if reshaped else "") + ")")
             if self.culprits:
@@ -247,12 +252,14 @@ def is_broken(outputs: list[OutputMetrics]) -> bool:
     """Any output with NaN/inf where float is finite, a value output with another shape than
     float's on more than 1 - BROKEN_AGREEMENT of the samples, a class-score output with top-1
     agreement (`judged_agreement`) below BROKEN_AGREEMENT, or another output below
-    BROKEN_SQNR_DB. Class scores are judged by agreement alone: probabilities near 0 and 1 give
-    a low SQNR for small, harmless errors (a CTC recognizer at A8W8: 9.5 dB, the same
-    characters)."""
+    BROKEN_SQNR_DB. Class scores are judged by agreement, down to BROKEN_FLOOR_DB: probabilities
+    near 0 and 1 give a low SQNR for small, harmless errors (a CTC recognizer at A8W8: 9.5 dB,
+    the same characters), but an error above the output's own power is no small error."""
     def bad(o: OutputMetrics) -> bool:
         if not o.decisions and o.shape_changed > (1.0 - BROKEN_AGREEMENT) * o.pairs:
             return True  # its SQNR is over the other samples only (decisions count them as changed)
+        if not o.decisions and o.sqnr_db < BROKEN_FLOOR_DB:
+            return True
         agreement = judged_agreement(o)
         return agreement < BROKEN_AGREEMENT if agreement is not None else o.sqnr_db < BROKEN_SQNR_DB
 

@@ -20,7 +20,7 @@ import mixq.plan.numerics
 from mixq.evaluate import compare
 from mixq.passes.recognize import RecognizeReport
 
-from ..graphs import rotary_at_run_time, timestep_embedding
+from ..graphs import rotary_at_run_time, standardized_features, timestep_embedding
 
 
 def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
@@ -394,6 +394,44 @@ def test_quiet_waveforms_before_an_stft(preset, monkeypatch):
     assert compare(m, old.model, quiet).first().cosine < 0.98
 
 
+# ------------------------------------------------------------------ (c) and (i): features standardized in the graph
+@pytest.mark.parametrize("preset", ["A8W8", "U8S8", "BF16", "FP16"])
+def test_features_standardized_in_the_graph(preset, policies_off):
+    """x - mean with a year of 2020 +- 3: an int8 grid spanning 2023 (spacing 16), bf16
+    (spacing 8) or fp16 (spacing 1) rounds the feature away, and the constant 2020 as much.
+    (c) keeps x and the mean float (a cancellation against a constant; casts judged by their
+    spacing). Then (x - mean) holds channels of std 3, 40, 0.5 and 1 on one grid, and the Div
+    by std blows the latitude's rounding up to its whole range: (i) keeps it float too.
+    Measured: 33.1 (A8W8), 35.3 (U8S8), 46.6 (BF16), 63.8 dB (FP16); off: 1.1, 4.3, 5.6, 27.4 dB."""
+    m, feeds = standardized_features()
+    res = mixq.quantize(m, preset, feeds, check_kernels=False)
+    assert compare(m, res.model, feeds).first().sqnr_db >= 25.0, res.summary()
+    kept = {f.tensor: f.policy for f in res.numerics}
+    assert kept.get("x") == kept.get("mean") == "cancellation", kept
+    if preset in ("A8W8", "U8S8", "BF16"):  # fp16's spacing at 120 (0.06) passes the Div
+        assert kept.get("xc") == "rescaled", kept
+    policies_off()
+    off = mixq.quantize(m, preset, feeds, check_kernels=False)
+    assert compare(m, off.model, feeds).first().sqnr_db < 30.0
+
+
+def test_a_uniform_rescale_flags_nothing():
+    """(i) does not flag a Mul by one constant (a residual's layer scale of 0.1): the spacing
+    scales with the output."""
+    from mixq.calibration.stats import TensorStats
+    from mixq.plan.numerics import rescaled_inputs
+
+    rng = np.random.default_rng(0)
+    m = _model([helper.make_node("Mul", ["u", "c"], ["o"])], [_vi("u", ["N", 8])], [_vi("o", ["N", 8])],
+               {"c": np.full(8, 0.1, np.float32)})
+    u = rng.normal(0, 1, (4096, 8)).astype(np.float32)
+    stats = {"u": TensorStats.from_array(u), "o": TensorStats.from_array(u * 0.1)}
+    assert rescaled_inputs(m, stats, lambda t, v: v / 127) == {}
+    stats["o"] = TensorStats.from_array(u * np.r_[np.full(7, 1e-3), 0.1].astype(np.float32))
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.r_[np.full(7, 1e-3), 0.1].astype(np.float32), "c"))
+    assert rescaled_inputs(m, stats, lambda t, v: v / 127) == {}  # the largest factor is 0.1: fine
+
+
 # ------------------------------------------------------------------ (h) phases of Sin / Cos
 @pytest.mark.parametrize("preset", ["A8W8", "A16W8", "BF16", "BFP16"])
 def test_rotary_positions_at_run_time_keep_their_phase(preset, policies_off):
@@ -525,6 +563,10 @@ def test_class_scores_of_any_rank_are_judged_by_agreement():
     assert not is_broken([OutputMetrics("p", 9.0, 0.95, 0.5, 0.98)])  # CTC probabilities: low SQNR, same labels
     assert is_broken([OutputMetrics("p", 30.0, 0.99, 0.1, 0.85)])
     assert is_broken([OutputMetrics("y", 9.0, 0.95, 0.5, None)])
+    # an error above the output's power is broken whatever the agreement: a 2-value regression
+    # read as class scores agreed on 94% of rows at -0.2 dB (features standardized in the graph)
+    assert is_broken([OutputMetrics("p", -0.2, 0.5, 2.0, 0.94)])
+    assert not is_broken([OutputMetrics("p", 0.5, 0.5, 2.0, 0.94)])
     nodes = [helper.make_node("Mul", ["x", "k"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=-1)]
     m = _model(nodes, [_vi("x", [2, 5, 7])], [_vi("p", [2, 5, 7])], {"k": np.float32(4.0)})
     assert class_score_outputs(m) == {"p": -1}

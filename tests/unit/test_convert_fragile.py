@@ -84,7 +84,9 @@ def test_scalar_weights_stay_exact_in_the_rounding_formats():
     s, t = np.float32(1.0029296875 + 2 ** -12), np.float32(-0.30078125 - 2 ** -13)  # not bf16 values
     w = rng.standard_normal((16, 16)).astype(np.float32)
     mk = helper.make_node
-    g = helper.make_graph([mk("Mul", ["x", "s"], ["xs"], name="scale"), mk("Add", ["xs", "t"], ["xt"], name="shift"),
+    # after a layer (on a graph input the pair would be the input standardization, kept float)
+    g = helper.make_graph([mk("Relu", ["x"], ["xr"], name="act"), mk("Mul", ["xr", "s"], ["xs"], name="scale"),
+                           mk("Add", ["xs", "t"], ["xt"], name="shift"),
                            mk("MatMul", ["xt", "w"], ["y"], name="mm")], "aff",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
@@ -126,3 +128,23 @@ def test_constant_shared_with_a_fragile_node_is_split(fmt):
         assert np.all(vals[after] == 1.0)
     else:  # bfloat16-stored, widened by a Cast / BFloat16Dequantize
         assert prod[after].op_type in ("Cast", "BFloat16Dequantize")
+
+
+def test_input_standardization_stays_float():
+    """(x - mean) / std on a graph input keeps float (a year of 2020 +- 3: bfloat16 spaces it by
+    8, and rounds the mean as much); a scaling alone (x / 255) and constants applied after a
+    layer are converted."""
+    from mixq.convert._fragile import REASON_AFFINE, find_input_affine
+
+    mk = helper.make_node
+    c = lambda v, n: numpy_helper.from_array(np.asarray(v, np.float32), n)  # noqa: E731
+    g = helper.make_graph([mk("Sub", ["x", "mean"], ["xc"]), mk("Div", ["xc", "std"], ["z"]),
+                           mk("Div", ["img", "k255"], ["im"]), mk("Relu", ["z"], ["r"]), mk("Add", ["r", "b"], ["y"])],
+                          "std", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+                                  helper.make_tensor_value_info("img", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4]),
+                           helper.make_tensor_value_info("im", TensorProto.FLOAT, [2, 4])],
+                          [c([2020, 350, 45, 0], "mean"), c([3, 40, 0.5, 1], "std"), c(255, "k255"), c(0.1, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    regions = find_input_affine(m)
+    assert [sorted(r.nodes) for r in regions] == [[0, 1]] and regions[0].reason == REASON_AFFINE

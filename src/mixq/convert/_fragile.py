@@ -24,8 +24,9 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, numpy_helper
 
-__all__ = ["FragileRegion", "find_fragile", "find_phases", "find_sentinels", "find_shape_arithmetic",
-           "REASON_CANCEL", "REASON_NORM", "REASON_RMS", "REASON_SHAPE"]
+__all__ = ["FragileRegion", "find_fragile", "find_input_affine", "find_phases", "find_sentinels",
+           "find_shape_arithmetic",
+           "REASON_AFFINE", "REASON_CANCEL", "REASON_NORM", "REASON_RMS", "REASON_SHAPE"]
 
 REASON_CANCEL = ("numerically fragile: variance computed as E[x^2]-E[x]^2 (cancels catastrophically "
                  "in bfloat16); its normalization is kept in float")
@@ -33,6 +34,10 @@ REASON_NORM = ("numerically fragile: internals of a written-out normalization (m
                "kept in float (onnxruntime would also fuse them into one LayerNormalization node)")
 REASON_RMS = ("numerically fragile: internals of a written-out RMS normalization (mean of squares/rsqrt); "
               "kept in float")
+
+REASON_AFFINE = ("standardizes a graph input with constants ((x - mean) / std): features fed in their own "
+                 "units lose their variation, and the mean its value, to a narrower float's spacing there "
+                 "(bfloat16 spaces a year of 2020 by 8); kept in float")
 
 REASON_SHAPE = ("shape arithmetic: computed from Shape/Size only, exact integers in float that a "
                 "narrower float rounds (bfloat16 turns a Reshape target of 1156 into 1152); kept in float")
@@ -331,3 +336,43 @@ def find_phases(model: onnx.ModelProto, types: dict[str, int], target: str, mant
                                   f"keeps {mantissa_bits + 1} significant bits, which space a phase of 2000 "
                                   f"{2.0 ** (10 - mantissa_bits):g} apart, a sizeable part of its period; "
                                   "kept in float")]
+
+
+_AFFINE = frozenset({"Sub", "Add", "Mul", "Div"})
+
+
+def find_input_affine(model: onnx.ModelProto) -> list[FragileRegion]:
+    """The Sub / Add / Mul / Div nodes that apply constants to a float graph input, and those
+    that go on applying constants to their output, where one of them adds or subtracts: the
+    input standardization a model does itself. Its offsets are the largest values the model sees (a year, a price, a latitude,
+    minus their means), where a narrower float's spacing is widest; keeping these few
+    element-wise nodes float costs nothing."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    consumers: dict[str, list[int]] = {}
+    for k, n in enumerate(g.node):
+        for i in n.input:
+            if i:
+                consumers.setdefault(i, []).append(k)
+    float_types = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+    region: set[int] = set()
+    for inp in g.input:
+        if inp.name in inits or inp.type.tensor_type.elem_type not in float_types:
+            continue
+        chain: set[int] = set()
+        frontier = [inp.name]
+        while frontier:
+            t = frontier.pop()
+            for k in consumers.get(t, ()):
+                n = g.node[k]
+                if k in chain or n.op_type not in _AFFINE or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
+                    continue
+                other = n.input[1] if n.input[0] == t else n.input[0]
+                if other not in inits or (n.op_type == "Div" and n.input[0] != t):
+                    continue
+                chain.add(k)
+                frontier.append(n.output[0])
+        # a scaling alone (x / 255) rounds relative to each value; an offset removed is the risk
+        if any(g.node[k].op_type in ("Sub", "Add") for k in chain):
+            region |= chain
+    return [FragileRegion(region, REASON_AFFINE)] if region else []

@@ -26,7 +26,7 @@ from ..errors import ModelError
 from ..formats.base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION
 from . import _graph as G
 from ._rounding import BF16_MAX, FP16_MAX, element_type_name, round_tensor_inplace, tensor_to_target
-from ._fragile import find_fragile, find_phases, find_sentinels, find_shape_arithmetic
+from ._fragile import find_fragile, find_input_affine, find_phases, find_sentinels, find_shape_arithmetic
 from ..kernels import probe_kernel, short_error
 
 __all__ = ["RewriteResult", "KeptFloat", "simulate", "qdq", "native", "QUANTIZE_FN", "DEQUANTIZE_FN"]
@@ -269,6 +269,7 @@ def _prepare(model: onnx.ModelProto, F: int, *, lift: bool, fragile: bool = Fals
         limit, tname = (BF16_MAX, "bfloat16") if target == TensorProto.BFLOAT16 else (FP16_MAX, "float16")
         regions += find_sentinels(m.graph, limit, tname) + find_shape_arithmetic(m.graph)
         regions += find_phases(m, info.types, tname, 7 if target == TensorProto.BFLOAT16 else 10)
+        regions += find_input_affine(m)
     for region in regions:
         for k in region.nodes:
             keep.setdefault(k, region.reason)

@@ -61,6 +61,8 @@ SMALL_SHARE = 0.10
 SMALL_LOG2 = 8
 #: (c) output rms this many times below the larger input rms is a cancellation
 CANCEL_RATIO = 8.0
+#: (c) a cast input is flagged when its grid spacing at its absmax passes 1/this of the output rms
+CAST_CANCEL_STEPS = 4.0
 #: (d) input absmax ratio above which a Concat output is kept float
 CONCAT_RATIO = 16.0
 
@@ -85,7 +87,7 @@ _PHASE_WALK_OPS = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Fla
                              "Tile", "Slice", "Gather", "Concat", "Split", "Cast", "Neg", "Mul", "Div", "Add",
                              "Sub", "MatMul", "Gemm"})
 
-POLICIES = ("sentinel", "small_values", "cancellation", "concat", "outliers", "overflow", "phase")
+POLICIES = ("sentinel", "small_values", "cancellation", "concat", "outliers", "overflow", "phase", "rescaled")
 
 
 def cast_limit(fmt: str) -> float | None:
@@ -342,11 +344,18 @@ def _ancestors(producer: dict[str, onnx.NodeProto], inits: set[str], t: str, dep
 
 
 def cancellation_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats], *,
-                        ratio: float = CANCEL_RATIO) -> dict[str, str]:
+                        ratio: float = CANCEL_RATIO,
+                        cast_spacing: Callable[[str, float], float | None] | None = None) -> dict[str, str]:
     """(c) Run-time inputs of a Sub/Add whose output rms is more than `ratio` times below the
-    larger input rms (catastrophic cancellation), and the tensors between them and their
-    nearest common source (E[x^2] and E[x]^2 both come from x: every rounding on the way to
-    the Sub lands in the result; x's own rounding only adds to the variance)."""
+    larger run-time input rms (catastrophic cancellation), and the tensors between them and
+    their nearest common source (E[x^2] and E[x]^2 both come from x: every rounding on the way
+    to the Sub lands in the result; x's own rounding only adds to the variance). A run-time
+    input minus a constant is one too: features fed unnormalized and standardized in the graph
+    (a year, 2020 +- 3, minus 2020) lose all they carry to a grid spanning 0 .. 2023.
+    `cast_spacing(tensor, value)`: the spacing of a tensor's cast format (bf16, fp16) at
+    `value`, None for a scaled format. A cast rounds relative to each value, so a cast input is
+    flagged when its spacing at its absmax passes a quarter of the output rms (what `ratio`
+    allows an int8 grid on a bell-shaped input)."""
     inits = {t.name for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output if o}
     out: dict[str, str] = {}
@@ -354,23 +363,65 @@ def cancellation_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats], *
         if n.op_type not in ("Sub", "Add") or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
             continue
         o = n.output[0]
-        if o not in stats or any(i not in stats for i in n.input):
+        run = [i for i in n.input if i in stats]
+        if o not in stats or not run or any(i not in stats and i not in inits for i in n.input):
             continue
         r_out = _rms(stats[o])
-        r_in = max(_rms(stats[i]) for i in n.input)
-        if r_in == 0.0 or r_out * ratio > r_in:
+        r_in = max(_rms(stats[i]) for i in run)
+        spacings = [sp for i in run if cast_spacing is not None
+                    and (sp := cast_spacing(i, stats[i].absmax)) is not None]
+        cast_bad = any(sp * CAST_CANCEL_STEPS > r_out for sp in spacings)
+        if r_in == 0.0 or (r_out * ratio > r_in and not cast_bad):
             continue
         k = math.log2(r_in / r_out) if r_out > 0 else math.inf
         why = (f"cancellation: {n.op_type} {n.name!r} outputs rms 2^-{k:.0f} of its inputs'; their "
                "rounding error would be the whole result")
-        for i in n.input:
+        for i in n.input:  # a constant operand too: a mean of 2020 rounded is the same error
             out.setdefault(i, why)
+        if len(run) < 2:
+            continue
         a, b = (_ancestors(producer, inits, i) for i in n.input)
         common = a & b
         if common:
             for t in sorted((a | b) - common):
                 if t in stats:
                     out.setdefault(t, why + " (on the way from their common source)")
+    return out
+
+
+def rescaled_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats],
+                    spacing: Callable[[str, float], float | None]) -> dict[str, str]:
+    """(i) Run-time inputs of a Mul or Div by a constant whose grid spacing, carried through the
+    largest factor the constant applies (max |c| for Mul, max 1/|c| for Div), passes a quarter of
+    the output rms. A per-feature scale that differs across channels (standardizing features
+    of unlike units: a price's std 40, a latitude's 0.5) leaves the small channels of the input
+    a code or two on one grid, and the scale then blows their rounding up to their whole range.
+    `spacing(tensor, value)`: the planned format's grid spacing at `value` (None: not gridded)."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    out: dict[str, str] = {}
+    for n in model.graph.node:
+        if n.op_type not in ("Mul", "Div") or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
+            continue
+        slots = [0] if n.op_type == "Div" else [0, 1]  # a Div's divisor is (b)'s business
+        for j in slots:
+            u, c = n.input[j], n.input[1 - j]
+            if u not in stats or c not in inits or n.output[0] not in stats or stats[u].empty:
+                continue
+            vals = np.abs(numpy_helper.to_array(inits[c]).astype(np.float64)).ravel()
+            vals = vals[np.isfinite(vals)]
+            if n.op_type == "Div":
+                vals = 1.0 / vals[vals > 0]
+            if not vals.size:
+                continue
+            step = spacing(u, stats[u].absmax)
+            r_out = _rms(stats[n.output[0]])
+            if step is None or r_out == 0.0 or step * float(vals.max()) * CAST_CANCEL_STEPS <= r_out:
+                continue
+            out[u] = (f"rescaled: {n.op_type} {n.name!r} scales it by up to {float(vals.max()):.3g} (a constant "
+                      f"spanning {float(vals.max() / max(vals.min(), 1e-30)):.3g}x); its grid spacing "
+                      f"{step:.3g} becomes {step * float(vals.max()):.3g} there, against an output rms of {r_out:.3g}")
     return out
 
 
@@ -582,6 +633,18 @@ def _gridded(tp: TensorPrecision, int_only: bool) -> bool:
     return bool(fmts)
 
 
+def _spacing(acts: dict[str, TensorPrecision], casts_only: bool) -> Callable[[str, float], float | None]:
+    """The coarsest grid spacing, at a value, of the formats a tensor is planned in; None for a
+    tensor planned in none (or, `casts_only`, in a scaled format: (c)'s ratio rule judges it)."""
+    def spacing(name: str, value: float) -> float | None:
+        tp = acts.get(name)
+        fmts = [] if tp is None else [f for f in [tp.format, *tp.consumer_formats.values()] if f]
+        if not fmts or (casts_only and any(get_format(f).needs_qparams for f in fmts)):
+            return None
+        return max(grid_spacing(f, value) for f in fmts)
+    return spacing
+
+
 def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats],
                   policies: tuple[str, ...] = POLICIES, *,
                   nonfinite: dict[str, tuple[int, int]] | None = None,
@@ -609,7 +672,8 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
     detectors = {
         "sentinel": lambda: sentinel_tensors(cal, memo=memo),
         "small_values": lambda: small_value_inputs(model, cal),
-        "cancellation": lambda: cancellation_inputs(model, cal),
+        "cancellation": lambda: cancellation_inputs(model, every, cast_spacing=_spacing(acts, casts_only=True)),
+        "rescaled": lambda: rescaled_inputs(model, every, _spacing(acts, casts_only=False)),
         "concat": lambda: concat_range_outputs(model, cal),
         "outliers": lambda: outlier_tensors(plan, cal, memo=memo),
         "overflow": lambda: overflow_tensors(plan, every),
@@ -619,7 +683,8 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
         if pol not in policies:
             continue
         for t, why in detectors[pol]().items():
-            tp = plan.tensors.get(t) if pol == "phase" else acts.get(t)  # (h): weights too
+            # (c) and (h) flag the constants on the way too
+            tp = plan.tensors.get(t) if pol in ("phase", "cancellation") else acts.get(t)
             if tp is None or t in found or not _gridded(tp, int_only=pol in ("small_values", "outliers")) \
                     or tp.reason == "tensor override":  # the user's word wins
                 continue
