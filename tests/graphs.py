@@ -203,3 +203,18 @@ def standardized_features(seed: int = 0):
     m = _model(nodes, [_vi("x", ["N", 4])], [_vi("y", ["N", 2])], inits)
     feeds = [{"x": (mean + rng.normal(0, 1, (16, 4)) * std).astype(np.float32)} for _ in range(8)]
     return m, feeds
+
+
+def offset_head(seed: int = 0):
+    """A head whose values sit on large per-channel offsets (300, 250, 280: kelvins) with a
+    small learned variation, then a layer (differences between the channels): every output
+    element varies by ~1 around a constant of tens."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": rng.normal(0, 0.35, (8, 32)).astype(np.float32), "w2": rng.normal(0, 0.2, (32, 3)).astype(np.float32),
+             "off": np.array([300.0, 250.0, 280.0], np.float32),
+             "wd": np.array([[1, -1, 0], [0, 1, -1], [1, 0, -1]], np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["z"]), helper.make_node("Add", ["z", "off"], ["pre"]),
+             helper.make_node("MatMul", ["pre", "wd"], ["y"])]
+    m = _model(nodes, [_vi("x", ["N", 8])], [_vi("y", ["N", 3])], inits)
+    return m, [{"x": rng.normal(0, 1, (8, 8)).astype(np.float32)} for _ in range(16)]

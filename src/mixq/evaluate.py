@@ -140,6 +140,12 @@ def flip_exposure(quantized: np.ndarray, reference: np.ndarray,
     return FlipExposure(risk, (z[:, 0] < NEAR_BAND) | bad)
 
 
+#: Samples (rows of axis 0) an output's variation is measured over, at least.
+MIN_VARIATION_SAMPLES = 4
+#: An output whose variation SQNR is this far below its SQNR sits on an offset (`offset_hidden`).
+OFFSET_DB = 10.0
+
+
 @dataclass
 class OutputMetrics:
     """Agreement of one output with the float reference. For class-score outputs (rank 2),
@@ -166,6 +172,16 @@ class OutputMetrics:
     #: of `pairs` compared: the SQNR and cosine are over the others
     shape_changed: int = 0
     pairs: int = 0
+    #: the SQNR on the output's variation across samples (`ErrorStats.variation_sqnr_db`)
+    variation_sqnr_db: float | None = None
+
+    @property
+    def offset_hidden(self) -> bool:
+        """The output sits on an offset that hides its error: its variation across samples is
+        under a tenth of its power, and so its SQNR on that variation OFFSET_DB or more below
+        its SQNR."""
+        return (self.variation_sqnr_db is not None and not self.decisions
+                and self.variation_sqnr_db <= self.sqnr_db - OFFSET_DB)
 
     @property
     def decisive_flips(self) -> int:
@@ -204,6 +220,11 @@ class ErrorStats:
     #: pairs whose shapes differ (a detector's box count after NMS): no element-wise error is
     #: defined between them, so they add to no sum; a decision output compares what both hold
     shape_changed: int = 0
+    #: each element's sum over the samples (rows of axis 0) and their count, for the output's
+    #: variation across samples (`variation_sqnr_db`); None once a sample's shape differs
+    esum: np.ndarray | None = None
+    en: int = 0
+    eshape_varies: bool = False
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
         ref, got = np.asarray(ref), np.asarray(got)
@@ -218,6 +239,14 @@ class ErrorStats:
         r, q = np.where(finite, r, 0.0), np.where(finite, q, 0.0)  # zeros add nothing to a sum
         self.sig += float(np.sum(r * r))
         self.noise += float(np.sum((r - q) ** 2))
+        if r.ndim and not self.eshape_varies:
+            if self.esum is None:
+                self.esum = r.sum(axis=0)
+            elif self.esum.shape == r.shape[1:]:
+                self.esum += r.sum(axis=0)
+            else:  # samples of another shape: no element is the same element across them
+                self.esum, self.eshape_varies = None, True
+            self.en += r.shape[0]
         self.dot += float(np.sum(r * q))
         self.nb += float(np.sum(q * q))
         if r.size:
@@ -268,6 +297,19 @@ class ErrorStats:
         return 10.0 * math.log10(self.sig / self.noise)
 
     @property
+    def variation_sqnr_db(self) -> float | None:
+        """10*log10(variation / noise), the variation being each element's spread around its
+        mean over the samples: the SQNR of what the output says about each input. An output
+        on a large offset (kelvins, absolute positions) has an SQNR the offset inflates; this
+        one is not. None without MIN_VARIATION_SAMPLES samples of one shape, or no variation."""
+        if self.esum is None or self.en < MIN_VARIATION_SAMPLES or self.bad:
+            return None
+        var = self.sig - float(np.sum(self.esum * self.esum)) / self.en
+        if not var > 1e-12 * self.sig:
+            return None
+        return math.inf if self.noise == 0.0 else 10.0 * math.log10(var / self.noise)
+
+    @property
     def cosine(self) -> float:
         """Cosine similarity (1.0 for two all-zero outputs, 0.0 when only one is or when the
         output has NaN/inf where the reference is finite)."""
@@ -285,7 +327,7 @@ class ErrorStats:
                              self.agree_decisive / decisive if decisive else None, decisive,
                              self.rows if self.classifier else 0,
                              1.0 - self.risk_decisive / decisive if decisive and self.samples else None,
-                             self.decisions, self.shape_changed, self.pairs)
+                             self.decisions, self.shape_changed, self.pairs, self.variation_sqnr_db)
 
 
 @dataclass

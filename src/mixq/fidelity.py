@@ -152,7 +152,10 @@ class FidelityReport:
         out = [f"fidelity on the last {self.samples} calibration samples: " + "; ".join(
             (f"{o.name}: values equal to float's: {100 * (o.top1_agreement or 0.0):.1f}% of {o.rows}"
              if o.decisions else
-             f"{o.name}: SQNR {o.sqnr_db:.1f} dB, cosine {o.cosine:.4f}"
+             f"{o.name}: SQNR {o.sqnr_db:.1f} dB"
+             + (f" ({o.variation_sqnr_db:.1f} dB on its variation across samples: it sits on an offset)"
+                if o.offset_hidden else "")
+             + f", cosine {o.cosine:.4f}"
              + (f", top-1 agreement {100 * o.top1_agreement:.1f}%" if o.top1_agreement is not None else "")
              + (f" ({100 * o.decisive_agreement:.1f}% on the {o.decisive_rows} rows that are no near-ties)"
                 if o.decisive_agreement is not None and o.decisive_rows < o.rows else ""))
@@ -170,9 +173,10 @@ class FidelityReport:
         if self.broken or likely is not None:
             if self.broken:
                 reshaped = any(o.shape_changed for o in self.outputs)
-                out.append(f"WARNING: the quantized model looks broken (SQNR < {BROKEN_SQNR_DB:g} dB or "
-                           f"agreement < {100 * BROKEN_AGREEMENT:.0f}% on rows that are no near-ties; "
-                           f"class scores under {BROKEN_FLOOR_DB:g} dB whatever their agreement"
+                out.append(f"WARNING: the quantized model looks broken (SQNR < {BROKEN_SQNR_DB:g} dB, on its "
+                           f"variation for an output on an offset, or agreement < {100 * BROKEN_AGREEMENT:.0f}% "
+                           f"on rows that are no near-ties; class scores under {BROKEN_FLOOR_DB:g} dB whatever "
+                           "their agreement"
                            + (f", or outputs of another shape than float's on more than "
                               f"{100 * (1 - BROKEN_AGREEMENT):.0f}% of the samples" if reshaped else "") + ")")
             if self.culprits:
@@ -252,16 +256,21 @@ def is_broken(outputs: list[OutputMetrics]) -> bool:
     """Any output with NaN/inf where float is finite, a value output with another shape than
     float's on more than 1 - BROKEN_AGREEMENT of the samples, a class-score output with top-1
     agreement (`judged_agreement`) below BROKEN_AGREEMENT, or another output below
-    BROKEN_SQNR_DB. Class scores are judged by agreement, down to BROKEN_FLOOR_DB: probabilities
+    BROKEN_SQNR_DB (on an offset, `OutputMetrics.offset_hidden`: its variation's SQNR, for class
+    scores too against BROKEN_FLOOR_DB). Class scores are judged by agreement, down to BROKEN_FLOOR_DB: probabilities
     near 0 and 1 give a low SQNR for small, harmless errors (a CTC recognizer at A8W8: 9.5 dB,
     the same characters), but an error above the output's own power is no small error."""
     def bad(o: OutputMetrics) -> bool:
         if not o.decisions and o.shape_changed > (1.0 - BROKEN_AGREEMENT) * o.pairs:
             return True  # its SQNR is over the other samples only (decisions count them as changed)
-        if not o.decisions and o.sqnr_db < BROKEN_FLOOR_DB:
-            return True
+        floor = (o.variation_sqnr_db or 0.0) if o.offset_hidden else o.sqnr_db
+        if not o.decisions and min(o.sqnr_db, floor) < BROKEN_FLOOR_DB:
+            return True  # whatever the agreement: on an offset, one class may win every row
         agreement = judged_agreement(o)
-        return agreement < BROKEN_AGREEMENT if agreement is not None else o.sqnr_db < BROKEN_SQNR_DB
+        if agreement is not None:
+            return agreement < BROKEN_AGREEMENT
+        # an output on an offset is judged on its variation, which the offset cannot inflate
+        return o.sqnr_db < BROKEN_SQNR_DB or (o.offset_hidden and (o.variation_sqnr_db or 0.0) < BROKEN_SQNR_DB)
 
     return any(o.sqnr_db == -math.inf or bad(o) for o in outputs)
 

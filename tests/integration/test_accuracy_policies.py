@@ -20,7 +20,7 @@ import mixq.plan.numerics
 from mixq.evaluate import compare
 from mixq.passes.recognize import RecognizeReport
 
-from ..graphs import rotary_at_run_time, standardized_features, timestep_embedding
+from ..graphs import offset_head, rotary_at_run_time, standardized_features, timestep_embedding
 
 
 def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
@@ -576,6 +576,43 @@ def test_class_scores_of_any_rank_are_judged_by_agreement():
     rep = check_fidelity(m, bad, [{"x": x}], probe=False)
     assert rep.outputs[0].top1_agreement is not None and rep.outputs[0].top1_agreement < 0.2 and rep.broken
     assert check_fidelity(m, m, [{"x": x}], probe=False).outputs[0].top1_agreement == 1.0
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "BF16", "BFP16"])
+def test_an_output_on_an_offset_is_judged_on_its_variation(preset):
+    """Values on offsets of hundreds (kelvins) varying by ~1: the grid the offsets set rounds
+    the variation away (measured, on the guard's samples: -8.9 dB A8W8, -3.5 dB BF16, -5.6 dB
+    BFP16 on the variation) while the SQNR, inflated by the offsets, read 47-52 dB and the 3
+    "class scores" agreed on every row (one channel wins them all). Before, the summary called
+    that model fine; A16W8 (34 dB on the variation) stays fine."""
+    m, feeds = offset_head()
+    res = mixq.quantize(m, preset, feeds, check_kernels=False)
+    o = res.fidelity.outputs[0]
+    assert o.sqnr_db > 40.0 and o.offset_hidden and o.variation_sqnr_db < 0.0, o
+    assert res.fidelity.broken, res.summary()
+    assert "on its variation across samples: it sits on an offset" in res.summary()
+    ok = mixq.quantize(m, "A16W8", feeds, check_kernels=False)
+    assert not ok.fidelity.broken and ok.fidelity.outputs[0].variation_sqnr_db > 25.0
+
+
+def test_variation_sqnr_streams_over_batches():
+    """`variation_sqnr_db` from per-element sums over the samples equals the direct formula,
+    whatever the batching; samples of another shape switch it off."""
+    from mixq.evaluate import ErrorStats
+
+    rng = np.random.default_rng(0)
+    ref = (np.array([300.0, 250.0, 280.0]) + rng.normal(0, 1, (40, 3))).astype(np.float32)
+    got = ref + rng.normal(0, 0.1, ref.shape).astype(np.float32)
+    var = np.sum((ref.astype(np.float64) - ref.mean(0)) ** 2)
+    want = 10 * np.log10(var / np.sum((ref.astype(np.float64) - got) ** 2))
+    for cut in (1, 7, 40):
+        st = ErrorStats()
+        for i in range(0, 40, cut):
+            st.update(ref[i:i + cut], got[i:i + cut])
+        assert st.variation_sqnr_db == pytest.approx(want, abs=1e-6)
+    st = ErrorStats().update(ref, got).update(ref[:, :2], got[:, :2])
+    assert st.variation_sqnr_db is None
+    assert ErrorStats().update(ref[:3], got[:3]).variation_sqnr_db is None  # too few samples
 
 
 def test_near_ties_do_not_decide_the_guards_verdict():

@@ -201,13 +201,15 @@ def _mlp(seed: int, d: int = 32, h: int = 64, classes: int = 10):
 
 def test_the_agreement_bound_reads_how_close_samples_are_to_a_flip(monkeypatch):
     """A classifier whose 50 held-out samples show no flip for a narrow plan: Student's t over
-    the observed flips took it, and it flips 2 % of 19,700 other samples, over the 2 % target.
+    the observed flips took it, and it flips 1.7 % of 19,700 other samples, over the 1 % target.
     Reading each sample's top-1 lead against the plan's output noise (and bounding the share of
-    near-ties the 50 samples may have missed) keeps a wider plan, which meets it there."""
+    near-ties the 50 samples may have missed) keeps a wider plan, which meets it there (0.1 %).
+    (The model's seed and the target were 1 and 2 % until a fresh install's numerics moved
+    seed 1's narrow plan to 0.7 %: the margin between the two bounds is what is tested.)"""
     from mixq.evaluate import make_session
     from mixq.search import objectives
 
-    model = _mlp(1)
+    model = _mlp(7)
     x = np.random.default_rng(101).standard_normal((20000, 32)).astype(np.float32)
     calib = [{"x": x[i:i + 32]} for i in range(0, 256, 32)]
     ev = [{"x": x[i:i + 50]} for i in range(256, 306, 50)]
@@ -215,7 +217,7 @@ def test_the_agreement_bound_reads_how_close_samples_are_to_a_flip(monkeypatch):
     ref = make_session(model.SerializeToString()).run(None, {"x": check})[0].argmax(1)
     auto = AutoConfig(base=base_from_candidate(Candidate("int8", "int8")),
                       candidates=(Candidate("int8", "int4"), Candidate("int4", "int4")),
-                      metric="agreement", target=0.02, cache_dir=None)
+                      metric="agreement", target=0.01, cache_dir=None)
 
     def check_drop(res) -> float:
         got = make_session(res.model.SerializeToString()).run(None, {"x": check})[0].argmax(1)
@@ -223,7 +225,7 @@ def test_the_agreement_bound_reads_how_close_samples_are_to_a_flip(monkeypatch):
 
     new = auto_quantize(model, auto, calib, ev)
     assert new.target_met and new.metric == 1.0 and new.metric_margin > 0
-    assert check_drop(new) <= 0.02
+    assert check_drop(new) <= 0.01
     # the policy off: Student's t over the observed flips alone
     monkeypatch.setattr(objectives, "top1_margin",
                         lambda observed, exposure, exposed, confidence: drop_margin(observed, confidence))
@@ -231,4 +233,4 @@ def test_the_agreement_bound_reads_how_close_samples_are_to_a_flip(monkeypatch):
         warnings.simplefilter("ignore", TargetNotMetWarning)
         old = auto_quantize(model, auto, calib, ev)
     assert old.metric == 1.0 and old.metric_margin == 0.0
-    assert old.size_bytes < new.size_bytes and check_drop(old) > 0.02
+    assert old.size_bytes < new.size_bytes and check_drop(old) > 0.01

@@ -562,9 +562,9 @@ def grid_spacing(fmt_name: str, value: float) -> float:
         return value * math.ldexp(1.0, math.floor(math.log2(top)) - int(getattr(f, "mantissa_bits"))) / top
     if f.kind == "float":
         return math.ldexp(1.0, e - int(getattr(f, "mantissa_bits")))
-    element = getattr(f, "element", "int")
-    bits = int(getattr(f, "mant_bits")) - 1 if element == "int" else int(f.element_format.mantissa_bits)  # type: ignore[attr-defined]
-    return math.ldexp(1.0, e - bits)
+    if getattr(f, "element", "int") == "int":
+        return math.ldexp(1.0, e - int(getattr(f, "mant_bits")) + 1)
+    return math.ldexp(1.0, e - int(getattr(f, "element_format").mantissa_bits))
 
 
 def phase_tensors(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats], *,
