@@ -825,7 +825,11 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     else:
         m = model
     _raise_if_damaged(m)  # before any pass copies a string field
-    declared = repair_output_shapes(m)  # before the checker, which requires every output's shape
+    try:  # before the checker, which requires every output's shape
+        declared = repair_output_shapes(m)
+    except Exception as exc:  # noqa: BLE001 - a model the checker refuses next, saying why
+        declared = PassResult("repair output shapes")
+        declared.decline("model", f"output shapes not repaired: {_first_line(exc)}")
     check_input_model(m)
     check_float_model(m)
     rep = PrepareReport(opset_from=model_opset(m))

@@ -20,16 +20,20 @@ Each detector is a pure function returning {tensor: reason}:
 - `overflow_tensors` (g): activations cast to a float format (bf16, fp16) whose calibrated
   range passes the format's largest finite value (a -3.4e38 mask in bf16, 1e5 in fp16): the
   cast makes them inf, and a Softmax over a fully masked row NaN. `overflow_constants` the same
-  for weights and constants. Only these two policies read the casts' statistics (collected when
-  calibration data is given); (a)-(d) and (f) judge scaled formats.
+  for weights and constants. (g), (h) and (i) read the casts' statistics (collected when
+  calibration data is given), (c) judges casts by their spacing; (a), (b), (d) and (f) judge
+  scaled formats only.
 - `phase_tensors` (h): tensors on the way to a Sin / Cos (a timestep or rotary position
   embedding computed at run time: positions times frequencies) whose grid spacing, carried to
   the phase, is a sizeable part of a period: a position of 2000 on an int8 grid moves by 16
-  radians, and bf16 spaces 2000 by 16 too. Every format counts (int, the casts, block formats):
-  the spacing at a value is what a period sees, not the relative error.
+  radians, and bf16 spaces 2000 by 8. Every format counts (int, the casts, block formats): the
+  spacing at a value is what a period sees, not the relative error.
+- `rescaled_inputs` (i): inputs of a Mul / Div by a constant whose largest factor blows the
+  input's grid spacing up past a quarter of the output rms (channels of unlike units on one
+  grid, each given its own scale right after).
 - `op_scope_notes` (e): quantized nodes that no integer kernel executes (informational).
 
-`apply_numerics` applies (a)-(d) and (f)-(h) to a plan.
+`apply_numerics` applies (a)-(d) and (f)-(i) to a plan.
 """
 from __future__ import annotations
 
@@ -61,8 +65,9 @@ SMALL_SHARE = 0.10
 SMALL_LOG2 = 8
 #: (c) output rms this many times below the larger input rms is a cancellation
 CANCEL_RATIO = 8.0
-#: (c) a cast input is flagged when its grid spacing at its absmax passes 1/this of the output rms
-CAST_CANCEL_STEPS = 4.0
+#: (c) for casts, and (i): a grid spacing at the input's absmax above 1/this of the output rms is
+#: too coarse (what CANCEL_RATIO allows an int8 grid on a bell-shaped input, absmax ~4 rms)
+RMS_STEPS = 4.0
 #: (d) input absmax ratio above which a Concat output is kept float
 CONCAT_RATIO = 16.0
 
@@ -370,7 +375,7 @@ def cancellation_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats], *
         r_in = max(_rms(stats[i]) for i in run)
         spacings = [sp for i in run if cast_spacing is not None
                     and (sp := cast_spacing(i, stats[i].absmax)) is not None]
-        cast_bad = any(sp * CAST_CANCEL_STEPS > r_out for sp in spacings)
+        cast_bad = any(sp * RMS_STEPS > r_out for sp in spacings)
         if r_in == 0.0 or (r_out * ratio > r_in and not cast_bad):
             continue
         k = math.log2(r_in / r_out) if r_out > 0 else math.inf
@@ -417,7 +422,7 @@ def rescaled_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats],
                 continue
             step = spacing(u, stats[u].absmax)
             r_out = _rms(stats[n.output[0]])
-            if step is None or r_out == 0.0 or step * float(vals.max()) * CAST_CANCEL_STEPS <= r_out:
+            if step is None or r_out == 0.0 or step * float(vals.max()) * RMS_STEPS <= r_out:
                 continue
             out[u] = (f"rescaled: {n.op_type} {n.name!r} scales it by up to {float(vals.max()):.3g} (a constant "
                       f"spanning {float(vals.max() / max(vals.min(), 1e-30)):.3g}x); its grid spacing "
