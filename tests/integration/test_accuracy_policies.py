@@ -417,7 +417,7 @@ def test_features_standardized_in_the_graph(preset, policies_off):
 
 def test_a_uniform_rescale_flags_nothing():
     """(i) does not flag a Mul by one constant (a residual's layer scale of 0.1): the spacing
-    scales with the output."""
+    scales with the output; nor a gamma on channels of even ranges."""
     from mixq.calibration.stats import TensorStats
     from mixq.plan.numerics import rescaled_inputs
 
@@ -430,6 +430,16 @@ def test_a_uniform_rescale_flags_nothing():
     stats["o"] = TensorStats.from_array(u * np.r_[np.full(7, 1e-3), 0.1].astype(np.float32))
     m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.r_[np.full(7, 1e-3), 0.1].astype(np.float32), "c"))
     assert rescaled_inputs(m, stats, lambda t, v: v / 127) == {}  # the largest factor is 0.1: fine
+    # a LayerNorm's gamma of spread 1000x on even channels keeps each channel's relative
+    # rounding: not flagged; the same gamma's inverse on channels of matching ranges is
+    gamma = np.r_[np.full(7, 0.005), 5.0].astype(np.float32)
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(gamma, "c"))
+    stats["o"] = TensorStats.from_array(u * gamma)
+    assert rescaled_inputs(m, stats, lambda t, v: v / 127) == {}
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(1.0 / gamma, "c"))
+    stats["u"] = TensorStats.from_array(u * gamma)
+    stats["o"] = TensorStats.from_array(u)
+    assert set(rescaled_inputs(m, stats, lambda t, v: v / 127)) == {"u"}
 
 
 # ------------------------------------------------------------------ (h) phases of Sin / Cos

@@ -398,9 +398,11 @@ def rescaled_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats],
                     spacing: Callable[[str, float], float | None]) -> dict[str, str]:
     """(i) Run-time inputs of a Mul or Div by a constant whose grid spacing, carried through the
     largest factor the constant applies (max |c| for Mul, max 1/|c| for Div), passes a quarter of
-    the output rms. A per-feature scale that differs across channels (standardizing features
-    of unlike units: a price's std 40, a latitude's 0.5) leaves the small channels of the input
-    a code or two on one grid, and the scale then blows their rounding up to their whole range.
+    the output rms, where the rescale evens out channels of unlike ranges (the output rms under
+    a quarter of the input's times the factors'). A per-feature scale that differs across
+    channels (standardizing features of unlike units: a price's std 40, a latitude's 0.5) leaves
+    the small channels of the input a code or two on one grid, and the scale then blows their
+    rounding up to their whole range; a gamma scaling even channels does not.
     `spacing(tensor, value)`: the planned format's grid spacing at `value` (None: not gridded)."""
     from onnx import numpy_helper
 
@@ -423,6 +425,11 @@ def rescaled_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats],
             step = spacing(u, stats[u].absmax)
             r_out = _rms(stats[n.output[0]])
             if step is None or r_out == 0.0 or step * float(vals.max()) * RMS_STEPS <= r_out:
+                continue
+            # the rescale evens out channels of unlike ranges (the output far narrower than the
+            # input's rms times the factors'); a LayerNorm's gamma on channels already even keeps
+            # each channel's relative rounding, whatever the gamma's spread
+            if _rms(stats[u]) * float(np.sqrt(np.mean(vals * vals))) < RMS_STEPS * r_out:
                 continue
             out[u] = (f"rescaled: {n.op_type} {n.name!r} scales it by up to {float(vals.max()):.3g} (a constant "
                       f"spanning {float(vals.max() / max(vals.min(), 1e-30)):.3g}x); its grid spacing "
