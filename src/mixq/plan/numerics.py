@@ -281,6 +281,27 @@ def small_share(st: TensorStats, log2_below: int = SMALL_LOG2) -> float:
     return float(np.sum(cnt[nz & (hi <= st.absmax * 2.0 ** -log2_below)])) / total
 
 
+def _small_value_roots(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto]) -> list[tuple[str, str]]:
+    """(b) The run-time inputs of Log, Reciprocal, Sqrt, Pow with a negative exponent and the
+    divisor of Div, each with what reads it."""
+    roots: list[tuple[str, str]] = []
+    for n in model.graph.node:
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        name, what = None, ""
+        if n.op_type in ("Log", "Reciprocal", "Sqrt") and n.input:
+            name, what = n.input[0], f"read by {n.op_type} {n.name!r}"
+        elif n.op_type == "Pow" and len(n.input) == 2:
+            e = _scalar(inits, n.input[1])
+            if e is not None and e < 0:
+                name, what = n.input[0], f"raised to {e:g} by Pow {n.name!r}"
+        elif n.op_type == "Div" and len(n.input) == 2:
+            name, what = n.input[1], f"divisor of Div {n.name!r}"
+        if name and name not in inits:
+            roots.append((name, what))
+    return roots
+
+
 def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | None = None, *,
                        share: float = SMALL_SHARE) -> dict[str, str]:
     """(b) Run-time inputs of Log, Reciprocal, Sqrt, Pow with a negative exponent and the
@@ -294,19 +315,8 @@ def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | N
     producer = {o: n for n in model.graph.node for o in n.output if o}
     out: dict[str, str] = {}
     stack: list[tuple[str, str, int]] = []
-    for n in model.graph.node:
-        if n.domain not in ("", "ai.onnx"):
-            continue
-        name, what = None, ""
-        if n.op_type in ("Log", "Reciprocal", "Sqrt") and n.input:
-            name, what = n.input[0], f"read by {n.op_type} {n.name!r}"
-        elif n.op_type == "Pow" and len(n.input) == 2:
-            e = _scalar(inits, n.input[1])
-            if e is not None and e < 0:
-                name, what = n.input[0], f"raised to {e:g} by Pow {n.name!r}"
-        elif n.op_type == "Div" and len(n.input) == 2:
-            name, what = n.input[1], f"divisor of Div {n.name!r}"
-        if name and name not in inits and name not in out:
+    for name, what in _small_value_roots(model, inits):
+        if name not in out:
             out[name] = (f"small values matter: {what}; a uniform grid rounds small values to 0 "
                          "and the op turns them into inf")
             stack.append((name, what, 0))
@@ -332,6 +342,32 @@ def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | N
                           f"and {100 * sh:.0f}% of its non-zero values lie 2^{SMALL_LOG2} below its absmax")
                 stack.append((i, what, depth + 1))
     return out
+
+
+def small_value_candidates(plan: PrecisionPlan, model: onnx.ModelProto, depth: int = 8) -> list[str]:
+    """(b) Tensors planned in a block format on the way back from a (b) root through float
+    tensors: the calibration pass collects their statistics (block formats need none of their
+    own) so that `small_value_inputs` can read them. A block shares one exponent: a quiet
+    spectrogram bin beside a loud one in its block rounds to 0 as on an integer grid."""
+    inits = {t.name: t for t in model.graph.initializer}
+    roots = _small_value_roots(model, inits)
+    if not roots:
+        return []
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    index = GraphIndex.of(model)
+    seen = {r for r, _ in roots}
+    frontier = list(seen)
+    for _ in range(depth):
+        nxt = []
+        for t in frontier:
+            p = producer.get(t)
+            for i in (p.input if p is not None else []):
+                if i and i not in inits and i not in seen and is_float_type(index.elem_type(i)):
+                    seen.add(i)
+                    nxt.append(i)
+        frontier = nxt
+    return sorted(t for t in seen if (tp := plan.tensors.get(t)) is not None and any(
+        get_format(f).kind == "block" for f in [tp.format, *tp.consumer_formats.values()] if f))
 
 
 def _ancestors(producer: dict[str, onnx.NodeProto], inits: set[str], t: str, depth: int = 6) -> set[str]:
@@ -638,8 +674,12 @@ def op_scope_notes(plan: PrecisionPlan, model: onnx.ModelProto) -> dict[str, str
     return out
 
 
-def _gridded(tp: TensorPrecision, int_only: bool) -> bool:
+def _gridded(tp: TensorPrecision, int_only: bool, blocks: bool = False) -> bool:
+    """Planned in any format; with `int_only` in an integer one; with `blocks` in an integer or
+    a block one (not a cast, which keeps every value's own exponent)."""
     fmts = [f for f in [tp.format, *tp.consumer_formats.values()] if f is not None]
+    if blocks:
+        return any(get_format(f).kind in ("int", "block") for f in fmts)
     if int_only:
         return any(get_format(f).kind == "int" for f in fmts)
     return bool(fmts)
@@ -675,6 +715,9 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
     # (a)-(d), (f) judge the grids of scaled formats; the statistics of casts are for (g)
     cal = {n: s for n, s in every.items()
            if any(get_format(f).needs_qparams for f in [acts[n].format, *acts[n].consumer_formats.values()] if f)}
+    # (b) judges block formats too: a block's shared exponent rounds its small values to 0
+    blocks = {n: s for n, s in every.items()
+              if any(get_format(f).kind == "block" for f in [acts[n].format, *acts[n].consumer_formats.values()] if f)}
     found: dict[str, Finding] = {}
     if "sentinel" in policies:
         found.update((t, Finding(t, "sentinel", why)) for t, why in nonfinite_constants(plan, model, nonfinite).items())
@@ -683,7 +726,7 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
                      if t not in found)
     detectors = {
         "sentinel": lambda: sentinel_tensors(cal, memo=memo),
-        "small_values": lambda: small_value_inputs(model, cal),
+        "small_values": lambda: small_value_inputs(model, {**cal, **blocks}),
         "cancellation": lambda: cancellation_inputs(model, every, cast_spacing=_spacing(acts, casts_only=True)),
         "rescaled": lambda: rescaled_inputs(model, every, _spacing(acts, casts_only=False)),
         "concat": lambda: concat_range_outputs(model, cal),
@@ -697,7 +740,7 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
         for t, why in detectors[pol]().items():
             # (c) and (h) flag the constants on the way too
             tp = plan.tensors.get(t) if pol in ("phase", "cancellation") else acts.get(t)
-            if tp is None or t in found or not _gridded(tp, int_only=pol in ("small_values", "outliers")) \
+            if tp is None or t in found or not _gridded(tp, int_only=pol == "outliers", blocks=pol == "small_values") \
                     or tp.reason == "tensor override":  # the user's word wins
                 continue
             found[t] = Finding(t, pol, why)
@@ -714,7 +757,8 @@ def _float_input_weights(model: onnx.ModelProto, plan: PrecisionPlan, flagged: d
         if n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2 or n.input[0] not in flagged:
             continue
         tp = plan.tensors.get(n.input[1])
-        if tp is not None and tp.role in ("weight", "constant") and tp.format is not None:
+        if tp is not None and tp.role in ("weight", "constant") and tp.format is not None \
+                and get_format(tp.format).kind == "int":  # a block weight runs as its function's ops
             out[n.input[1]] = (flagged[n.input[0]].policy,
                                f"weight of {n.op_type} {n.name!r}, whose input {n.input[0]} is kept float "
                                "(onnxruntime would quantize that input on the fly: MatMulNBits)")
