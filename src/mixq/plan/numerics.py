@@ -7,8 +7,9 @@ Each detector is a pure function returning {tensor: reason}:
   -1e4 .. -3.4e38, padding sentinels): the scale they force rounds every real value to 0; or
   the tensor holds -inf / inf / NaN (a causal mask of -inf), which no grid represents.
 - `small_value_inputs` (b): inputs of ops whose output depends on the relative precision of
-  small values (Log, Reciprocal, Sqrt, Pow with a negative exponent, the divisor of Div): a
-  grid that rounds small values to 0 sends them to -inf / inf.
+  small values (Log, Reciprocal, Sqrt, Pow with a negative or fractional exponent, the divisor
+  of Div): a grid that rounds small values to 0 sends them to -inf / inf, or to 0 where a root
+  would have lifted them.
 - `cancellation_inputs` (c): inputs of a Sub/Add whose output is far smaller than its inputs
   (E[x^2] - E[x]^2): the inputs' rounding error is the whole result.
 - `concat_range_outputs` (d): a Concat joining ranges more than a factor apart (boxes 0..640
@@ -282,8 +283,9 @@ def small_share(st: TensorStats, log2_below: int = SMALL_LOG2) -> float:
 
 
 def _small_value_roots(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto]) -> list[tuple[str, str]]:
-    """(b) The run-time inputs of Log, Reciprocal, Sqrt, Pow with a negative exponent and the
-    divisor of Div, each with what reads it."""
+    """(b) The run-time inputs of Log, Reciprocal, Sqrt, Pow with a negative or fractional
+    exponent (a root: x ** 0.3 compresses an audio feature) and the divisor of Div, each with
+    what reads it."""
     roots: list[tuple[str, str]] = []
     for n in model.graph.node:
         if n.domain not in ("", "ai.onnx"):
@@ -293,7 +295,9 @@ def _small_value_roots(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto
             name, what = n.input[0], f"read by {n.op_type} {n.name!r}"
         elif n.op_type == "Pow" and len(n.input) == 2:
             e = _scalar(inits, n.input[1])
-            if e is not None and e < 0:
+            # a negative power sends 0 to inf; a fractional one lifts small values (1e-4 ** 0.3
+            # is 0.06, where 0 ** 0.3 is 0): both need them
+            if e is not None and e < 1 and e != 0:
                 name, what = n.input[0], f"raised to {e:g} by Pow {n.name!r}"
         elif n.op_type == "Div" and len(n.input) == 2:
             name, what = n.input[1], f"divisor of Div {n.name!r}"
@@ -304,8 +308,8 @@ def _small_value_roots(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto
 
 def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | None = None, *,
                        share: float = SMALL_SHARE) -> dict[str, str]:
-    """(b) Run-time inputs of Log, Reciprocal, Sqrt, Pow with a negative exponent and the
-    divisor of Div; then, walking back through their producers, every run-time input whose
+    """(b) Run-time inputs of Log, Reciprocal, Sqrt, Pow with a negative or fractional exponent
+    and the divisor of Div; then, walking back through their producers, every run-time input whose
     statistics hold a small-value population (`share` of the non-zero values more than 2^8
     below the absmax): the quiet bins of a spectrogram reach the Log through the filterbank
     MatMul, and rounding them anywhere upstream sends them to log(eps). The walk goes on through
