@@ -218,3 +218,20 @@ def offset_head(seed: int = 0):
              helper.make_node("MatMul", ["pre", "wd"], ["y"])]
     m = _model(nodes, [_vi("x", ["N", 8])], [_vi("y", ["N", 3])], inits)
     return m, [{"x": rng.normal(0, 1, (8, 8)).astype(np.float32)} for _ in range(16)]
+
+
+def bucketized_feature(seed: int = 0):
+    """A feature bucketized in the graph (age 0 .. 110 -> Floor(age * 0.1) -> Cast -> Gather from
+    an embedding per decade), concatenated with a dense branch and a layer."""
+    rng = np.random.default_rng(seed)
+    inits = {"k": np.float32(0.1), "emb": rng.normal(0, 1, (12, 8)).astype(np.float32),
+             "w2": rng.normal(0, 0.3, (12, 3)).astype(np.float32), "wd": rng.normal(0, 0.3, (4, 4)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["dense", "wd"], ["d"]), helper.make_node("Mul", ["age", "k"], ["a10"]),
+             helper.make_node("Floor", ["a10"], ["bucket"]),
+             helper.make_node("Cast", ["bucket"], ["idx"], to=TensorProto.INT64),
+             helper.make_node("Gather", ["emb", "idx"], ["e"]), helper.make_node("Concat", ["e", "d"], ["z"], axis=1),
+             helper.make_node("MatMul", ["z", "w2"], ["y"])]
+    m = _model(nodes, [_vi("age", ["N"]), _vi("dense", ["N", 4])], [_vi("y", ["N", 3])], inits)
+    feeds = [{"age": rng.uniform(0, 110, 32).astype(np.float32), "dense": rng.normal(0, 1, (32, 4)).astype(np.float32)}
+             for _ in range(8)]
+    return m, feeds

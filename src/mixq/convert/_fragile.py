@@ -305,8 +305,9 @@ def find_shape_arithmetic(g: onnx.GraphProto) -> list[FragileRegion]:
 
 def find_phases(model: onnx.ModelProto, types: dict[str, int], target: str, mantissa_bits: int
                 ) -> list[FragileRegion]:
-    """The nodes computing the phase of a Sin / Cos from coordinates (positions cast from
-    integers, a timestep or coordinates fed as a graph input), through the ops that carry their
+    """The nodes computing the phase of a Sin / Cos, or the input of a Floor / Ceil / Round (a
+    feature bucketized in the graph), from coordinates (positions cast from integers, a
+    timestep or coordinates fed as a graph input), through the ops that carry their
     rounding scaled (`mixq.plan.numerics.phase_paths`), and the periodic nodes themselves. Such
     phases reach the thousands, where `target` spaces values by a sizeable part of a period
     (bfloat16: 8 at 2000; float16: 1): Cos / Sin of them is noise. A phase a layer computes from
@@ -332,7 +333,8 @@ def find_phases(model: onnx.ModelProto, types: dict[str, int], target: str, mant
                       if n.op_type in PERIODIC_OPS and n.input and n.input[0] == phase)
     if not region:
         return []
-    return [FragileRegion(region, f"phase of a Sin / Cos computed from positions or a timestep: {target} "
+    return [FragileRegion(region, f"phase of a Sin / Cos (or a Floor / Ceil / Round's input) computed from "
+                                  f"positions, a timestep or a feature: {target} "
                                   f"keeps {mantissa_bits + 1} significant bits, which space a phase of 2000 "
                                   f"{2.0 ** (10 - mantissa_bits):g} apart, a sizeable part of its period; "
                                   "kept in float")]

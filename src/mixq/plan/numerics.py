@@ -25,8 +25,9 @@ Each detector is a pure function returning {tensor: reason}:
   calibration data is given), (c) judges casts by their spacing; (a), (b), (d) and (f) judge
   scaled formats only.
 - `phase_tensors` (h): tensors on the way to a Sin / Cos (a timestep or rotary position
-  embedding computed at run time: positions times frequencies) whose grid spacing, carried to
-  the phase, is a sizeable part of a period: a position of 2000 on an int8 grid moves by 16
+  embedding computed at run time: positions times frequencies), or to a Floor / Ceil / Round (a
+  feature bucketized in the graph), whose grid spacing, carried to the phase, is a sizeable
+  part of a period or of the unit step: a position of 2000 on an int8 grid moves by 16
   radians, and bf16 spaces 2000 by 8. Every format counts (int, the casts, block formats): the
   spacing at a value is what a period sees, not the relative error.
 - `rescaled_inputs` (i): inputs of a Mul / Div by a constant whose largest factor blows the
@@ -80,12 +81,16 @@ OUTLIER_QUANTILE = 0.99
 #: bell-shaped tensor already leaves its 99th percentile under 5 codes without any outlier
 OUTLIER_MIN_RATIO = 8.0
 
-#: (h) the largest grid spacing a phase may see: 256 codes per period, a Sin / Cos output off
-#: by at most 0.012 (about 40 dB, what a 16-bit grid gives the rest of a model); an int8 grid
-#: allows phases up to 3, int16 up to 800. What it keeps float is small: positions, timesteps
-PHASE_MAX_STEP = 2 * math.pi / 256
-#: (h) periodic ops, whose output error is the phase's absolute error at any magnitude
-PERIODIC_OPS = frozenset({"Sin", "Cos", "Tan"})
+#: (h) the codes a phase's period must get at least: a Sin / Cos output off by at most 0.012
+#: (about 40 dB, what a 16-bit grid gives the rest of a model), a Floor flipping at most 1 in
+#: 512 of its inputs; an int8 grid allows phases up to 3, int16 up to 800. What it keeps float
+#: is small: positions, timesteps, a bucketized feature
+PHASE_CODES = 256.0
+#: (h) periodic and step ops, whose output error follows the input's absolute error at any
+#: magnitude, and the period it is measured against: Sin / Cos / Tan a turn (Tan half), Floor /
+#: Ceil / Round a unit step (a feature bucketized as Floor(age / 10) moves to the next bucket)
+PERIODIC_OPS: dict[str, float] = {"Sin": 2 * math.pi, "Cos": 2 * math.pi, "Tan": math.pi,
+                                  "Floor": 1.0, "Ceil": 1.0, "Round": 1.0}
 #: (h) ops that carry an operand's rounding error to their output scaled, not averaged away:
 #: data movement, casts and element-wise arithmetic (MatMul / Gemm only as an outer product
 #: with a constant, positions times a frequency row: a layer's sum averages its inputs' errors)
@@ -540,7 +545,7 @@ def outlier_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats], *,
 
 def phase_paths(model: onnx.ModelProto, depth: int = 8,
                 elem_type: Callable[[str], int | None] | None = None) -> dict[str, list[str]]:
-    """(h) For each run-time input of a Sin / Cos / Tan: the tensors whose rounding reaches it
+    """(h) For each run-time input of a `PERIODIC_OPS` op: the tensors whose rounding reaches it
     scaled (itself, and what `_PHASE_WALK_OPS` compute it from, constants included), walking
     back at most `depth` ops; the walk stops at integer tensors (a Cast from int64 positions)
     and at a MatMul / Gemm that is not an outer product with a constant (a layer).
@@ -620,14 +625,21 @@ def grid_spacing(fmt_name: str, value: float) -> float:
 
 
 def phase_tensors(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats], *,
-                  max_step: float = PHASE_MAX_STEP) -> dict[str, str]:
+                  codes: float = PHASE_CODES) -> dict[str, str]:
     """(h) Planned tensors (activations, weights, constants) on a `phase_paths` walk whose
-    format's spacing at the phase's absmax passes `max_step` radians: the phase is off by up to
-    half that, whatever its magnitude. The phase's own statistics give the absmax (the
-    calibration pass collects them, see `phase_inputs`)."""
+    format's spacing at the phase's absmax leaves the op's period (`PERIODIC_OPS`) fewer than
+    `codes` codes: the phase is off by up to half a spacing, whatever its magnitude. The phase's
+    own statistics give the absmax (the calibration pass collects them, see `phase_inputs`)."""
+    periods: dict[str, float] = {}
+    for n in model.graph.node:
+        if n.op_type in PERIODIC_OPS and n.domain in ("", "ai.onnx") and n.input:
+            periods[n.input[0]] = min(periods.get(n.input[0], math.inf), PERIODIC_OPS[n.op_type])
     out: dict[str, str] = {}
     for phase, path in phase_paths(model).items():
         st = stats.get(phase)
+        period = periods.get(phase, 2 * math.pi)
+        max_step = period / codes
+        unit = "a period" if period != 1.0 else "a unit step"
         if st is None or st.empty or not math.isfinite(st.absmax) or st.absmax == 0.0:
             continue
         for t in path:
@@ -640,9 +652,9 @@ def phase_tensors(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
             worst = max(fmts, key=lambda f: grid_spacing(f, st.absmax))
             step = grid_spacing(worst, st.absmax)
             if step > max_step:
-                out[t] = (f"phase: reaches a periodic op's input {phase} (up to {st.absmax:.4g}) scaled; the "
-                          f"{worst} grid spaces values that large {step:.3g} apart, "
-                          f"{2 * math.pi / step:.1f} codes a period (needs {2 * math.pi / max_step:.0f})")
+                out[t] = (f"phase: reaches a periodic or step op's input {phase} (up to {st.absmax:.4g}) "
+                          f"scaled; the {worst} grid spaces values that large {step:.3g} apart, "
+                          f"{period / step:.1f} codes {unit} (needs {codes:.0f})")
     return out
 
 
