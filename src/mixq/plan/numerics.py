@@ -358,6 +358,10 @@ def small_value_candidates(plan: PrecisionPlan, model: onnx.ModelProto, depth: i
     tensors: the calibration pass collects their statistics (block formats need none of their
     own) so that `small_value_inputs` can read them. A block shares one exponent: a quiet
     spectrogram bin beside a loud one in its block rounds to 0 as on an integer grid."""
+    blocky = {t for t, tp in plan.tensors.items()
+              if any(get_format(f).kind == "block" for f in [tp.format, *tp.consumer_formats.values()] if f)}
+    if not blocky:  # the integer presets' tensors are calibrated anyway
+        return []
     inits = {t.name: t for t in model.graph.initializer}
     roots = _small_value_roots(model, inits)
     if not roots:
@@ -375,8 +379,7 @@ def small_value_candidates(plan: PrecisionPlan, model: onnx.ModelProto, depth: i
                     seen.add(i)
                     nxt.append(i)
         frontier = nxt
-    return sorted(t for t in seen if (tp := plan.tensors.get(t)) is not None and any(
-        get_format(f).kind == "block" for f in [tp.format, *tp.consumer_formats.values()] if f))
+    return sorted(seen & blocky)
 
 
 def _ancestors(producer: dict[str, onnx.NodeProto], inits: set[str], t: str, depth: int = 6) -> set[str]:
