@@ -21,9 +21,9 @@ Each detector is a pure function returning {tensor: reason}:
 - `overflow_tensors` (g): activations cast to a float format (bf16, fp16) whose calibrated
   range passes the format's largest finite value (a -3.4e38 mask in bf16, 1e5 in fp16): the
   cast makes them inf, and a Softmax over a fully masked row NaN. `overflow_constants` the same
-  for weights and constants. (g), (h) and (i) read the casts' statistics (collected when
-  calibration data is given), (c) judges casts by their spacing; (a), (b), (d) and (f) judge
-  scaled formats only.
+  for weights and constants. (c), (g), (h) and (i) read the casts' statistics too (collected
+  when calibration data is given); (a), (b), (d) and (f) judge scaled formats (and (b) block
+  formats) only.
 - `phase_tensors` (h): tensors on the way to a Sin / Cos (a timestep or rotary position
   embedding computed at run time: positions times frequencies), or to a Floor / Ceil / Round (a
   feature bucketized in the graph), whose grid spacing, carried to the phase, is a sizeable
@@ -67,8 +67,8 @@ SMALL_SHARE = 0.10
 SMALL_LOG2 = 8
 #: (c) output rms this many times below the larger input rms is a cancellation
 CANCEL_RATIO = 8.0
-#: (c) for casts, and (i): a grid spacing at the input's absmax above 1/this of the output rms is
-#: too coarse (what CANCEL_RATIO allows an int8 grid on a bell-shaped input, absmax ~4 rms)
+#: (i) a grid spacing at the input's absmax above 1/this of the output rms is too coarse (what
+#: CANCEL_RATIO allows an int8 grid on a bell-shaped input, absmax ~4 rms)
 RMS_STEPS = 4.0
 #: (d) input absmax ratio above which a Concat output is kept float
 CONCAT_RATIO = 16.0
@@ -397,18 +397,15 @@ def _ancestors(producer: dict[str, onnx.NodeProto], inits: set[str], t: str, dep
 
 
 def cancellation_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats], *,
-                        ratio: float = CANCEL_RATIO,
-                        cast_spacing: Callable[[str, float], float | None] | None = None) -> dict[str, str]:
+                        ratio: float = CANCEL_RATIO) -> dict[str, str]:
     """(c) Run-time inputs of a Sub/Add whose output rms is more than `ratio` times below the
     larger run-time input rms (catastrophic cancellation), and the tensors between them and
     their nearest common source (E[x^2] and E[x]^2 both come from x: every rounding on the way
     to the Sub lands in the result; x's own rounding only adds to the variance). A run-time
     input minus a constant is one too: features fed unnormalized and standardized in the graph
-    (a year, 2020 +- 3, minus 2020) lose all they carry to a grid spanning 0 .. 2023.
-    `cast_spacing(tensor, value)`: the spacing of a tensor's cast format (bf16, fp16) at
-    `value`, None for a scaled format. A cast rounds relative to each value, so a cast input is
-    flagged when its spacing at its absmax passes a quarter of the output rms (what `ratio`
-    allows an int8 grid on a bell-shaped input)."""
+    (a year, 2020 +- 3, minus 2020) lose all they carry to a grid spanning 0 .. 2023. Casts
+    (bf16, fp16) are judged by the same ratio: their rounding is relative to each value, and
+    the cancellation multiplies it by the ratio (bf16 spaces 2020 by 8)."""
     inits = {t.name for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output if o}
     out: dict[str, str] = {}
@@ -421,10 +418,7 @@ def cancellation_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats], *
             continue
         r_out = _rms(stats[o])
         r_in = max(_rms(stats[i]) for i in run)
-        spacings = [sp for i in run if cast_spacing is not None
-                    and (sp := cast_spacing(i, stats[i].absmax)) is not None]
-        cast_bad = any(sp * RMS_STEPS > r_out for sp in spacings)
-        if r_in == 0.0 or (r_out * ratio > r_in and not cast_bad):
+        if r_in == 0.0 or r_out * ratio > r_in:
             continue
         k = math.log2(r_in / r_out) if r_out > 0 else math.inf
         why = (f"cancellation: {n.op_type} {n.name!r} outputs rms 2^-{k:.0f} of its inputs'; their "
@@ -704,15 +698,13 @@ def _gridded(tp: TensorPrecision, int_only: bool, blocks: bool = False) -> bool:
     return bool(fmts)
 
 
-def _spacing(acts: dict[str, TensorPrecision], casts_only: bool) -> Callable[[str, float], float | None]:
+def _spacing(acts: dict[str, TensorPrecision]) -> Callable[[str, float], float | None]:
     """The coarsest grid spacing, at a value, of the formats a tensor is planned in; None for a
-    tensor planned in none (or, `casts_only`, in a scaled format: (c)'s ratio rule judges it)."""
+    tensor planned in none."""
     def spacing(name: str, value: float) -> float | None:
         tp = acts.get(name)
         fmts = [] if tp is None else [f for f in [tp.format, *tp.consumer_formats.values()] if f]
-        if not fmts or (casts_only and any(get_format(f).needs_qparams for f in fmts)):
-            return None
-        return max(grid_spacing(f, value) for f in fmts)
+        return max(grid_spacing(f, value) for f in fmts) if fmts else None
     return spacing
 
 
@@ -746,8 +738,8 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
     detectors = {
         "sentinel": lambda: sentinel_tensors(cal, memo=memo),
         "small_values": lambda: small_value_inputs(model, {**cal, **blocks}),
-        "cancellation": lambda: cancellation_inputs(model, every, cast_spacing=_spacing(acts, casts_only=True)),
-        "rescaled": lambda: rescaled_inputs(model, every, _spacing(acts, casts_only=False)),
+        "cancellation": lambda: cancellation_inputs(model, every),
+        "rescaled": lambda: rescaled_inputs(model, every, _spacing(acts)),
         "concat": lambda: concat_range_outputs(model, cal),
         "outliers": lambda: outlier_tensors(plan, cal, memo=memo),
         "overflow": lambda: overflow_tensors(plan, every),
