@@ -183,9 +183,9 @@ _TYPE_NAMES = {f"tensor({onnx.helper.tensor_dtype_to_string(t).split('.')[-1].lo
 
 def schema_types(model: onnx.ModelProto, types: dict[str, int]) -> None:
     """Type (in `types`, element types by name) the node outputs of the main graph that ONNX
-    inference left untyped, from each op's schema, in graph order:
-    an output whose type variable an input binds takes that input's type, one the schema fixes
-    to a single type takes it. ONNX infers no type through some function ops (GroupNormalization):
+    inference left untyped, from each op's schema, in graph order: an output whose type
+    variable an input binds takes that input's type, one the schema fixes to a single type
+    takes it. ONNX infers no type through some function ops (GroupNormalization):
     without this every tensor after one is untyped: the converters neither converted nor cast it
     (a bfloat16 tensor reached a float Conv), and the quantizer planned none of it."""
     opsets = {(d.domain or ""): int(d.version) for d in model.opset_import}
@@ -214,7 +214,6 @@ def schema_types(model: onnx.ModelProto, types: dict[str, int]) -> None:
                 types[name] = bound[ts]
             elif len(only) == 1 and only[0] in _TYPE_NAMES:
                 types[name] = _TYPE_NAMES[only[0]]
-
 
 
 @dataclass

@@ -233,17 +233,18 @@ class Pipeline:
 
         needed = plan.calibrated_tensors(lambda f: get_format(f).needs_qparams)
         ranged: list[str] = []
-        if data is not None:  # casts to bf16 / fp16: their range is checked (numerics policy g)
+        if data is not None:
             from .plan.numerics import cast_limit, phase_inputs, small_value_candidates
 
+            # observed beside what the formats need: the casts' ranges (numerics policy g), the
+            # Sin / Cos inputs whose range decides every format on their way (h), and the
+            # block-format tensors (b) reads (a shared exponent rounds small values to 0)
             have = set(needed)
-            ranged = [n for n in plan.calibrated_tensors(lambda f: cast_limit(f) is not None) if n not in have]
-            # a Sin / Cos input's range decides what every format may do on its way (policy h)
-            have.update(ranged)
-            ranged += [n for n in phase_inputs(plan, self.model) if n not in have]
-            # block-format tensors policy (b) reads: a shared exponent rounds small values to 0
-            have.update(ranged)
-            ranged += [n for n in small_value_candidates(plan, self.model) if n not in have]
+            for extra in (plan.calibrated_tensors(lambda f: cast_limit(f) is not None),
+                          phase_inputs(plan, self.model), small_value_candidates(plan, self.model)):
+                new = [n for n in extra if n not in have]
+                ranged += new
+                have.update(new)
         missing = [n for n in needed + ranged if n not in self.stats and n not in self.calib_skipped]
         if not missing:
             self._observe(data, (tap, kept), progress)

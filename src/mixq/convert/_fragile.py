@@ -25,8 +25,8 @@ import onnx
 from onnx import AttributeProto, numpy_helper
 
 __all__ = ["FragileRegion", "find_fragile", "find_input_affine", "find_phases", "find_sentinels",
-           "find_shape_arithmetic",
-           "REASON_AFFINE", "REASON_CANCEL", "REASON_NORM", "REASON_RMS", "REASON_SHAPE"]
+           "find_shape_arithmetic", "REASON_AFFINE", "REASON_CANCEL", "REASON_NORM", "REASON_RMS",
+           "REASON_SHAPE"]
 
 REASON_CANCEL = ("numerically fragile: variance computed as E[x^2]-E[x]^2 (cancels catastrophically "
                  "in bfloat16); its normalization is kept in float")
@@ -346,9 +346,9 @@ _AFFINE = frozenset({"Sub", "Add", "Mul", "Div"})
 def find_input_affine(model: onnx.ModelProto) -> list[FragileRegion]:
     """The Sub / Add / Mul / Div nodes that apply constants to a float graph input, and those
     that go on applying constants to their output, where one of them adds or subtracts: the
-    input standardization a model does itself. Its offsets are the largest values the model sees (a year, a price, a latitude,
-    minus their means), where a narrower float's spacing is widest; keeping these few
-    element-wise nodes float costs nothing."""
+    input standardization a model does itself. Its offsets are the largest values the model
+    sees (a year, a price, a latitude, minus their means), where a narrower float's spacing is
+    widest; keeping these few element-wise nodes float costs nothing."""
     g = model.graph
     inits = {t.name for t in g.initializer}
     consumers: dict[str, list[int]] = {}
