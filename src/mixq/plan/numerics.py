@@ -113,9 +113,9 @@ def cast_limit(fmt: str) -> float | None:
 
 def _cast_limits(tp: TensorPrecision) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
-    for f in dict.fromkeys([tp.format, *tp.consumer_formats.values()]):
-        limit = cast_limit(f) if f is not None else None
-        if f is not None and limit is not None:
+    for f in dict.fromkeys(tp.formats()):
+        limit = cast_limit(f)
+        if limit is not None:
             out.append((f, limit))
     return out
 
@@ -359,7 +359,7 @@ def small_value_candidates(plan: PrecisionPlan, model: onnx.ModelProto, depth: i
     own) so that `small_value_inputs` can read them. A block shares one exponent: a quiet
     spectrogram bin beside a loud one in its block rounds to 0 as on an integer grid."""
     blocky = {t for t, tp in plan.tensors.items()
-              if any(get_format(f).kind == "block" for f in [tp.format, *tp.consumer_formats.values()] if f)}
+              if any(get_format(f).kind == "block" for f in tp.formats())}
     if not blocky:  # the integer presets' tensors are calibrated anyway
         return []
     inits = {t.name: t for t in model.graph.initializer}
@@ -370,7 +370,7 @@ def small_value_candidates(plan: PrecisionPlan, model: onnx.ModelProto, depth: i
     index = GraphIndex.of(model)
     seen = {r for r, _ in roots}
     frontier = list(seen)
-    for _ in range(depth):
+    for _ in range(depth):  # through float tensors only: a divisor from Shape(x) is no path to x's values
         nxt = []
         for t in frontier:
             p = producer.get(t)
@@ -524,7 +524,7 @@ def outlier_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats], *,
         tp = plan.tensors.get(name)
         if tp is None or st.empty or st.absmax == 0.0 or (st.min >= 0.0 and st.max <= 1.0):
             continue
-        names = {f for f in [tp.format, *tp.consumer_formats.values()] if f is not None}
+        names = set(tp.formats())
         fmts = [get_format(f) for f in sorted(names)]
         ints = [f for f in fmts if isinstance(f, IntFormat)]
         if not ints:
@@ -643,7 +643,7 @@ def phase_tensors(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
             tp = plan.tensors.get(t)
             if tp is None or t in out:
                 continue
-            fmts = sorted({f for f in [tp.format, *tp.consumer_formats.values()] if f is not None})
+            fmts = sorted(set(tp.formats()))
             if not fmts:
                 continue
             worst = max(fmts, key=lambda f: grid_spacing(f, st.absmax))
@@ -690,7 +690,7 @@ def op_scope_notes(plan: PrecisionPlan, model: onnx.ModelProto) -> dict[str, str
 def _gridded(tp: TensorPrecision, int_only: bool, blocks: bool = False) -> bool:
     """Planned in any format; with `int_only` in an integer one; with `blocks` in an integer or
     a block one (not a cast, which keeps every value's own exponent)."""
-    fmts = [f for f in [tp.format, *tp.consumer_formats.values()] if f is not None]
+    fmts = tp.formats()
     if blocks:
         return any(get_format(f).kind in ("int", "block") for f in fmts)
     if int_only:
@@ -703,7 +703,7 @@ def _spacing(acts: dict[str, TensorPrecision]) -> Callable[[str, float], float |
     tensor planned in none."""
     def spacing(name: str, value: float) -> float | None:
         tp = acts.get(name)
-        fmts = [] if tp is None else [f for f in [tp.format, *tp.consumer_formats.values()] if f]
+        fmts = [] if tp is None else tp.formats()
         return max(grid_spacing(f, value) for f in fmts) if fmts else None
     return spacing
 
@@ -725,10 +725,10 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
     every = {n: s for n, s in stats.items() if n in acts}
     # (a)-(d), (f) judge the grids of scaled formats; the statistics of casts are for (g)
     cal = {n: s for n, s in every.items()
-           if any(get_format(f).needs_qparams for f in [acts[n].format, *acts[n].consumer_formats.values()] if f)}
+           if any(get_format(f).needs_qparams for f in acts[n].formats())}
     # (b) judges block formats too: a block's shared exponent rounds its small values to 0
     blocks = {n: s for n, s in every.items()
-              if any(get_format(f).kind == "block" for f in [acts[n].format, *acts[n].consumer_formats.values()] if f)}
+              if any(get_format(f).kind == "block" for f in acts[n].formats())}
     found: dict[str, Finding] = {}
     if "sentinel" in policies:
         found.update((t, Finding(t, "sentinel", why)) for t, why in nonfinite_constants(plan, model, nonfinite).items())

@@ -45,6 +45,10 @@ class TensorPrecision:
     consumer_formats: dict[str, str] = field(default_factory=dict)
     block_size: int | None = None
 
+    def formats(self) -> list[str]:
+        """The formats the tensor is read in: its own and its consumers', Nones left out."""
+        return [f for f in [self.format, *self.consumer_formats.values()] if f is not None]
+
 
 _PRECISION_FIELDS = tuple(f.name for f in fields(TensorPrecision))
 
@@ -70,8 +74,7 @@ class PrecisionPlan:
         for t in self.tensors.values():
             if t.role != "activation" or not t.calibrate:
                 continue
-            fmts = [t.format, *t.consumer_formats.values()]
-            if any(f is not None and needs_qparams(f) for f in fmts):
+            if any(needs_qparams(f) for f in t.formats()):
                 out.append(t.tensor)
         return out
 

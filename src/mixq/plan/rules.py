@@ -356,8 +356,7 @@ def _leave_empty_block_tensors(ix: GraphIndex, tensors: dict[str, TensorPrecisio
         shape = ix.shape(name)
         if tp.role != "activation" or shape is None or 0 not in shape:
             continue
-        if any(f is not None and get_format(f).kind == "block"
-               for f in [tp.format, *tp.consumer_formats.values()]):
+        if any(get_format(f).kind == "block" for f in tp.formats()):
             tensors[name] = replace(tp, format=None, consumer_formats={},
                                     reason="zero-size tensor: nothing to quantize, left float")
 
