@@ -7,8 +7,8 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from mixq.calibration.stats import TensorStats
-from mixq.plan.numerics import (apply_numerics, cancellation_inputs, concat_range_outputs,
-                                sentinel_tensors, small_value_inputs)
+from mixq.plan.numerics import (SMALL_MIN_DB, apply_numerics, cancellation_inputs, concat_range_outputs,
+                                root_output_sqnr_db, sentinel_tensors, small_value_inputs)
 from mixq.plan.memo import StatsMemo
 from mixq.plan.plan import PrecisionPlan, TensorPrecision
 
@@ -47,6 +47,43 @@ def test_small_value_inputs_walk_back_only_through_quiet_tensors():
     assert set(out) == {"p", "a"} and "Log" in out["p"] and "through Mul" in out["a"]
     out = small_value_inputs(m, {"p": quiet, "a": loud, "x": quiet})
     assert set(out) == {"p"}  # the walk stops at a tensor without quiet values
+
+
+def test_root_output_sqnr_reads_the_grid_against_the_values():
+    """A running sum's values spread from 0 to the absmax: an int8 grid sized for the largest
+    leaves the smallest a few codes, and a Log of them keeps little; values within a factor of
+    two of the absmax keep plenty; a divisor weighs its small values most."""
+    ramp = _st(np.linspace(0.0, 186.0, 20000))
+    step = 186.0 / 127
+    assert root_output_sqnr_db(ramp, step, None) < SMALL_MIN_DB
+    assert root_output_sqnr_db(ramp, step / 256, None) > SMALL_MIN_DB  # int16
+    narrow = _st(RNG.uniform(93.0, 186.0, 20000))
+    assert root_output_sqnr_db(narrow, step, None) > 30.0
+    assert root_output_sqnr_db(narrow, step, -1.0) > 30.0 and root_output_sqnr_db(narrow, step, 0.5) > 40.0
+    near_zero = _st(np.r_[RNG.uniform(93.0, 186.0, 19000), RNG.uniform(0.0, 1.0, 1000)])
+    assert root_output_sqnr_db(near_zero, step, -1.0) < 3.0  # 1/x of values that round to 0: all lost
+    assert root_output_sqnr_db(_st(np.zeros(10)), step, None) == float("inf")
+
+
+def test_the_predicted_rule_follows_element_wise_ops_only():
+    """(b)'s predicted-SQNR rule judges what reaches the root element by element (an added
+    epsilon): a ramp feeding Log through Add is kept float on an int8 grid (its share of tiny
+    values is under 10%, so the share rule alone lets it through); behind a MatMul, a sum that
+    averages its terms' errors, a bell-shaped input is not judged by it."""
+    m = _graph([helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Add", ["a", "eps"], ["p"]),
+                helper.make_node("Log", ["p"], ["y"])],
+               [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w"),
+                numpy_helper.from_array(np.float32(1e-3), "eps")])
+    ramp, bell = _st(np.linspace(0.0, 186.0, 20000)), _st(RNG.normal(0, 1, 20000))
+    stats = {"p": ramp, "a": ramp, "x": bell}
+
+    def int8(name: str, value: float) -> float:
+        return value / 127
+
+    assert set(small_value_inputs(m, stats)) == {"p"}
+    out = small_value_inputs(m, stats, spacing=int8)
+    assert set(out) == {"p", "a"} and "would keep about" in out["a"] and "through Add" in out["a"]
+    assert set(small_value_inputs(m, stats, spacing=lambda n, v: v / 32767)) == {"p"}  # int16 grid: fine
 
 
 def test_cancellation_and_concat():

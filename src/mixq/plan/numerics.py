@@ -65,6 +65,19 @@ SENTINEL_ABS_LOG2 = 100
 #: (b) upstream tensors with this share of values 2^SMALL_LOG2 below the absmax stay float too
 SMALL_SHARE = 0.10
 SMALL_LOG2 = 8
+#: (b) and a planned upstream tensor whose grid `root_output_sqnr_db` predicts to leave the root
+#: op's output under this SQNR (a running sum of energies into a Log: its early steps are a few
+#: codes of a grid sized for the last), whatever its share of tiny values
+SMALL_MIN_DB = 20.0
+#: (b) ops that pass each element's relative rounding error on to one output element unchanged
+#: (data movement, an added epsilon, a scale): the predicted-SQNR rule follows them only; a sum
+#: (CumSum, MatMul, a Reduce) averages its terms' errors, and its inputs are left to the share rule
+_RELATIVE_KEEP_OPS = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand",
+                                "Tile", "Slice", "Gather", "Concat", "Split", "Cast", "Neg", "Abs", "Relu",
+                                "Add", "Sub", "Mul", "Div", "Max", "Clip"})
+#: (b) the error, in nepers, of a Log whose input rounded to 0: its epsilon's log, or -inf,
+#: in place of the value's (4: a factor of 55)
+LOG_LOST = 4.0
 #: (c) output rms this many times below the larger input rms is a cancellation
 CANCEL_RATIO = 8.0
 #: (i) a grid spacing at the input's absmax above 1/this of the output rms is too coarse (what
@@ -287,55 +300,97 @@ def small_share(st: TensorStats, log2_below: int = SMALL_LOG2) -> float:
     return float(np.sum(cnt[nz & (hi <= st.absmax * 2.0 ** -log2_below)])) / total
 
 
-def _small_value_roots(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto]) -> list[tuple[str, str]]:
+def _small_value_roots(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto]
+                       ) -> list[tuple[str, str, float | None]]:
     """(b) The run-time inputs of Log, Reciprocal, Sqrt, Pow with a negative or fractional
     exponent (a root: x ** 0.3 compresses an audio feature) and the divisor of Div, each with
-    what reads it."""
-    roots: list[tuple[str, str]] = []
+    what reads it and the power the op raises it to (None for Log)."""
+    roots: list[tuple[str, str, float | None]] = []
     for n in model.graph.node:
         if n.domain not in ("", "ai.onnx"):
             continue
-        name, what = None, ""
+        name, what, power = None, "", None
         if n.op_type in ("Log", "Reciprocal", "Sqrt") and n.input:
             name, what = n.input[0], f"read by {n.op_type} {n.name!r}"
+            power = {"Log": None, "Reciprocal": -1.0, "Sqrt": 0.5}[n.op_type]
         elif n.op_type == "Pow" and len(n.input) == 2:
             e = _scalar(inits, n.input[1])
             # a negative power sends 0 to inf; a fractional one lifts small values (1e-4 ** 0.3
             # is 0.06, where 0 ** 0.3 is 0): both need them
             if e is not None and e < 1 and e != 0:
-                name, what = n.input[0], f"raised to {e:g} by Pow {n.name!r}"
+                name, what, power = n.input[0], f"raised to {e:g} by Pow {n.name!r}", e
         elif n.op_type == "Div" and len(n.input) == 2:
-            name, what = n.input[1], f"divisor of Div {n.name!r}"
+            name, what, power = n.input[1], f"divisor of Div {n.name!r}", -1.0
         if name and name not in inits:
-            roots.append((name, what))
+            roots.append((name, what, power))
     return roots
 
 
+def root_output_sqnr_db(st: TensorStats, step: float, power: float | None) -> float:
+    """(b) The SQNR a uniform grid of spacing `step` leaves at the output of a root op reading
+    the tensor of statistics `st` (through ops that keep relative errors: an added epsilon, a
+    running sum, a reshape), predicted from its histogram: a value v rounds with a relative error
+    of step / sqrt(12) / v, and one under half a step to 0 (all of it lost). Log turns a
+    relative error into an absolute one (a lost value: `LOG_LOST` nepers), judged against the
+    spread of log(v); v ** power scales it by |power|, judged against the output's power (a
+    divisor's small values weigh most: their quotients are the largest). Exact zeros are on
+    every grid and count for nothing."""
+    lo, hi, cnt = st.abs_bins()
+    nz = lo > 0
+    if step <= 0.0 or not np.any(nz):
+        return math.inf
+    v = np.sqrt(lo[nz] * hi[nz])
+    c = cnt[nz].astype(np.float64)
+    lost = v < step / 2
+    rel2 = np.minimum(step * step / 12.0 / (v * v), 1.0)
+    if power is None:
+        lv = np.log(v)
+        mean = float(np.sum(c * lv) / np.sum(c))
+        signal = float(np.sum(c * (lv - mean) ** 2) / np.sum(c))
+        noise = float(np.sum(c * np.where(lost, LOG_LOST ** 2, rel2)) / np.sum(c))
+    else:
+        w = v ** (2.0 * power)
+        signal = float(np.sum(c * w))
+        noise = float(np.sum(c * w * np.where(lost, 1.0, np.minimum(power * power * rel2, 1.0))))
+    if noise <= 0.0:
+        return math.inf
+    return 10.0 * math.log10(max(signal, 1e-300) / noise)
+
+
 def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | None = None, *,
-                       share: float = SMALL_SHARE) -> dict[str, str]:
+                       share: float = SMALL_SHARE,
+                       spacing: Callable[[str, float], float | None] | None = None,
+                       min_db: float = SMALL_MIN_DB) -> dict[str, str]:
     """(b) Run-time inputs of Log, Reciprocal, Sqrt, Pow with a negative or fractional exponent
     and the divisor of Div; then, walking back through their producers, every run-time input whose
     statistics hold a small-value population (`share` of the non-zero values more than 2^8
     below the absmax): the quiet bins of a spectrogram reach the Log through the filterbank
     MatMul, and rounding them anywhere upstream sends them to log(eps). The walk goes on through
     tensors without statistics (the output of an STFT or a ReduceSumSquare, left float) to the
-    planned ones behind them: a quiet waveform rounded to 0 is a spectrogram of zeros."""
+    planned ones behind them: a quiet waveform rounded to 0 is a spectrogram of zeros. With
+    `spacing` (a tensor's grid spacing at a value, None where it has no grid), a walked tensor
+    whose grid `root_output_sqnr_db` predicts to leave the root's output under `min_db` stays
+    float too, whatever its share of tiny values."""
     inits = {t.name: t for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output if o}
     out: dict[str, str] = {}
-    stack: list[tuple[str, str, int]] = []
-    for name, what in _small_value_roots(model, inits):
+    # (tensor, what reads the root, the root's power, depth, whether every op since the root
+    # kept relative errors: `_RELATIVE_KEEP_OPS` with one run-time input)
+    stack: list[tuple[str, str, float | None, int, bool]] = []
+    for name, what, power in _small_value_roots(model, inits):
         if name not in out:
             out[name] = (f"small values matter: {what}; a uniform grid rounds small values to 0 "
                          "and the op turns them into inf")
-            stack.append((name, what, 0))
+            stack.append((name, what, power, 0, True))
     passed: set[str] = set()  # uncalibrated tensors walked through (float already: an STFT's output)
     index: GraphIndex | None = None
     while stats and stack:
-        name, what, depth = stack.pop()
+        name, what, power, depth, direct = stack.pop()
         p = producer.get(name)
         if p is None or depth >= 8:
             continue
+        direct = direct and p.op_type in _RELATIVE_KEEP_OPS and p.domain in ("", "ai.onnx") \
+            and sum(1 for i in p.input if i and i not in inits) <= 1
         for i in p.input:
             if not i or i in inits or i in out or i in passed:
                 continue
@@ -343,13 +398,22 @@ def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | N
                 index = index or GraphIndex.of(model)
                 if is_float_type(index.elem_type(i)):  # values, not a shape computed from Shape/Size
                     passed.add(i)
-                    stack.append((i, what, depth + 1))
+                    stack.append((i, what, power, depth + 1, direct))
                 continue
-            sh = small_share(stats[i])
+            st = stats[i]
+            sh = small_share(st)
+            step = spacing(i, st.absmax) if direct and spacing is not None and math.isfinite(st.absmax) else None
+            db = root_output_sqnr_db(st, step, power) if step else math.inf
             if sh >= share:
                 out[i] = (f"small values matter: feeds the tensor {what} through {p.op_type} {p.name!r}, "
                           f"and {100 * sh:.0f}% of its non-zero values lie 2^{SMALL_LOG2} below its absmax")
-                stack.append((i, what, depth + 1))
+            elif db < min_db:
+                out[i] = (f"small values matter: feeds the tensor {what} through {p.op_type} {p.name!r}; "
+                          f"its grid (spacing {step:.3g} up to {st.absmax:.4g}) rounds its smaller values "
+                          f"so coarsely that the op's output would keep about {db:.0f} dB (needs {min_db:.0f})")
+            else:
+                continue
+            stack.append((i, what, power, depth + 1, direct))
     return out
 
 
@@ -368,7 +432,7 @@ def small_value_candidates(plan: PrecisionPlan, model: onnx.ModelProto, depth: i
         return []
     producer = {o: n for n in model.graph.node for o in n.output if o}
     index = GraphIndex.of(model)
-    seen = {r for r, _ in roots}
+    seen = {r for r, _, _ in roots}
     frontier = list(seen)
     for _ in range(depth):  # through float tensors only: a divisor from Shape(x) is no path to x's values
         nxt = []
@@ -737,7 +801,8 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
                      if t not in found)
     detectors = {
         "sentinel": lambda: sentinel_tensors(cal, memo=memo),
-        "small_values": lambda: small_value_inputs(model, {**cal, **blocks}),
+        # the predicted-SQNR rule reads integer and scaled grids (a block's exponent is local)
+        "small_values": lambda: small_value_inputs(model, {**cal, **blocks}, spacing=_spacing({n: acts[n] for n in cal})),
         "cancellation": lambda: cancellation_inputs(model, every),
         "rescaled": lambda: rescaled_inputs(model, every, _spacing(acts)),
         "concat": lambda: concat_range_outputs(model, cal),
