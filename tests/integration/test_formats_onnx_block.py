@@ -69,6 +69,31 @@ class TestEmission:
             (y,) = run_emission(fmt.emit("x", "y", axis=axis, prefix="q", shape=shape), {"x": x})
             assert_same_bits(y, fmt.fake_quant(x, axis=1))
 
+    def test_bit_exact_at_an_older_opset(self, name):
+        """The functions at opset 21 (no BitCast: a model with an op onnxruntime runs at 21 and
+        not at 26, RoiAlign) compute the same bits, extreme blocks included, activations and
+        weights."""
+        fmt = get_format(name)
+        for i, (shape, axis) in enumerate(CASES[2:], start=2):
+            x = tensor(shape, seed=i)
+            em = fmt.emit("x", "y", axis=axis, prefix="q", opset=21)
+            (y,) = run_emission(em, {"x": x})
+            assert_same_bits(y, fmt.fake_quant(x, axis=axis))
+        rng = np.random.default_rng(7)
+        x = np.stack([rng.integers(-40, 40, 64).astype(np.float32) * np.float32(2.0 ** -149),
+                      np.full(64, 2.0 ** -126, np.float32), np.zeros(64, np.float32),
+                      rng.uniform(-BIG, BIG, 64).astype(np.float32), np.exp2(np.arange(-64, 0)).astype(np.float32)])
+        (y,) = run_emission(fmt.emit("x", "y", axis=1, prefix="q", opset=21), {"x": x})
+        assert_same_bits(y, fmt.fake_quant(x, axis=1))
+        assert em.opsets[""] == 21 and em.functions[0].name.endswith("_o21")
+        assert [i.version for i in em.functions[0].opset_import] == [21]
+        assert not any(n.op_type == "BitCast" for n in em.functions[0].node)
+        w = tensor((16, 40, 3), seed=3, specials=False)
+        (wy,) = run_emission(fmt.emit_weight(w, "wq", axis=1, prefix="w0", opset=21), {})
+        assert_same_bits(wy, fmt.fake_quant(w, axis=1))
+        with pytest.raises(FormatError, match="opset 21 or newer"):
+            fmt.emit("x", "y", axis=1, prefix="q", opset=17)
+
     def test_emission_shape(self, name):
         fmt = get_format(name)
         em = fmt.emit("in", "out", axis=-1, prefix="p")

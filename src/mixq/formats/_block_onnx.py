@@ -18,7 +18,10 @@ BlockFormat.fake_quant. Design (why, not what):
   The rewrite pass declares each call's output shape (x's) in the graph's value_info.
 * Exact exponents: the exponent field of a (BitCast to int32 and a mask, opset 26) is
   2**floor(log2(a)) for a normal float; maxima below 2**-126 only ever meet a scale clipped to
-  2**-127. Every scale and step is then a power of two obtained by exact Mul/Div/Clip.
+  2**-127. Every scale and step is then a power of two obtained by exact Mul/Div/Clip. A model
+  with an op onnxruntime runs at its own opset and not at 26 (RoiAlign: no kernel for its
+  opset-22 version) gets the functions at an older opset (`opset`), with the constant-weight
+  variant's exponent (a log corrected against a table of powers of two): slower, same bits.
 * NaN/Inf: onnxruntime's ReduceMax does not propagate NaN reliably, so a per-block flag (NaN
   iff the block holds NaN or inf: the block's sum of |x| is NaN, or its maximum is inf) is
   added to the per-block step: any later product with the step is NaN.
@@ -40,6 +43,10 @@ from mixq.errors import FormatError
 
 from .base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION, Emission, Rounding, Shape
 from .onnx_util import const_node, make_function
+
+#: The oldest default-domain opset the functions' bodies are valid at without BitCast (ReduceMax
+#: and Pad take their axes as inputs from opset 18; mixq's base opset is 21)
+MIN_BLOCK_OPSET = 21
 
 #: _POW2[i] = 2**(i - 149) in float32 (exact; the last entry, 2**128, is inf).
 _POW2_OFFSET = 149
@@ -154,7 +161,8 @@ def _alignable(fmt, length: int) -> bool:
 
 
 def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False,
-                   length: int | None = None, post: int | None = None) -> onnx.FunctionProto:
+                   length: int | None = None, post: int | None = None,
+                   opset: int | None = None) -> onnx.FunctionProto:
     """The FunctionProto `fmt.function_name(axis, rounding)`: input x, output y.
 
     `foldable`: the variant for constant weights. onnxruntime's constant folding cannot hold a
@@ -166,7 +174,12 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     elements: the reference pads it with zeros, which never raise a block's maximum.
     `post`: with `length`, the number of elements after the axis when every dim after it is
     known: the view's target is then a constant (x's leading dims copied by 0s), which saves the
-    ~8 shape ops that compute it per call (they dominate a call on small tensors)."""
+    ~8 shape ops that compute it per call (they dominate a call on small tensors).
+    `opset`: the default-domain opset of the body (default `fmt.onnx_opset`, 26); below 26 the
+    exponent is `foldable`'s (no BitCast) and the name ends with ``_o<opset>``."""
+    at = fmt.onnx_opset if opset is None else opset
+    if at < MIN_BLOCK_OPSET:
+        raise FormatError(f"a {fmt.name} function needs opset {MIN_BLOCK_OPSET} or newer, got {at}")
     if post is not None and (length is None or post <= 0):
         raise FormatError(f"a {fmt.name} function with known trailing elements ({post}) needs a "
                           "known aligned axis length and post > 0")
@@ -303,7 +316,7 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     # (amax - amax: NaN iff the maximum is inf; three small per-block ops)
     flag = b.op("Where", b.op("IsNaN", total), b.const(np.nan), b.op("Sub", amax, amax))
 
-    p = _pow2_floor(b, amax, flag, foldable)  # 2**e, e = the block's exponent
+    p = _pow2_floor(b, amax, flag, foldable or at < fmt.onnx_opset)  # 2**e, e = the block's exponent
     lo, hi = fmt.scale_range
     # everything below stays in the blocked view: per-block (and per-sub-block) quantities
     # broadcast over the block axis, so nothing is expanded to full size (but by `widen`, see
@@ -343,12 +356,14 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     doc = (f"{fmt.name} fake quantization, blocks of {B} along axis {axis}, "
            f"{'half to even' if rounding is Rounding.HALF_EVEN else 'half away from zero'}")
     name = fmt.function_name(axis, rounding, length=length, const=foldable, post=post)
-    return make_function(name, ["x"], ["y"], b.nodes, opset=fmt.onnx_opset, doc=doc)
+    if at != fmt.onnx_opset:
+        name += f"_o{at}"
+    return make_function(name, ["x"], ["y"], b.nodes, opset=at, doc=doc)
 
 
 def emit_block(fmt, input_name: str, output_name: str, *, axis: int, prefix: str,
                rounding: Rounding, foldable: bool = False,
-               shape: Shape | None = None) -> Emission:
+               shape: Shape | None = None, opset: int | None = None) -> Emission:
     """An Emission: one node in MIXQ_DOMAIN calling the format's function, plus the function
     (`foldable`: the variant for constant inputs, see build_function). A known `shape` (None for
     unknown dims) whose axis length is a multiple of the block (or one short block, see
@@ -364,7 +379,8 @@ def emit_block(fmt, input_name: str, output_name: str, *, axis: int, prefix: str
                 post = int(np.prod(tail, dtype=np.int64))
         elif axis_pos == len(shape) - 1:
             axis = -1  # the general function whose view ends at the block axis (no trailing 1)
-    fn = build_function(fmt, axis, rounding, foldable=foldable, length=length, post=post)
+    fn = build_function(fmt, axis, rounding, foldable=foldable, length=length, post=post, opset=opset)
     node = helper.make_node(fn.name, [input_name], [output_name], name=f"{prefix}/{fn.name}",
                             domain=MIXQ_DOMAIN)
-    return Emission(nodes=[node], functions=[fn], opsets={"": fmt.onnx_opset, MIXQ_DOMAIN: MIXQ_DOMAIN_VERSION})
+    at = fmt.onnx_opset if opset is None else opset
+    return Emission(nodes=[node], functions=[fn], opsets={"": at, MIXQ_DOMAIN: MIXQ_DOMAIN_VERSION})

@@ -191,18 +191,20 @@ class BlockFormat(Format):
 
     def emit(self, input_name: str, output_name: str, *, qparams: QParams | None = None,
              axis: int | None = None, prefix: str, rounding: Rounding = Rounding.HALF_EVEN,
-             shape: Shape | None = None) -> Emission:
+             shape: Shape | None = None, opset: int | None = None) -> Emission:
         """One node in MIXQ_DOMAIN calling the model-local function of this format and axis
-        (the aligned variant when `shape` says the axis length is a multiple of the block)."""
+        (the aligned variant when `shape` says the axis length is a multiple of the block);
+        `opset` below `onnx_opset`: the function at that opset (same values, see _block_onnx)."""
         from ._block_onnx import emit_block
         axis = self._check_call(qparams, axis)
         return emit_block(self, input_name, output_name, axis=axis, prefix=prefix, rounding=rounding,
-                          shape=shape)
+                          shape=shape, opset=opset)
 
     def emit_weight(self, w: np.ndarray, output_name: str, *, qparams: QParams | None = None,
                     axis: int | None = None, prefix: str,
-                    rounding: Rounding = Rounding.HALF_EVEN) -> Emission:
-        """The fake-quantized float32 weight as an initializer followed by the same function node.
+                    rounding: Rounding = Rounding.HALF_EVEN, opset: int | None = None) -> Emission:
+        """The fake-quantized float32 weight as an initializer followed by the same function node
+        (`opset` as in `emit`).
 
         ONNX has no type for block payloads, so the node keeps the format visible to a backend
         (it can re-derive the exact codes: the stored values are on the grid and fake_quant is
@@ -214,7 +216,7 @@ class BlockFormat(Format):
             raise FormatError(f"axis {axis} is out of range for a weight of rank {w.ndim}")
         wname = f"{prefix}/w"
         em = emit_block(self, wname, output_name, axis=axis, prefix=prefix, rounding=rounding,
-                        foldable=True, shape=w.shape)
+                        foldable=True, shape=w.shape, opset=opset)
         em.initializers.insert(0, const_tensor(wname, self.fake_quant(w, axis=axis, rounding=rounding)))
         return em
 

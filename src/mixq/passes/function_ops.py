@@ -21,7 +21,7 @@ from onnx import TensorProto
 from ..errors import ModelError
 from ..graph import GraphIndex, PassResult, walk_graphs
 
-__all__ = ["expand_function_ops"]
+__all__ = ["expand_function_ops", "stranded_ops"]
 
 
 def _schema(op_type: str, opset: int) -> onnx.defs.OpSchema | None:
@@ -143,3 +143,37 @@ def expand_function_ops(model: onnx.ModelProto, source: int, target: int,
                 f"{ort.__version__} does not run {op} at opset {target}, which the conversion from "
                 f"{source} goes to (the same values: onnxruntime computes {op} by that body)")
     return work
+
+
+def stranded_ops(model: onnx.ModelProto, source: int, target: int) -> dict[str, str]:
+    """The default-domain ops of `model` (main graph and subgraphs) that onnxruntime runs at
+    opset `source` and not at `target`, and that have no ONNX function body to expand (those
+    `expand_function_ops` handles): {op type: why}. RoiAlign runs at opset 21 and has no kernel
+    for its opset-22 version, which a model converted to 26 gets. Probed empirically, one node
+    per op type (`mixq.kernels`, cached)."""
+    if target <= source:
+        return {}
+    from ..kernels import probe_kernel
+
+    ix = GraphIndex.of(model)
+    seen: dict[str, onnx.NodeProto] = {}
+    for g in walk_graphs(model.graph):
+        for n in g.node:
+            if n.domain in ("", "ai.onnx") and n.op_type not in seen:
+                seen[n.op_type] = n
+    out: dict[str, str] = {}
+    for op, node in sorted(seen.items()):
+        s: Any = _schema(op, target)
+        if s is None or s.has_function or s.has_context_dependent_function:
+            continue
+        old: Any = _schema(op, source)
+        if old is not None and old.since_version == s.since_version:
+            continue  # the same version of the op at both opsets: the same kernel
+        ins, outs = _probe_types(ix, node)
+        after = probe_kernel(node, ins, outs, opset=target)
+        if after.ok or not after.verified:
+            continue
+        before = probe_kernel(node, ins, outs, opset=source)
+        if before.ok and before.verified:
+            out[op] = f"no kernel for its opset-{s.since_version} version"
+    return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -16,9 +17,11 @@ from onnx import helper, numpy_helper
 
 from .._io import tensor_array
 from ..formats import Emission, QParams, get_format
+from ..formats._block_onnx import MIN_BLOCK_OPSET
 from ..graph import GraphIndex, NameAllocator, PassResult, outer_scope_reads, static_shape, subgraphs
 from ..plan.plan import PrecisionPlan, TensorPrecision
 from ..plan.qparams import consumer_key
+from .function_ops import stranded_ops
 from .prepare import declare_shapes
 
 _INT32_MAX = 2**31 - 1
@@ -114,6 +117,12 @@ class _Rewrite:
     emission: Emission = field(default_factory=Emission)
     block_outputs: dict[str, str] = field(default_factory=dict)  # block output -> source tensor
     prefixes: dict[str, str] = field(default_factory=dict)
+    #: the opset block formats' functions are emitted at (None: theirs, 26); see _pass_opset
+    block_opset: int | None = None
+
+    def block_kw(self, fmt: Any) -> dict[str, Any]:
+        """The emission keywords of `fmt`: block formats get `block_opset`."""
+        return {"opset": self.block_opset} if fmt.kind == "block" and self.block_opset is not None else {}
 
     def reindex(self) -> None:
         self.index = GraphIndex.of(self.model)
@@ -137,6 +146,20 @@ def _pass_opset(rw: _Rewrite) -> PassResult:
     if need <= have:
         res.decline("model", f"opset {have} already runs every planned format")
         return res
+    lost = stranded_ops(rw.model, have, need) if need > MIN_BLOCK_OPSET else {}
+    if lost:
+        import onnxruntime as ort
+
+        rw.block_opset = max(have, MIN_BLOCK_OPSET)
+        rw.report.notes.append(
+            f"block formats emitted at opset {rw.block_opset}, with an exponent computed without BitCast "
+            f"(slower per call, the same values): onnxruntime {ort.__version__} does not run "
+            + "; ".join(f"{op} ({why})" for op, why in sorted(lost.items()))
+            + f" at opset {need}, which BitCast needs")
+        need = rw.block_opset
+        if need <= have:
+            res.decline("model", f"opset {have} runs every planned format (block formats without BitCast)")
+            return res
     rw.report.notes.append(f"model upgraded from opset {have} to {need}, which its formats' ONNX needs")
     rw.model = upgrade_opset(rw.model, need, result=res)
     rw.report.notes += res.notes
@@ -305,7 +328,8 @@ def _pass_constants(rw: _Rewrite) -> PassResult:
             continue
         out = rw.names.value(name, "mq")
         axis = tp.block_axis if fmt.kind == "block" else (qp.axis if qp is not None else None)
-        rw.replace_init[name] = fmt.emit_weight(w, out, qparams=qp, axis=axis, prefix=rw.prefix(name))
+        rw.replace_init[name] = fmt.emit_weight(w, out, qparams=qp, axis=axis, prefix=rw.prefix(name),
+                                                **rw.block_kw(fmt))
         rw.rename[name] = out
         rw.report.weights_quantized += 1
         res.changed += 1
@@ -385,7 +409,7 @@ def _pass_activations(rw: _Rewrite) -> PassResult:
         quant_name = name if is_output else rw.names.value(name, "mq")
         em = fmt.emit(float_name, quant_name, qparams=qp if fmt.needs_qparams else None,
                       axis=tp.block_axis if fmt.kind == "block" else (qp.axis if qp else None),
-                      prefix=prefix, shape=shape)
+                      prefix=prefix, shape=shape, **rw.block_kw(fmt))
         if fmt.kind == "block":
             rw.block_outputs[quant_name] = name
         if is_output:
@@ -415,7 +439,7 @@ def _boundary(rw: _Rewrite, name: str, tp: TensorPrecision, cfmt_name: str, key:
     cout = rw.names.value(name, f"mq_{safe}")
     cem = cfmt.emit(source, cout, qparams=cqp if cfmt.needs_qparams else None,
                     axis=tp.block_axis if cfmt.kind == "block" else (cqp.axis if cqp else None),
-                    prefix=rw.names.prefix(f"{rw.prefix(name)}__{safe}"), shape=shape)
+                    prefix=rw.names.prefix(f"{rw.prefix(name)}__{safe}"), shape=shape, **rw.block_kw(cfmt))
     if cfmt.kind == "block":
         rw.block_outputs[cout] = name
     rw.new_after[key].extend(cem.nodes)
