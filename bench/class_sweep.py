@@ -14,8 +14,16 @@ a diffusion UNet block (timestep embedding, GroupNormalization-21), a decoder wi
 mixture-of-experts routing, a written-out LayerNorm, a GAN generator, a float64 island, run-time
 rotary embeddings, FPN levels that are outputs and consumed, a box decoder with Exp, a GRU cell
 with its state as input and output, odd linear layers, pruned and denormal weights, opset-9
-idioms, a head on large offsets, tabular features standardized in the graph, and a ViT. A run
-that raises is printed with its error; the sweep goes on.
+idioms, a head on large offsets, tabular features standardized in the graph, and a ViT. The
+fourth round adds 22: causal attention masked with -inf built at run time, a detector with
+NonMaxSuppression in the graph, ArgMax/TopK outputs, native LSTM and GRU ops, Loop and If,
+a float16 model, a conformer conv module, CTC log-probabilities, style transfer
+(InstanceNormalization, reflect Pad), hostile outputs (an input echoed, a constant, one value
+under two names), PointNet, an activation zoo (Mish, HardSwish, PRelu, Elu, Selu, Celu),
+Einsum attention with a bool mask, a running energy before a Log, ALiBi attention, a run-time
+temperature, optical-flow warping by GridSample, a Llama block (RMSNorm written with Pow -0.5,
+SwiGLU), tied embeddings, the STFT op before a log-mel, RoiAlign, and sigmoid boxes scaled
+to 640. A run that raises is printed with its error; the sweep goes on.
 """
 from __future__ import annotations
 
@@ -372,6 +380,300 @@ def vit(seed=0):
         lambda r, n: {"x": r.standard_normal((n, 3, 16, 16)).astype(np.float32)}
 
 
+# ---------------------------------------------------------------- fourth probe round
+def causal_inf(seed=0):
+    """Causal attention whose mask is built at run time: Trilu of ones, Where(-inf)."""
+    b = B(seed); D = 16
+    q, k, v = b.lin("x", D, D), b.lin("x", D, D), b.lin("x", D, D)
+    s = b.op("Mul", [b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 2, 1])]), b.c(np.float32(0.25))])
+    S = b.op("Slice", [b.op("Shape", ["x"]), b.c(np.array([1], np.int64)), b.c(np.array([2], np.int64))])
+    sq = b.op("Concat", [S, S], axis=0)
+    ones = b.op("ConstantOfShape", [sq], value=nh.from_array(np.array([1], np.float32)))
+    tri = b.op("Trilu", [ones], upper=0)
+    keep = b.op("Cast", [tri], to=T.BOOL)
+    sm = b.op("Where", [keep, s, b.c(np.float32(-np.inf))])
+    a = b.op("MatMul", [b.op("Softmax", [sm], axis=-1), v])
+    y = b.lin(a, D, 8)
+    return b.model([vi("x", T.FLOAT, ["N", "S", D])], [vi(y, T.FLOAT, ["N", "S", 8])]), \
+        lambda r, n: {"x": r.standard_normal((n, 6, D)).astype(np.float32)}
+
+def nms_head(seed=0):
+    """A detector with NonMaxSuppression in the graph: selected indices (int64, variable count)
+    and the gathered boxes and scores as outputs."""
+    b = B(seed); A = 32
+    f = b.op("Relu", [b.lin("x", 8, 32)])                     # N,A,32
+    box = b.op("Add", [b.op("Mul", [b.op("Sigmoid", [b.lin(f, 32, 4)]), b.c(np.float32(100))]), b.c(np.array([0, 0, 20, 20], np.float32))])
+    sc = b.op("Sigmoid", [b.lin(f, 32, 2)])                    # N,A,2
+    sct = b.op("Transpose", [sc], perm=[0, 2, 1])              # N,2,A
+    sel = b.op("NonMaxSuppression", [box, sct, b.c(np.array([5], np.int64)), b.c(np.array([0.5], np.float32)), b.c(np.array([0.3], np.float32))])
+    bi = b.op("Gather", [sel, b.c(np.array([2], np.int64))], axis=1)     # K,1
+    kb = b.op("Gather", [b.op("Squeeze", [box, b.c(np.array([0], np.int64))]), b.op("Squeeze", [bi, b.c(np.array([1], np.int64))])], axis=0)
+    return b.model([vi("x", T.FLOAT, [1, A, 8])], [vi(sel, T.INT64, ["K", 3]), vi(kb, T.FLOAT, ["K", 4]), vi(sc, T.FLOAT, [1, A, 2])]), \
+        lambda r, n: {"x": r.standard_normal((1, A, 8)).astype(np.float32)}
+
+def int_outputs(seed=0):
+    """A classifier returning ArgMax and TopK (values and indices) beside its logits."""
+    b = B(seed)
+    lg = b.lin(b.op("Relu", [b.lin("x", 16, 32)]), 32, 10)
+    am = b.op("ArgMax", [lg], axis=1, keepdims=0)
+    tv, ti = b.op("TopK", [b.op("Softmax", [lg], axis=1), b.c(np.array([3], np.int64))], n_out=2, axis=1)
+    return b.model([vi("x", T.FLOAT, ["N", 16])], [vi(am, T.INT64, ["N"]), vi(tv, T.FLOAT, ["N", 3]), vi(ti, T.INT64, ["N", 3])]), \
+        lambda r, n: {"x": r.standard_normal((n, 16)).astype(np.float32)}
+
+def native_rnn(seed=0):
+    """ONNX LSTM and GRU ops (not written out), sequence first, then a linear head."""
+    b = B(seed); I, H = 8, 16
+    y, yh, yc = b.op("LSTM", ["x", b.w(1, 4 * H, I), b.w(1, 4 * H, H), b.w(1, 8 * H, scale=0.1)], n_out=3, hidden_size=H)
+    ys = b.op("Squeeze", [y, b.c(np.array([1], np.int64))])   # S,N,H
+    g, gh = b.op("GRU", [ys, b.w(1, 3 * H, H), b.w(1, 3 * H, H), b.w(1, 6 * H, scale=0.1)], n_out=2, hidden_size=H)
+    last = b.op("Squeeze", [gh, b.c(np.array([0], np.int64))])
+    out = b.lin(last, H, 4)
+    return b.model([vi("x", T.FLOAT, ["S", "N", I])], [vi(out, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": r.standard_normal((12, n, I)).astype(np.float32)}
+
+def control_flow(seed=0):
+    """A Loop that applies a small residual MLP step 4 times, then an If choosing a head on a
+    run-time flag."""
+    b = B(seed); D = 16
+    w1 = nh.from_array((b.rng.standard_normal((D, D)) * 0.2).astype(np.float32), "lw")
+    body = h.make_graph(
+        [h.make_node("MatMul", ["s_in", "lw"], ["mm"]), h.make_node("Tanh", ["mm"], ["th"]),
+         h.make_node("Add", ["s_in", "th"], ["s_out"]), h.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [vi("i", T.INT64, []), vi("cond_in", T.BOOL, []), vi("s_in", T.FLOAT, None)],
+        [vi("cond_out", T.BOOL, []), vi("s_out", T.FLOAT, None)], [w1])
+    x0 = b.lin("x", D, D)
+    lo = b.op("Loop", [b.c(np.array(4, np.int64)), b.c(np.array(True)), x0], body=body)
+    wa = nh.from_array((b.rng.standard_normal((D, 4)) * 0.3).astype(np.float32), "wa")
+    wb = nh.from_array((b.rng.standard_normal((D, 4)) * 0.3).astype(np.float32), "wb")
+    then_g = h.make_graph([h.make_node("MatMul", [lo, "wa"], ["ya"])], "then", [], [vi("ya", T.FLOAT, None)], [wa])
+    else_g = h.make_graph([h.make_node("MatMul", [lo, "wb"], ["yb"])], "else", [], [vi("yb", T.FLOAT, None)], [wb])
+    y = b.op("If", ["flag"], then_branch=then_g, else_branch=else_g)
+    return b.model([vi("x", T.FLOAT, ["N", D]), vi("flag", T.BOOL, [])], [vi(y, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": r.standard_normal((n, D)).astype(np.float32), "flag": np.array(bool(r.integers(0, 2)))}
+
+def fp16_model(seed=0):
+    """A CNN whose weights, inputs and outputs are float16."""
+    b = B(seed)
+    c = b.op("Relu", [b.op("Conv", ["x", b.w(arr=(b.rng.standard_normal((16, 3, 3, 3)) * 0.2).astype(np.float16)),
+                                    b.w(arr=np.zeros(16, np.float16))], pads=[1, 1, 1, 1])])
+    c = b.op("Relu", [b.op("Conv", [c, b.w(arr=(b.rng.standard_normal((16, 16, 3, 3)) * 0.08).astype(np.float16))], pads=[1, 1, 1, 1], strides=[2, 2])])
+    f = b.op("Flatten", [b.op("GlobalAveragePool", [c])])
+    y = b.op("Gemm", [f, b.w(arr=(b.rng.standard_normal((16, 10)) * 0.25).astype(np.float16))])
+    return b.model([vi("x", T.FLOAT16, ["N", 3, 16, 16])], [vi(y, T.FLOAT16, ["N", 10])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 16, 16)).astype(np.float16)}
+
+def conformer(seed=0):
+    """A conformer conv module: pointwise Conv1d, GLU (Split + Sigmoid + Mul), depthwise Conv1d,
+    BatchNorm, Swish, pointwise Conv1d, residual."""
+    b = B(seed); C = 16
+    xt = b.op("Transpose", ["x"], perm=[0, 2, 1])            # N,C,S
+    pw = b.op("Conv", [xt, b.w(2 * C, C, 1), b.w(2 * C, scale=0.05)])
+    a, g = b.op("Split", [pw, b.c(np.array([C, C], np.int64))], n_out=2, axis=1)
+    glu = b.op("Mul", [a, b.op("Sigmoid", [g])])
+    dw = b.op("Conv", [glu, b.w(C, 1, 7, scale=0.3)], pads=[3, 3], group=C)
+    bn = b.op("BatchNormalization", [dw, b.c(np.ones(C, np.float32) * 2), b.c(np.zeros(C, np.float32) + 0.1),
+                                      b.c(np.zeros(C, np.float32)), b.c(np.ones(C, np.float32) * 0.5)])
+    sw = b.silu(bn)
+    pw2 = b.op("Conv", [sw, b.w(C, C, 1), b.w(C, scale=0.05)])
+    y = b.op("Add", [b.op("Transpose", [pw2], perm=[0, 2, 1]), "x"])
+    return b.model([vi("x", T.FLOAT, ["N", "S", C])], [vi(y, T.FLOAT, ["N", "S", C])]), \
+        lambda r, n: {"x": r.standard_normal((n, 20, C)).astype(np.float32)}
+
+def ctc_logprobs(seed=0):
+    """An OCR/ASR head with LogSoftmax as the output (CTC log-probabilities down to -30)."""
+    b = B(seed)
+    hd = b.op("Relu", [b.lin("x", 16, 32)])
+    lg = b.op("Mul", [b.lin(hd, 32, 40), b.c(np.float32(4.0))])
+    y = b.op("LogSoftmax", [lg], axis=-1)
+    return b.model([vi("x", T.FLOAT, ["N", "S", 16])], [vi(y, T.FLOAT, ["N", "S", 40])]), \
+        lambda r, n: {"x": r.standard_normal((n, 10, 16)).astype(np.float32)}
+
+def style_transfer(seed=0):
+    """InstanceNormalization, Resize nearest upsampling, reflect Pad, Tanh scaled to 0..255."""
+    b = B(seed)
+    c = b.op("Relu", [b.op("InstanceNormalization", [b.conv("x", 3, 16, stride=2), b.c(np.ones(16, np.float32)), b.c(np.zeros(16, np.float32))])])
+    c = b.op("Relu", [b.op("InstanceNormalization", [b.conv(c, 16, 16), b.c(np.ones(16, np.float32)), b.c(np.zeros(16, np.float32))])])
+    u = b.op("Resize", [c, "", b.c(np.array([1, 1, 2, 2], np.float32))], mode="nearest")
+    p = b.op("Pad", [u, b.c(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))], mode="reflect")
+    o = b.op("Conv", [p, b.w(3, 16, 3, 3), b.w(3, scale=0.05)])
+    y = b.op("Add", [b.op("Mul", [b.op("Tanh", [o]), b.c(np.float32(127.5))]), b.c(np.float32(127.5))])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 16, 16])], [vi(y, T.FLOAT, ["N", 3, 16, 16])]), \
+        lambda r, n: {"x": r.uniform(0, 1, (n, 3, 16, 16)).astype(np.float32)}
+
+def passthrough(seed=0):
+    """Hostile outputs: a graph input returned as is, a constant output, one tensor listed
+    twice... (two names of one value via Identity), and a logits output."""
+    b = B(seed)
+    lg = b.lin(b.op("Relu", [b.lin("x", 8, 16)]), 16, 4)
+    b.nodes.append(h.make_node("Identity", [lg], ["logits_copy"]))
+    b.nodes.append(h.make_node("Identity", ["x"], ["x_echo"]))
+    cst = b.c(np.arange(4, dtype=np.float32))
+    b.nodes.append(h.make_node("Identity", [cst], ["const_out"]))
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(lg, T.FLOAT, ["N", 4]), vi("logits_copy", T.FLOAT, ["N", 4]),
+                                                  vi("x_echo", T.FLOAT, ["N", 8]), vi("const_out", T.FLOAT, [4])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def pointnet(seed=0):
+    """PointNet: shared Conv1d MLP over points then ReduceMax over the points, xyz in metres
+    around a large offset (a lidar frame), GatherElements of the argmax point."""
+    b = B(seed)
+    c = b.op("Relu", [b.op("Conv", ["pts", b.w(32, 3, 1), b.w(32, scale=0.05)])])
+    c = b.op("Relu", [b.op("Conv", [c, b.w(64, 32, 1), b.w(64, scale=0.05)])])
+    g = b.op("ReduceMax", [c, b.c(np.array([2], np.int64))], keepdims=0)
+    y = b.lin(b.op("Relu", [b.lin(g, 64, 32)]), 32, 5)
+    return b.model([vi("pts", T.FLOAT, ["N", 3, 128])], [vi(y, T.FLOAT, ["N", 5])]), \
+        lambda r, n: {"pts": (r.standard_normal((n, 3, 128)) * np.array([[10.0], [10.0], [1.0]])).astype(np.float32)}
+
+def activations_zoo(seed=0):
+    """Mish written out (x * tanh(softplus(x))), HardSwish, PRelu, LeakyRelu, Elu, Selu, Celu."""
+    b = B(seed)
+    x = b.lin("x", 16, 32)
+    m = b.op("Mul", [x, b.op("Tanh", [b.op("Softplus", [x])])])
+    hs = b.op("HardSwish", [b.lin(m, 32, 32)])
+    pr = b.op("PRelu", [b.lin(hs, 32, 32), b.w(32, scale=0.2)])
+    lr = b.op("LeakyRelu", [b.lin(pr, 32, 32)], alpha=0.1)
+    el = b.op("Elu", [b.lin(lr, 32, 32)])
+    se = b.op("Selu", [b.lin(el, 32, 32)])
+    y = b.lin(b.op("Celu", [se]), 32, 6)
+    return b.model([vi("x", T.FLOAT, ["N", 16])], [vi(y, T.FLOAT, ["N", 6])]), \
+        lambda r, n: {"x": r.standard_normal((n, 16)).astype(np.float32)}
+
+def einsum_attn(seed=0):
+    """Attention written with Einsum (bhqd,bhkd->bhqk and back) and a bool padding mask input."""
+    b = B(seed); D, H, hd = 16, 2, 8
+    def heads(x):
+        return b.op("Transpose", [b.op("Reshape", [x, b.c(np.array([0, 0, H, hd], np.int64))])], perm=[0, 2, 1, 3])
+    q, k, v = heads(b.lin("x", D, D)), heads(b.lin("x", D, D)), heads(b.lin("x", D, D))
+    s = b.op("Einsum", [q, k], equation="bhqd,bhkd->bhqk")
+    m4 = b.op("Unsqueeze", ["mask", b.c(np.array([1, 2], np.int64))])
+    s = b.op("Where", [m4, b.op("Mul", [s, b.c(np.float32(hd ** -0.5))]), b.c(np.float32(-1e9))])
+    a = b.op("Einsum", [b.op("Softmax", [s], axis=-1), v], equation="bhqk,bhkd->bhqd")
+    a = b.op("Reshape", [b.op("Transpose", [a], perm=[0, 2, 1, 3]), b.c(np.array([0, 0, D], np.int64))])
+    y = b.lin(a, D, 4)
+    def f(r, n):
+        L = int(r.integers(3, 9)); mk = np.zeros((n, 8), bool); mk[:, :L] = True
+        return {"x": r.standard_normal((n, 8, D)).astype(np.float32), "mask": mk}
+    return b.model([vi("x", T.FLOAT, ["N", 8, D]), vi("mask", T.BOOL, ["N", 8])], [vi(y, T.FLOAT, ["N", 8, 4])]), f
+
+def running_sum(seed=0):
+    """A running energy: CumSum over 200 time steps of a squared feature, then a log."""
+    b = B(seed)
+    l = b.lin("x", 4, 8); e = b.op("Mul", [l, l])
+    cs_ = b.op("CumSum", [e, b.c(np.array(1, np.int64))])
+    ln = b.op("Log", [b.op("Add", [cs_, b.c(np.float32(1e-3))])])
+    y = b.lin(ln, 8, 3)
+    return b.model([vi("x", T.FLOAT, ["N", 200, 4])], [vi(y, T.FLOAT, ["N", 200, 3])]), \
+        lambda r, n: {"x": r.standard_normal((n, 200, 4)).astype(np.float32)}
+
+def alibi_attn(seed=0):
+    """Attention with an ALiBi bias: -slope * |i - j| added to the scores (S=64, slopes 1/2 and
+    1/8), then Softmax: the bias sets the range, the top scores carry the result."""
+    b = B(seed); D, H, hd, S = 16, 2, 8, 64
+    def heads(x):
+        return b.op("Transpose", [b.op("Reshape", [x, b.c(np.array([0, 0, H, hd], np.int64))])], perm=[0, 2, 1, 3])
+    q, k, v = heads(b.lin("x", D, D)), heads(b.lin("x", D, D)), heads(b.lin("x", D, D))
+    s = b.op("Mul", [b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])]), b.c(np.float32(hd ** -0.5))])
+    d = np.abs(np.arange(S)[:, None] - np.arange(S)[None, :]).astype(np.float32)
+    bias = -np.array([0.5, 0.125], np.float32)[:, None, None] * d[None]
+    a = b.op("Softmax", [b.op("Add", [s, b.c(bias[None])])], axis=-1)
+    o = b.op("Reshape", [b.op("Transpose", [b.op("MatMul", [a, v])], perm=[0, 2, 1, 3]), b.c(np.array([0, 0, D], np.int64))])
+    y = b.lin(o, D, 4)
+    return b.model([vi("x", T.FLOAT, ["N", S, D])], [vi(y, T.FLOAT, ["N", S, 4])]), \
+        lambda r, n: {"x": r.standard_normal((n, S, D)).astype(np.float32)}
+
+def temperature(seed=0):
+    """Logits divided by a run-time temperature (a scalar input, 0.05 .. 2), then Softmax."""
+    b = B(seed)
+    lg = b.lin(b.op("Relu", [b.lin("x", 16, 32)]), 32, 10)
+    y = b.op("Softmax", [b.op("Div", [lg, "temp"])], axis=-1)
+    return b.model([vi("x", T.FLOAT, ["N", 16]), vi("temp", T.FLOAT, [])], [vi(y, T.FLOAT, ["N", 10])]), \
+        lambda r, n: {"x": r.standard_normal((n, 16)).astype(np.float32), "temp": np.array(r.uniform(0.05, 2.0), np.float32)}
+
+def flow_warp(seed=0):
+    """Optical-flow warping: a predicted flow (pixels) added to a base grid, normalized to
+    [-1, 1] and read by GridSample on a 64x64 image."""
+    b = B(seed); W = 64
+    f = b.op("Relu", [b.conv("img", 3, 8)])
+    flow = b.op("Mul", [b.conv(f, 8, 2), b.c(np.float32(4.0))])          # N,2,H,W in pixels
+    ys, xs = np.meshgrid(np.arange(W), np.arange(W), indexing="ij")
+    base = np.stack([xs, ys])[None].astype(np.float32)                       # 1,2,H,W
+    pos = b.op("Add", [flow, b.c(base)])
+    norm = b.op("Sub", [b.op("Mul", [pos, b.c(np.float32(2.0 / (W - 1)))]), b.c(np.float32(1.0))])
+    grid = b.op("Transpose", [norm], perm=[0, 2, 3, 1])                      # N,H,W,2
+    y = b.op("GridSample", ["img", grid], align_corners=1)
+    return b.model([vi("img", T.FLOAT, ["N", 3, W, W])], [vi(y, T.FLOAT, ["N", 3, W, W])]), \
+        lambda r, n: {"img": np.cumsum(np.cumsum(r.standard_normal((n, 3, W, W)), 2), 3).astype(np.float32) / 20}
+
+def llama_block(seed=0):
+    """A Llama-style block: RMSNorm written out (x * (mean(x^2) + eps) ** -0.5 * g), SwiGLU,
+    residual, final RMSNorm and logits."""
+    b = B(seed, opset=17); D = 32
+    def rms(x):
+        ms = b.op("ReduceMean", [b.op("Mul", [x, x]), b.c(np.array([-1], np.int64))], keepdims=1) if b.opset >= 18 else \
+            b.op("ReduceMean", [b.op("Mul", [x, x])], axes=[-1], keepdims=1)
+        inv = b.op("Pow", [b.op("Add", [ms, b.c(np.float32(1e-6))]), b.c(np.float32(-0.5))])
+        return b.op("Mul", [b.op("Mul", [x, inv]), b.w(D, scale=0.3, arr=(1 + 0.3 * b.rng.standard_normal(D)).astype(np.float32))])
+    hdn = b.op("Gather", [b.w(100, D, scale=1.0), "ids"])
+    n1 = rms(hdn)
+    gate = b.op("MatMul", [n1, b.w(D, 64)]); up = b.op("MatMul", [n1, b.w(D, 64)])
+    ff = b.op("MatMul", [b.op("Mul", [b.silu(gate), up]), b.w(64, D)])
+    hdn = b.op("Add", [hdn, ff])
+    y = b.op("MatMul", [rms(hdn), b.w(D, 100)])
+    return b.model([vi("ids", T.INT64, ["N", "S"])], [vi(y, T.FLOAT, ["N", "S", 100])]), \
+        lambda r, n: {"ids": r.integers(0, 100, (n, 8)).astype(np.int64)}
+
+def tied_embedding(seed=0):
+    """One initializer read by Gather (the token embedding) and by MatMul through a Transpose
+    (the tied output projection)."""
+    b = B(seed); D, V = 16, 60
+    E = b.w(V, D, scale=0.5)
+    e = b.op("Gather", [E, "ids"])
+    hdn = b.op("Tanh", [b.lin(e, D, D)])
+    y = b.op("MatMul", [hdn, b.op("Transpose", [E], perm=[1, 0])])
+    return b.model([vi("ids", T.INT64, ["N", "S"])], [vi(y, T.FLOAT, ["N", "S", V])]), \
+        lambda r, n: {"ids": r.integers(0, V, (n, 6)).astype(np.int64)}
+
+def stft_logmel(seed=0):
+    """The STFT op (opset 17) on a waveform, magnitude squared, a mel filterbank, log, a layer."""
+    b = B(seed, opset=17); L, nfft, hop = 1024, 64, 32
+    x3 = b.op("Unsqueeze", ["wav", b.c(np.array([-1], np.int64))])            # N,L,1
+    win = b.c(np.hanning(nfft).astype(np.float32))
+    st = b.op("STFT", [x3, b.c(np.array(hop, np.int64)), win, b.c(np.array(nfft, np.int64))], onesided=1)  # N,F,33,2
+    pw = b.op("ReduceSum", [b.op("Mul", [st, st]), b.c(np.array([-1], np.int64))], keepdims=0)  # N,F,33
+    fb = np.abs(b.rng.standard_normal((33, 16))).astype(np.float32) * 0.2
+    mel = b.op("MatMul", [pw, b.c(fb)])
+    lm = b.op("Log", [b.op("Add", [mel, b.c(np.float32(1e-6))])])
+    y = b.lin(lm, 16, 4)
+    return b.model([vi("wav", T.FLOAT, ["N", L])], [vi(y, T.FLOAT, ["N", "F", 4])]), \
+        lambda r, n: {"wav": (r.standard_normal((n, L)) * 10.0 ** r.uniform(-3, 0, (n, 1))).astype(np.float32)}
+
+def roi_align(seed=0):
+    """Two-stage detector head: RoiAlign of boxes (pixels on a 64x64 image, stride 4 features)
+    then a box-refinement MLP."""
+    b = B(seed)
+    fm = b.op("Relu", [b.conv(b.op("Relu", [b.conv("img", 3, 8, stride=2)]), 8, 8, stride=2)])   # N,8,16,16
+    ra = b.op("RoiAlign", [fm, "rois", "bidx"], output_height=4, output_width=4, spatial_scale=0.25, sampling_ratio=2)
+    f = b.op("Flatten", [ra])
+    y = b.lin(b.op("Relu", [b.lin(f, 128, 32)]), 32, 4)
+    def g(r, n):
+        x0 = r.uniform(0, 40, (6, 2)); wh = r.uniform(8, 24, (6, 2))
+        return {"img": r.standard_normal((n, 3, 64, 64)).astype(np.float32),
+                "rois": np.concatenate([x0, x0 + wh], 1).astype(np.float32), "bidx": r.integers(0, n, 6).astype(np.int64)}
+    return b.model([vi("img", T.FLOAT, ["N", 3, 64, 64]), vi("rois", T.FLOAT, ["R", 4]), vi("bidx", T.INT64, ["R"])],
+                   [vi(y, T.FLOAT, ["R", 4])]), g
+
+def sigmoid_boxes(seed=0):
+    """Boxes predicted as sigmoid * image size (640) plus class scores in one output, YOLO-like
+    xywh with anchor-free centres."""
+    b = B(seed)
+    f = b.op("Relu", [b.lin("x", 16, 32)])
+    boxes = b.op("Mul", [b.op("Sigmoid", [b.lin(f, 32, 4)]), b.c(np.float32(640.0))])
+    cls = b.op("Sigmoid", [b.lin(f, 32, 5)])
+    y = b.op("Concat", [boxes, cls], axis=-1)
+    return b.model([vi("x", T.FLOAT, ["N", "A", 16])], [vi(y, T.FLOAT, ["N", "A", 9])]), \
+        lambda r, n: {"x": (r.standard_normal((n, 20, 16)) * 2).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -392,7 +694,11 @@ def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
 MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
     f.__name__: f for f in (unet_time, kv_decoder, superres, segment, dlrm, clip_dual, moe, decomposed_ln, gan,
                             float64_island, rope_runtime, fpn_outputs, exp_decode, gru_state, odd_linear, pruned,
-                            legacy_ops, offset_output, tabular_raw, vit)}
+                            legacy_ops, offset_output, tabular_raw, vit,
+                            # the fourth round
+                            causal_inf, nms_head, int_outputs, native_rnn, control_flow, fp16_model, conformer,
+                            ctc_logprobs, style_transfer, passthrough, pointnet, activations_zoo, einsum_attn, running_sum,
+                            alibi_attn, temperature, flow_warp, llama_block, tied_embedding, stft_logmel, roi_align, sigmoid_boxes)}
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:

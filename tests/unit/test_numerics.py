@@ -182,3 +182,11 @@ def test_phase_walk_goes_through_an_outer_product_not_through_a_layer():
 
     assert phase_paths(model(1)) == {"ph": ["ph", "x3", "w", "x"]}
     assert phase_paths(model(8)) == {"ph": ["ph"]}
+
+
+def test_root_output_sqnr_of_a_steep_power_does_not_overflow():
+    """x ** -5 of float32 subnormals is 1e225 squared: the weights are scaled, not overflowed."""
+    st = _st(np.r_[RNG.uniform(1.0, 2.0, 1000), np.float32(1e-44), np.float32(3e-40)])
+    db = root_output_sqnr_db(st, 2.0 / 127, -5.0)
+    assert np.isfinite(db) and db < 3.0  # the subnormals round to 0: their quotients are lost
+    assert root_output_sqnr_db(_st(RNG.uniform(1.0, 2.0, 1000)), 2.0 / 127, -5.0) > 20.0

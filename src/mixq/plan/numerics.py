@@ -349,7 +349,8 @@ def root_output_sqnr_db(st: TensorStats, step: float, power: float | None) -> fl
         signal = float(np.sum(c * (lv - mean) ** 2) / np.sum(c))
         noise = float(np.sum(c * np.where(lost, LOG_LOST ** 2, rel2)) / np.sum(c))
     else:
-        w = v ** (2.0 * power)
+        lw = 2.0 * power * np.log(v)  # weights v ** (2 power), scaled by the largest: no overflow
+        w = np.exp(lw - lw.max())
         signal = float(np.sum(c * w))
         noise = float(np.sum(c * w * np.where(lost, 1.0, np.minimum(power * power * rel2, 1.0))))
     if noise <= 0.0:
