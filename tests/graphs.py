@@ -235,3 +235,17 @@ def bucketized_feature(seed: int = 0):
     feeds = [{"age": rng.uniform(0, 110, 32).astype(np.float32), "dense": rng.normal(0, 1, (32, 4)).astype(np.float32)}
              for _ in range(8)]
     return m, feeds
+
+
+def image_output(seed: int = 0):
+    """An image-to-image head (style transfer, denoising): two convolutions, Tanh, scaled to
+    0..255: the output's mean (~128) is a sizeable share of its power, not all of it."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": rng.normal(0, 0.25, (16, 3, 3, 3)).astype(np.float32),
+             "w2": rng.normal(0, 0.3, (3, 16, 3, 3)).astype(np.float32),
+             "s": np.float32(127.5)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["c2"], pads=[1, 1, 1, 1]), helper.make_node("Tanh", ["c2"], ["t"]),
+             helper.make_node("Mul", ["t", "s"], ["ts"]), helper.make_node("Add", ["ts", "s"], ["y"])]
+    m = _model(nodes, [_vi("x", ["N", 3, 16, 16])], [_vi("y", ["N", 3, 16, 16])], inits)
+    return m, [{"x": rng.normal(0, 1, (2, 3, 16, 16)).astype(np.float32)} for _ in range(16)]
