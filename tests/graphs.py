@@ -249,3 +249,27 @@ def image_output(seed: int = 0):
              helper.make_node("Mul", ["t", "s"], ["ts"]), helper.make_node("Add", ["ts", "s"], ["y"])]
     m = _model(nodes, [_vi("x", ["N", 3, 16, 16])], [_vi("y", ["N", 3, 16, 16])], inits)
     return m, [{"x": rng.normal(0, 1, (2, 3, 16, 16)).astype(np.float32)} for _ in range(16)]
+
+
+def nms_detector(seed: int = 0, anchors: int = 32):
+    """A detector with NonMaxSuppression in its graph: boxes (sigmoid * 100 plus a minimum
+    size) and two class scores per anchor, the selected (batch, class, box) indices, and the
+    kept boxes gathered by them: outputs `selected` (int64, K x 3) and `kept` (K x 4)."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": rng.normal(0, 0.35, (8, 32)).astype(np.float32), "wb": rng.normal(0, 0.3, (32, 4)).astype(np.float32),
+             "ws": rng.normal(0, 0.3, (32, 2)).astype(np.float32), "k": np.float32(100.0),
+             "minwh": np.array([0, 0, 20, 20], np.float32), "maxk": np.array([5], np.int64),
+             "iou": np.array([0.5], np.float32), "thr": np.array([0.3], np.float32),
+             "col": np.array([2], np.int64), "ax0": np.array([0], np.int64), "ax1": np.array([1], np.int64)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "wb"], ["bl"]), helper.make_node("Sigmoid", ["bl"], ["bs"]),
+             helper.make_node("Mul", ["bs", "k"], ["bk"]), helper.make_node("Add", ["bk", "minwh"], ["boxes"]),
+             helper.make_node("MatMul", ["r", "ws"], ["sl"]), helper.make_node("Sigmoid", ["sl"], ["scores"]),
+             helper.make_node("Transpose", ["scores"], ["st"], perm=[0, 2, 1]),
+             helper.make_node("NonMaxSuppression", ["boxes", "st", "maxk", "iou", "thr"], ["selected"]),
+             helper.make_node("Gather", ["selected", "col"], ["bi"], axis=1),
+             helper.make_node("Squeeze", ["bi", "ax1"], ["idx"]), helper.make_node("Squeeze", ["boxes", "ax0"], ["b2"]),
+             helper.make_node("Gather", ["b2", "idx"], ["kept"], axis=0)]
+    m = _model(nodes, [_vi("x", [1, anchors, 8])],
+               [_vi("selected", ["K", 3], TensorProto.INT64), _vi("kept", ["K", 4])], inits)
+    return m, [{"x": rng.normal(0, 1, (1, anchors, 8)).astype(np.float32)} for _ in range(16)]

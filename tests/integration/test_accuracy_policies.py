@@ -20,7 +20,7 @@ import mixq.plan.numerics
 from mixq.evaluate import compare
 from mixq.passes.recognize import RecognizeReport
 
-from ..graphs import (bucketized_feature, image_output, offset_head, rotary_at_run_time,
+from ..graphs import (bucketized_feature, image_output, nms_detector, offset_head, rotary_at_run_time,
                       standardized_features, timestep_embedding)
 
 
@@ -708,6 +708,23 @@ def test_an_image_output_is_judged_on_its_content():
     for preset in ("MXFP8_E4M3", "A8W8"):
         ok = mixq.quantize(m, preset, feeds, check_kernels=False)
         assert not ok.fidelity.offset_losses and "WARNING" not in ok.summary(), preset
+
+
+def test_rows_a_selection_picks_are_no_class_scores():
+    """A detector with NonMaxSuppression in its graph: its kept boxes (K x 4, gathered by the
+    selected indices) read "top-1 agreement 85.6 %" at A8W8, an argmax over a box's four
+    coordinates, and the model was called broken while its selection was 91.9 % equal to
+    float's (the class sweep's NMS head). Rows a gather picks by indices a selection computed
+    are judged as values now; the selection itself by its equal elements."""
+    from mixq.evaluate import value_outputs
+
+    m, feeds = nms_detector()
+    assert value_outputs(m) == {"kept"}
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    out = {o.name: o for o in res.fidelity.outputs}
+    assert out["kept"].top1_agreement is None and out["selected"].decisions
+    assert out["selected"].top1_agreement is not None and out["selected"].top1_agreement >= 0.9
+    assert not res.fidelity.broken, res.summary()
 
 
 def test_variation_sqnr_streams_over_batches():
