@@ -711,7 +711,6 @@ def _sqnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def run(name: str, presets: list[str]) -> list[dict]:
     """One model through `presets`: a row per preset (fresh SQNR, agreement, guard verdict)."""
-    import onnxruntime as ort
 
     import mixq
 
@@ -721,9 +720,9 @@ def run(name: str, presets: list[str]) -> list[dict]:
     calib = [gen(r, 4) for _ in range(16)]
     r = np.random.default_rng(7)
     fresh = [gen(r, 4) for _ in range(8)]
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    fs = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    from mixq.evaluate import make_session  # random ops seeded alike: both models draw the same values
+
+    fs = make_session(m, optimize=True)
     ref = [fs.run(None, f) for f in fresh]
     rows = []
     for preset in presets:
@@ -732,7 +731,7 @@ def run(name: str, presets: list[str]) -> list[dict]:
         except Exception as exc:  # noqa: BLE001 - a sweep reports and goes on
             rows.append({"model": name, "preset": preset, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
             continue
-        qs = ort.InferenceSession(res.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        qs = make_session(res.model, optimize=True)
         got = [qs.run(None, f) for f in fresh]
         sqnr, var_sqnr, agree = math.inf, math.inf, None
         for j, o in enumerate(fs.get_outputs()):

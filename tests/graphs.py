@@ -273,3 +273,21 @@ def nms_detector(seed: int = 0, anchors: int = 32):
     m = _model(nodes, [_vi("x", [1, anchors, 8])],
                [_vi("selected", ["K", 3], TensorProto.INT64), _vi("kept", ["K", 4])], inits)
     return m, [{"x": rng.normal(0, 1, (1, anchors, 8)).astype(np.float32)} for _ in range(16)]
+
+
+def vae_decoder(seed: int = 0):
+    """A VAE: an encoder's mu and log-variance, the reparameterization mu + exp(logvar / 2) *
+    RandomNormalLike(mu) (a new draw at every run), a decoder to 16 sigmoid pixels."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": rng.normal(0, 0.25, (16, 32)).astype(np.float32), "wm": rng.normal(0, 0.2, (32, 8)).astype(np.float32),
+             "wv": rng.normal(0, 0.2, (32, 8)).astype(np.float32), "half": np.float32(0.5),
+             "w2": rng.normal(0, 0.35, (8, 32)).astype(np.float32), "w3": rng.normal(0, 0.2, (32, 16)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "wm"], ["mu"]), helper.make_node("MatMul", ["r", "wv"], ["lv"]),
+             helper.make_node("Mul", ["lv", "half"], ["lh"]), helper.make_node("Exp", ["lh"], ["sd"]),
+             helper.make_node("RandomNormalLike", ["mu"], ["eps"]), helper.make_node("Mul", ["sd", "eps"], ["noise"]),
+             helper.make_node("Add", ["mu", "noise"], ["z"]), helper.make_node("MatMul", ["z", "w2"], ["d"]),
+             helper.make_node("Relu", ["d"], ["dr"]), helper.make_node("MatMul", ["dr", "w3"], ["o"]),
+             helper.make_node("Sigmoid", ["o"], ["y"])]
+    m = _model(nodes, [_vi("x", ["N", 16])], [_vi("y", ["N", 16])], inits)
+    return m, [{"x": rng.normal(0, 1, (4, 16)).astype(np.float32)} for _ in range(16)]

@@ -17,7 +17,35 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .graph import is_float_type
+from .graph import is_float_type, walk_graphs
+
+#: Ops that draw new random values at every run (a VAE's sampling, diffusion noise, stochastic
+#: depth kept in an export): mixq's comparison sessions seed them (`seed_random_ops`)
+RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+                        "Bernoulli", "Multinomial"})
+
+
+def random_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The default-domain `RANDOM_OPS` nodes of `model`, main graph and subgraphs, in order."""
+    return [n for g in walk_graphs(model.graph) for n in g.node
+            if n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx")]
+
+
+def seed_random_ops(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` itself when it draws no random values, else a copy whose k-th random node (in
+    graph order) without a `seed` attribute gets seed k + 1: a float model and its quantized
+    copy then draw the same values run for run, and comparing them measures the quantization,
+    not two independent draws (a VAE whose decoder reads mu + sigma * RandomNormalLike read
+    broken at every preset, 10 dB, float against float included). The user's model keeps its
+    random ops as written; only mixq's comparison sessions are seeded."""
+    if not random_ops(model):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for k, n in enumerate(random_ops(out)):
+        if not any(a.name == "seed" for a in n.attribute):
+            n.attribute.append(helper.make_attribute("seed", float(k + 1)))
+    return out
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,9 +76,16 @@ def make_session(model: onnx.ModelProto | str | bytes, *, optimize: bool | str =
     optimizations. "basic" folds constants (weight DequantizeLinear included) but fuses no QDQ
     group into an integer kernel, so it computes the model's QDQ semantics, fast: what search
     decisions are made on (CPU integer kernels differ by machine, e.g. u8s8 saturation without
-    VNNI)."""
+    VNNI). Random ops are seeded (`seed_random_ops`): every session mixq compares draws the
+    same values run for run (a serialized model is checked for them by their op names first)."""
     import onnxruntime as ort
 
+    if isinstance(model, bytes) and any(op.encode() in model for op in RANDOM_OPS):
+        parsed = onnx.ModelProto()
+        parsed.ParseFromString(model)
+        model = parsed
+    if isinstance(model, onnx.ModelProto):
+        model = seed_random_ops(model)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if optimize == "basic":
@@ -386,11 +421,14 @@ def decision_outputs(model: onnx.ModelProto) -> set[str]:
 
 
 #: Ops whose output, even of rank 2, holds no class scores: normalized embeddings (Div by a norm
-#: or a token count, LpNormalization), BERT's Tanh pooler, and joined values (Concat: boxes and
-#: scores side by side). An argmax over an embedding's dimensions decides nothing. Not the
-#: Reduce* ops: a global average pool (ReduceMean over H and W) writes a classifier's logits
-#: (the guard sweep's U-Net; its U8S8 likely-loss warning went when ReduceMean was listed).
-_VALUE_WRITERS = frozenset({"Div", "LpNormalization", "Tanh", "Concat"})
+#: or a token count, LpNormalization), BERT's Tanh pooler, joined values (Concat: boxes and
+#: scores side by side), and independent probabilities (Sigmoid: a multi-label head, a VAE's
+#: pixels; each is thresholded on its own, an argmax across them decides nothing: a VAE
+#: reconstruction at MXFP8, 33 dB on fresh samples, read 93.8 % "agreement" and broken). An
+#: argmax over an embedding's dimensions decides nothing either. Not the Reduce* ops: a global
+#: average pool (ReduceMean over H and W) writes a classifier's logits (the guard sweep's U-Net;
+#: its U8S8 likely-loss warning went when ReduceMean was listed).
+_VALUE_WRITERS = frozenset({"Div", "LpNormalization", "Tanh", "Concat", "Sigmoid", "HardSigmoid"})
 
 
 def value_outputs(model: onnx.ModelProto) -> set[str]:

@@ -26,7 +26,8 @@ from onnx import helper
 
 from .config import QuantConfig
 from .errors import DataError, MixqError, ModelError
-from .evaluate import ErrorStats, OutputMetrics, decision_outputs, make_session, output_writers, value_outputs
+from .evaluate import (ErrorStats, OutputMetrics, decision_outputs, make_session, output_writers, random_ops,
+                       value_outputs)
 from .graph import with_outputs
 
 #: Below these the model is called broken.
@@ -119,6 +120,8 @@ class FidelityReport:
     #: lowest output SQNR vs float at default optimizations and in the QDQ semantics, same samples
     runtime_sqnr_db: float | None = None
     runtime_qdq_sqnr_db: float | None = None
+    #: the random ops the model draws from (op types), seeded alike in both compared models
+    random_ops: list[str] = field(default_factory=list)
 
     @property
     def runtime_disagrees(self) -> bool:
@@ -176,6 +179,10 @@ class FidelityReport:
             + (f" (another shape than float's on {o.shape_changed} of {o.pairs} samples"
                + ("" if o.decisions else ", compared on the others") + ")" if o.shape_changed else "")
             for o in self.outputs)]
+        if self.random_ops:
+            out.append(f"the model draws random values ({', '.join(self.random_ops)}): the guard compared the "
+                       "float and quantized models with each random op seeded alike, on the same draws (the "
+                       "written model draws fresh values at every run)")
         for o in self.offset_losses:
             where = ("sits on an offset (its variation across the guard's samples is under a tenth of its "
                      "power) and keeps" if o.offset_hidden else "keeps")
@@ -261,6 +268,7 @@ class FidelityReport:
                              "expected_agreement": num(o.expected_agreement),
                              "variation_sqnr_db": num(o.variation_sqnr_db)} for o in self.outputs],
                 "offset_losses": [o.name for o in self.offset_losses],
+                "random_ops": list(self.random_ops),
                 "culprits": [{"tensor": c.tensor, "kind": c.kind, "op": c.producer_op, "node": c.node,
                               "sqnr_gain_db": num(c.sqnr_gain_db)} for c in self.culprits]}
 
@@ -779,7 +787,8 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
     q = qmodel if isinstance(qmodel, onnx.ModelProto) else onnx.load(qmodel)
     rep = FidelityReport(outputs=_score(names, refs, gots, class_score_outputs(q), decision_outputs(q),
                                               value_outputs(q)),
-                         samples=count_samples(feeds))
+                         samples=count_samples(feeds),
+                         random_ops=sorted({n.op_type for n in random_ops(q)}))
     rep.broken = is_broken(rep.outputs)
     runtime = None
     if _fusable(q):  # the samples of the runtime check, scored after the probe (below)
