@@ -220,18 +220,20 @@ def cosine(ref: np.ndarray, out: np.ndarray) -> float:
 def fidelity(original: onnx.ModelProto, converted: onnx.ModelProto, provider: str,
              feeds: Mapping[str, np.ndarray] | None = None,
              shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0) -> list[OutputFidelity]:
-    """Run both models on the same inputs (`feeds`, or random ones) and compare every output."""
+    """Run both models on the same inputs (`feeds`, or random ones) and compare every output
+    (random ops seeded alike in both: the same draws, `mixq.evaluate.seed_random_ops`)."""
+    from ..evaluate import seed_random_ops
     from ._session import make_session
 
     feeds = dict(feeds) if feeds is not None else make_feeds(original, shapes, seed)
-    ref_sess = make_session(original, provider)
+    ref_sess = make_session(seed_random_ops(original), provider)
     names = [o.name for o in ref_sess.get_outputs()]
     try:
         ref = ref_sess.run(None, feeds)
     except Exception as exc:
         raise DataError(f"the original model does not run on the evaluation inputs ({exc}); "
                         "give input shapes with --shape NAME=d0,d1,... or pass feeds.") from exc
-    out = make_session(converted, provider).run(names, feeds)
+    out = make_session(seed_random_ops(converted), provider).run(names, feeds)
     res = []
     for n, r, o in zip(names, ref, out):
         st = ErrorStats().update(np.ravel(r), np.ravel(o))
