@@ -291,3 +291,22 @@ def vae_decoder(seed: int = 0):
              helper.make_node("Sigmoid", ["o"], ["y"])]
     m = _model(nodes, [_vi("x", ["N", 16])], [_vi("y", ["N", 16])], inits)
     return m, [{"x": rng.normal(0, 1, (4, 16)).astype(np.float32)} for _ in range(16)]
+
+
+def zipmap_classifier(seed: int = 0):
+    """sklearn-onnx's default classifier outputs: the label (ArgMax) and the probabilities as a
+    ZipMap (ai.onnx.ml), a sequence of {class: probability} maps."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": rng.normal(0, 0.5, (4, 16)).astype(np.float32), "w2": rng.normal(0, 0.4, (16, 3)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["lg"]), helper.make_node("Softmax", ["lg"], ["p"], axis=1),
+             helper.make_node("ArgMax", ["p"], ["label"], axis=1, keepdims=0),
+             helper.make_node("ZipMap", ["p"], ["probabilities"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2])]
+    seqmap = helper.make_sequence_type_proto(helper.make_map_type_proto(
+        TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, [])))
+    g = helper.make_graph(nodes, "zipmap", [_vi("x", ["N", 4])],
+                          [_vi("label", ["N"], TensorProto.INT64), helper.make_value_info("probabilities", seqmap)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)],
+                          ir_version=9)
+    return m, [{"x": rng.normal(0, 1, (4, 4)).astype(np.float32)} for _ in range(8)]

@@ -122,6 +122,8 @@ class FidelityReport:
     runtime_qdq_sqnr_db: float | None = None
     #: the random ops the model draws from (op types), seeded alike in both compared models
     random_ops: list[str] = field(default_factory=list)
+    #: outputs not compared (strings, sequences, maps), each with its type
+    unscored: list[str] = field(default_factory=list)
 
     @property
     def runtime_disagrees(self) -> bool:
@@ -179,6 +181,9 @@ class FidelityReport:
             + (f" (another shape than float's on {o.shape_changed} of {o.pairs} samples"
                + ("" if o.decisions else ", compared on the others") + ")" if o.shape_changed else "")
             for o in self.outputs)]
+        if self.unscored:
+            out.append(f"not compared: {', '.join(self.unscored)} (no numeric tensor; the outputs above stand "
+                       "for the model)")
         if self.random_ops:
             out.append(f"the model draws random values ({', '.join(self.random_ops)}): the guard compared the "
                        "float and quantized models with each random op seeded alike, on the same draws (the "
@@ -269,6 +274,7 @@ class FidelityReport:
                              "variation_sqnr_db": num(o.variation_sqnr_db)} for o in self.outputs],
                 "offset_losses": [o.name for o in self.offset_losses],
                 "random_ops": list(self.random_ops),
+                "unscored": list(self.unscored),
                 "culprits": [{"tensor": c.tensor, "kind": c.kind, "op": c.producer_op, "node": c.node,
                               "sqnr_gain_db": num(c.sqnr_gain_db)} for c in self.culprits]}
 
@@ -788,7 +794,8 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
     rep = FidelityReport(outputs=_score(names, refs, gots, class_score_outputs(q), decision_outputs(q),
                                               value_outputs(q)),
                          samples=count_samples(feeds),
-                         random_ops=sorted({n.op_type for n in random_ops(q)}))
+                         random_ops=sorted({n.op_type for n in random_ops(q)}),
+                         unscored=[f"{o.name} ({_type_name(o.type)})" for o in q.graph.output if o.name not in names])
     rep.broken = is_broken(rep.outputs)
     runtime = None
     if _fusable(q):  # the samples of the runtime check, scored after the probe (below)
@@ -825,6 +832,21 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
         rep.runtime_sqnr_db = min(o.sqnr_db for o in _score(names, rrefs, [opt.run(names, f) for f in rf]))
         rep.runtime_qdq_sqnr_db = min(o.sqnr_db for o in _score(names, rrefs, rgots))
     return rep
+
+
+def _type_name(tp: onnx.TypeProto) -> str:
+    """A short ONNX type name: tensor(string), seq(map(int64,tensor(float)))."""
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type":
+        return f"tensor({onnx.helper.tensor_dtype_to_np_dtype(tp.tensor_type.elem_type).name})" \
+            if tp.tensor_type.elem_type != onnx.TensorProto.STRING else "tensor(string)"
+    if kind == "sequence_type":
+        return f"seq({_type_name(tp.sequence_type.elem_type)})"
+    if kind == "map_type":
+        key = onnx.helper.tensor_dtype_to_np_dtype(tp.map_type.key_type).name \
+            if tp.map_type.key_type != onnx.TensorProto.STRING else "string"
+        return f"map({key},{_type_name(tp.map_type.value_type)})"
+    return kind or "unknown"
 
 
 def _numeric_outputs(sess: object) -> list[str]:

@@ -21,7 +21,7 @@ from mixq.evaluate import compare
 from mixq.passes.recognize import RecognizeReport
 
 from ..graphs import (bucketized_feature, image_output, nms_detector, offset_head, rotary_at_run_time,
-                      standardized_features, timestep_embedding, vae_decoder)
+                      standardized_features, timestep_embedding, vae_decoder, zipmap_classifier)
 
 
 def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
@@ -758,6 +758,16 @@ def test_random_draws_are_seeded_in_the_kernel_check_and_the_converter(tmp_path)
     assert not res.kernels_disagree and not any("disagree" in w for w in res.warnings), res.warnings
     _, rep = to_bf16(m, "with_cast", feeds=feeds[0])
     assert min(f.sqnr_db for f in rep.fidelity) > 30.0, rep.fidelity
+
+
+def test_outputs_the_guard_cannot_compare_are_named():
+    """sklearn-onnx's ZipMap output (a sequence of maps) was left out of the guard's comparison
+    without a word; the summary now names it and its type."""
+    m, feeds = zipmap_classifier()
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    assert [o.name for o in res.fidelity.outputs] == ["label"]
+    assert res.fidelity.unscored == ["probabilities (seq(map(int64,tensor(float32))))"]
+    assert "not compared: probabilities" in res.summary()
 
 
 def test_variation_sqnr_streams_over_batches():
