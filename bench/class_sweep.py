@@ -23,7 +23,10 @@ under two names), PointNet, an activation zoo (Mish, HardSwish, PRelu, Elu, Selu
 Einsum attention with a bool mask, a running energy before a Log, ALiBi attention, a run-time
 temperature, optical-flow warping by GridSample, a Llama block (RMSNorm written with Pow -0.5,
 SwiGLU), tied embeddings, the STFT op before a log-mel, RoiAlign, and sigmoid boxes scaled
-to 640. A run that raises is printed with its error; the sweep goes on.
+to 640. The fifth adds 7: an sklearn-onnx pipeline (Scaler, LinearClassifier), a ZipMap
+output, a VAE sampling with RandomNormalLike, sequence ops, a Scan RNN, mask logic (And, Or,
+Xor, Mod), and a tree ensemble after a projection. A run that raises is printed with its error;
+the sweep goes on.
 """
 from __future__ import annotations
 
@@ -674,17 +677,120 @@ def sigmoid_boxes(seed=0):
         lambda r, n: {"x": (r.standard_normal((n, 20, 16)) * 2).astype(np.float32)}
 
 
+# ---------------------------------------------------------------- fifth probe round
+def _ml(b, inputs, outputs, ml=3):
+    """`b`'s graph as a model importing the ai.onnx.ml domain (version `ml`) too."""
+    g = h.make_graph(b.nodes, "probe", inputs, outputs, b.inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", b.opset), h.make_opsetid("ai.onnx.ml", ml)])
+    m.ir_version = 10
+    return m
+
+def sklearn_pipe(seed=0):
+    """An sklearn-onnx pipeline: Scaler, an MLP in MatMul/Add, LinearClassifier (ai.onnx.ml),
+    label (int64) and probabilities outputs."""
+    b = B(seed)
+    b.k += 1; sc = f"scaled_{b.k}"
+    b.nodes.append(h.make_node("Scaler", ["x"], [sc], domain="ai.onnx.ml", offset=[1.0, -2.0, 0.5, 3.0], scale=[0.5, 2.0, 1.0, 0.25]))
+    hdn = b.op("Relu", [b.lin(sc, 4, 16)])
+    coefs = (b.rng.standard_normal((3, 16)) * 0.5).astype(np.float32)
+    b.nodes.append(h.make_node("LinearClassifier", [hdn], ["label", "probabilities"], domain="ai.onnx.ml",
+                               classlabels_ints=[0, 1, 2], coefficients=coefs.ravel().tolist(), intercepts=[0.1, -0.1, 0.0],
+                               multi_class=1, post_transform="SOFTMAX"))
+    return _ml(b, [vi("x", T.FLOAT, ["N", 4])], [vi("label", T.INT64, ["N"]), vi("probabilities", T.FLOAT, ["N", 3])]), \
+        lambda r, n: {"x": (r.standard_normal((n, 4)) * 2).astype(np.float32)}
+
+def zipmap_out(seed=0):
+    """sklearn-onnx's default classifier output: probabilities through ZipMap (a sequence of
+    maps) beside the label."""
+    b = B(seed)
+    lg = b.lin(b.op("Relu", [b.lin("x", 4, 16)]), 16, 3)
+    p = b.op("Softmax", [lg], axis=1)
+    lab = b.op("ArgMax", [p], axis=1, keepdims=0)
+    b.nodes.append(h.make_node("ZipMap", [p], ["output_probability"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2]))
+    seqmap = h.make_sequence_type_proto(h.make_map_type_proto(T.INT64, h.make_tensor_type_proto(T.FLOAT, [])))
+    return _ml(b, [vi("x", T.FLOAT, ["N", 4])], [vi(lab, T.INT64, ["N"]), h.make_value_info("output_probability", seqmap)], ml=1), \
+        lambda r, n: {"x": r.standard_normal((n, 4)).astype(np.float32)}
+
+def vae_sampling(seed=0):
+    """A VAE decoder fed by the reparameterization z = mu + exp(logvar / 2) * eps, eps drawn by
+    RandomNormalLike in the graph: the model is not deterministic."""
+    b = B(seed)
+    hdn = b.op("Relu", [b.lin("x", 16, 32)])
+    mu, lv = b.lin(hdn, 32, 8), b.lin(hdn, 32, 8)
+    eps = b.op("RandomNormalLike", [mu])
+    z = b.op("Add", [mu, b.op("Mul", [b.op("Exp", [b.op("Mul", [lv, b.c(np.float32(0.5))])]), eps])])
+    y = b.op("Sigmoid", [b.lin(b.op("Relu", [b.lin(z, 8, 32)]), 32, 16)])
+    return b.model([vi("x", T.FLOAT, ["N", 16])], [vi(y, T.FLOAT, ["N", 16])]), \
+        lambda r, n: {"x": r.standard_normal((n, 16)).astype(np.float32)}
+
+def sequences(seed=0):
+    """SplitToSequence of a feature map into chunks, each through SequenceAt, and
+    ConcatFromSequence back (torch.split / unbind exports)."""
+    b = B(seed)
+    x = b.op("Relu", [b.lin("x", 8, 12)])
+    sq = b.op("SplitToSequence", [x, b.c(np.array([4, 4, 4], np.int64))], axis=-1)
+    parts = [b.op("Mul", [b.op("SequenceAt", [sq, b.c(np.array(i, np.int64))]), b.c(np.float32(i + 1))]) for i in range(3)]
+    sq2 = b.op("SequenceConstruct", parts)
+    cat = b.op("ConcatFromSequence", [sq2], axis=-1)
+    y = b.lin(cat, 12, 4)
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(y, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def scan_rnn(seed=0):
+    """An RNN as a Scan over time (older exports): state h = tanh(x_t W + h U)."""
+    b = B(seed); I, H = 4, 8
+    W = nh.from_array((b.rng.standard_normal((I, H)) * 0.4).astype(np.float32), "sW")
+    U = nh.from_array((b.rng.standard_normal((H, H)) * 0.3).astype(np.float32), "sU")
+    body = h.make_graph([h.make_node("MatMul", ["xt", "sW"], ["a"]), h.make_node("MatMul", ["h_in", "sU"], ["c"]),
+                         h.make_node("Add", ["a", "c"], ["s"]), h.make_node("Tanh", ["s"], ["h_out"]),
+                         h.make_node("Identity", ["h_out"], ["y_t"])], "body",
+                        [vi("h_in", T.FLOAT, ["N", H]), vi("xt", T.FLOAT, ["N", I])],
+                        [vi("h_out", T.FLOAT, ["N", H]), vi("y_t", T.FLOAT, ["N", H])], [W, U])
+    b.nodes.append(h.make_node("Scan", ["h0", "x"], ["hT", "ys"], num_scan_inputs=1, body=body, name="scan"))
+    y = b.lin("hT", H, 3)
+    return b.model([vi("h0", T.FLOAT, ["N", H]), vi("x", T.FLOAT, ["S", "N", I])], [vi(y, T.FLOAT, ["N", 3])]), \
+        lambda r, n: {"h0": np.zeros((n, H), np.float32), "x": r.standard_normal((10, n, I)).astype(np.float32)}
+
+def mask_logic(seed=0):
+    """Bool logic on masks (And, Or, Not, Xor of comparisons) selecting between two branches
+    with Where, and an int Mod / BitShift on position ids feeding a Gather."""
+    b = B(seed); D = 8
+    a = b.lin("x", D, D); c = b.lin("x", D, D)
+    m1 = b.op("Greater", [a, b.c(np.float32(0.0))]); m2 = b.op("Less", [c, b.c(np.float32(0.5))])
+    mk = b.op("Or", [b.op("And", [m1, m2]), b.op("Not", [b.op("Xor", [m1, m2])])])
+    sel = b.op("Where", [mk, a, c])
+    pid = b.op("Mod", ["pos", b.c(np.array(16, np.int64))])
+    pe = b.op("Gather", [b.w(16, D, scale=0.5), pid])
+    y = b.lin(b.op("Add", [sel, pe]), D, 4)
+    return b.model([vi("x", T.FLOAT, ["N", D]), vi("pos", T.INT64, ["N"])], [vi(y, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": r.standard_normal((n, D)).astype(np.float32), "pos": r.integers(0, 100, n).astype(np.int64)}
+
+def tree_model(seed=0):
+    """A tree ensemble regressor (ai.onnx.ml) after a learned projection."""
+    b = B(seed)
+    p = b.lin("x", 4, 2)
+    b.nodes.append(h.make_node("TreeEnsembleRegressor", [p], ["pred"], domain="ai.onnx.ml", n_targets=1,
+                               nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0],
+                               nodes_values=[0.0, 0.0, 0.0], nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"],
+                               nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+                               nodes_missing_value_tracks_true=[0, 0, 0],
+                               target_treeids=[0, 0], target_nodeids=[1, 2], target_ids=[0, 0], target_weights=[-1.0, 2.0]))
+    y = b.op("Add", ["pred", b.lin(p, 2, 1)])
+    return _ml(b, [vi("x", T.FLOAT, ["N", 4])], [vi(y, T.FLOAT, ["N", 1])]), \
+        lambda r, n: {"x": r.standard_normal((n, 4)).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
-    if all(o.type.tensor_type.HasField("shape") for o in m.graph.output):
+    if all(o.type.tensor_type.HasField("shape") for o in m.graph.output if o.type.HasField("tensor_type")):
         return m
     import onnxruntime as ort
 
     outs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, gen(np.random.default_rng(0), 2))
     for o, v in zip(m.graph.output, outs):
-        if not o.type.tensor_type.HasField("shape"):
+        if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape"):
             for i in range(v.ndim):
                 o.type.tensor_type.shape.dim.add().dim_param = f"{o.name}_d{i}"
     onnx.checker.check_model(m)
@@ -698,7 +804,9 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             # the fourth round
                             causal_inf, nms_head, int_outputs, native_rnn, control_flow, fp16_model, conformer,
                             ctc_logprobs, style_transfer, passthrough, pointnet, activations_zoo, einsum_attn, running_sum,
-                            alibi_attn, temperature, flow_warp, llama_block, tied_embedding, stft_logmel, roi_align, sigmoid_boxes)}
+                            alibi_attn, temperature, flow_warp, llama_block, tied_embedding, stft_logmel, roi_align, sigmoid_boxes,
+                            # the fifth round
+                            sklearn_pipe, zipmap_out, vae_sampling, sequences, scan_rnn, mask_logic, tree_model)}
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -735,8 +843,8 @@ def run(name: str, presets: list[str]) -> list[dict]:
         got = [qs.run(None, f) for f in fresh]
         sqnr, var_sqnr, agree = math.inf, math.inf, None
         for j, o in enumerate(fs.get_outputs()):
-            if ref[0][j].dtype.kind != "f":
-                continue
+            if not isinstance(ref[0][j], np.ndarray) or ref[0][j].dtype.kind != "f":
+                continue  # integers, strings, sequences and maps: the guard's own business
             sqnr = min(sqnr, float(np.mean([_sqnr(ref[i][j], got[i][j]) for i in range(len(fresh))])))
             if len({ref[i][j].shape for i in range(len(fresh))}) == 1:  # each element's spread over samples
                 rr = np.concatenate([ref[i][j] for i in range(len(fresh))]).astype(np.float64)
