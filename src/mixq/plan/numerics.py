@@ -328,8 +328,8 @@ def _small_value_roots(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto
 
 def root_output_sqnr_db(st: TensorStats, step: float, power: float | None) -> float:
     """(b) The SQNR a uniform grid of spacing `step` leaves at the output of a root op reading
-    the tensor of statistics `st` (through ops that keep relative errors: an added epsilon, a
-    running sum, a reshape), predicted from its histogram: a value v rounds with a relative error
+    the tensor of statistics `st` (directly, or through ops that keep each element's relative
+    error: an added epsilon, a scale, a reshape), predicted from its histogram: a value v rounds with a relative error
     of step / sqrt(12) / v, and one under half a step to 0 (all of it lost). Log turns a
     relative error into an absolute one (a lost value: `LOG_LOST` nepers), judged against the
     spread of log(v); v ** power scales it by |power|, judged against the output's power (a
