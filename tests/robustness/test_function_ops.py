@@ -179,6 +179,12 @@ def test_stranded_ops_are_found_by_probing():
     assert list(lost) == ["RoiAlign"] and "opset-22" in lost["RoiAlign"]
     assert stranded_ops(m, 21, 21) == {}
     assert stranded_ops(_swish_model(24), 24, 26) == {}  # a function op: expand_function_ops' job
+    # a VAE's sampling: RandomNormalLike has no kernel for its opset-22 version either
+    g = helper.make_graph([helper.make_node("RandomNormalLike", ["x"], ["e"]), helper.make_node("Add", ["x", "e"], ["y"])],
+                          "vae", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
+    vae = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    assert list(stranded_ops(vae, 21, 26)) == ["RandomNormalLike"]
 
 
 @pytest.mark.parametrize("preset", ["BFP16", "MX9", "MXINT8", "MXFP8_E4M3", "MXFP4"])
