@@ -25,8 +25,11 @@ temperature, optical-flow warping by GridSample, a Llama block (RMSNorm written 
 SwiGLU), tied embeddings, the STFT op before a log-mel, RoiAlign, and sigmoid boxes scaled
 to 640. The fifth adds 7: an sklearn-onnx pipeline (Scaler, LinearClassifier), a ZipMap
 output, a VAE sampling with RandomNormalLike, sequence ops, a Scan RNN, mask logic (And, Or,
-Xor, Mod), and a tree ensemble after a projection. A run that raises is printed with its error;
-the sweep goes on.
+Xor, Mod), and a tree ensemble after a projection. The sixth adds 9: SegNet's MaxPool indices
+and MaxUnpool, LRN and Lp pooling, a Conv3d video model, ConvTranspose with output_padding and
+output_shape, OneHot before a MatMul (JAX), a Hardmax output, cubic antialiased Resize to
+sizes, TF-style asymmetric pads and dilations, and an opset-7 IR-3 export. A run that raises is
+printed with its error; the sweep goes on.
 """
 from __future__ import annotations
 
@@ -780,6 +783,109 @@ def tree_model(seed=0):
         lambda r, n: {"x": r.standard_normal((n, 4)).astype(np.float32)}
 
 
+# ---------------------------------------------------------------- sixth probe round
+def segnet_unpool(seed=0):
+    """SegNet: MaxPool with its indices output, MaxUnpool by them."""
+    b = B(seed)
+    c = b.op("Relu", [b.conv("x", 3, 8)])
+    p, idx = b.op("MaxPool", [c], n_out=2, kernel_shape=[2, 2], strides=[2, 2])
+    c2 = b.op("Relu", [b.conv(p, 8, 8)])
+    u = b.op("MaxUnpool", [c2, idx, b.op("Shape", [c])], kernel_shape=[2, 2], strides=[2, 2])
+    y = b.conv(u, 8, 4, k=1)
+    return b.model([vi("x", T.FLOAT, ["N", 3, 16, 16])], [vi(y, T.FLOAT, ["N", 4, 16, 16])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 16, 16)).astype(np.float32)}
+
+def alexnet_lrn(seed=0):
+    """LRN after Conv (AlexNet / GoogLeNet v1), LpPool, GlobalLpPool."""
+    b = B(seed)
+    c = b.op("LRN", [b.op("Relu", [b.conv("x", 3, 16, k=5, stride=2)])], size=5, alpha=1e-4, beta=0.75, bias=1.0)
+    p = b.op("LpPool", [c], kernel_shape=[2, 2], strides=[2, 2], p=2)
+    g = b.op("Flatten", [b.op("GlobalLpPool", [b.op("Relu", [b.conv(p, 16, 16)])], p=2)])
+    y = b.op("Gemm", [g, b.w(10, 16), b.w(10, scale=0.05)], transB=1)
+    return b.model([vi("x", T.FLOAT, ["N", 3, 32, 32])], [vi(y, T.FLOAT, ["N", 10])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 32, 32)).astype(np.float32)}
+
+def video3d(seed=0):
+    """A video model: Conv3d, MaxPool3d, BatchNorm3d, AveragePool over time, a linear head."""
+    b = B(seed)
+    c = b.op("Conv", ["x", b.w(8, 3, 3, 3, 3), b.w(8, scale=0.05)], pads=[1] * 6)
+    c = b.op("Relu", [b.op("BatchNormalization", [c, b.c(np.ones(8, np.float32)), b.c(np.zeros(8, np.float32)),
+                                                 b.c(np.zeros(8, np.float32) + 0.1), b.c(np.ones(8, np.float32) * 2)])])
+    c = b.op("MaxPool", [c], kernel_shape=[1, 2, 2], strides=[1, 2, 2])
+    c = b.op("Relu", [b.op("Conv", [c, b.w(16, 8, 3, 3, 3), b.w(16, scale=0.05)], pads=[1] * 6, strides=[2, 1, 1])])
+    g = b.op("Flatten", [b.op("GlobalAveragePool", [c])])
+    y = b.op("Gemm", [g, b.w(5, 16), b.w(5, scale=0.05)], transB=1)
+    return b.model([vi("x", T.FLOAT, ["N", 3, 8, 16, 16])], [vi(y, T.FLOAT, ["N", 5])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 8, 16, 16)).astype(np.float32)}
+
+def convt_shapes(seed=0):
+    """ConvTranspose with output_padding, group 2 and dilations, then one with output_shape."""
+    b = B(seed)
+    c = b.op("Relu", [b.conv("x", 4, 8, stride=2)])
+    t = b.op("ConvTranspose", [c, b.w(8, 4, 3, 3, scale=0.2), b.w(8, scale=0.05)], strides=[2, 2], pads=[1, 1, 1, 1],
+             output_padding=[1, 1], group=2)
+    t2 = b.op("ConvTranspose", [b.op("Relu", [t]), b.w(8, 3, 3, 3, scale=0.2)], strides=[2, 2], output_shape=[31, 31])
+    return b.model([vi("x", T.FLOAT, ["N", 4, 16, 16])], [vi(t2, T.FLOAT, ["N", 3, 31, 31])]), \
+        lambda r, n: {"x": r.standard_normal((n, 4, 16, 16)).astype(np.float32)}
+
+def onehot_jax(seed=0):
+    """JAX-style: token ids one-hot encoded (OneHot) then a MatMul with the embedding table."""
+    b = B(seed); V, D = 40, 16
+    oh = b.op("OneHot", ["ids", b.c(np.array(V, np.int64)), b.c(np.array([0.0, 1.0], np.float32))], axis=-1)
+    e = b.op("MatMul", [oh, b.w(V, D, scale=0.5)])
+    hdn = b.op("Tanh", [b.lin(e, D, D)])
+    y = b.lin(b.op("ReduceMean", [hdn, b.c(np.array([1], np.int64))], keepdims=0), D, 3)
+    return b.model([vi("ids", T.INT64, ["N", "S"])], [vi(y, T.FLOAT, ["N", 3])]), \
+        lambda r, n: {"ids": r.integers(0, V, (n, 7)).astype(np.int64)}
+
+def hardmax_out(seed=0):
+    """A head whose output is Hardmax (one-hot of the argmax, as float) beside the logits."""
+    b = B(seed)
+    lg = b.lin(b.op("Relu", [b.lin("x", 8, 16)]), 16, 6)
+    hm = b.op("Hardmax", [lg], axis=-1)
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(hm, T.FLOAT, ["N", 6]), vi(lg, T.FLOAT, ["N", 6])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def resize_cubic(seed=0):
+    """Resize to explicit sizes, cubic with antialias (opset 18), then nearest with
+    coordinate_transformation_mode asymmetric, a super-resolution tail."""
+    b = B(seed, opset=18)
+    c = b.op("Relu", [b.conv("x", 3, 8)])
+    r1 = b.op("Resize", [c, "", "", b.c(np.array([1, 8, 11, 11], np.int64))], mode="cubic", antialias=1)
+    r2 = b.op("Resize", [b.conv(r1, 8, 3), "", b.c(np.array([1, 1, 2, 2], np.float32))], mode="nearest",
+              coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    return b.model([vi("x", T.FLOAT, [1, 3, 16, 16])], [vi(r2, T.FLOAT, [1, 3, 22, 22])]), \
+        lambda r, n: {"x": r.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+
+def tf_pads(seed=0):
+    """TF-style convolutions: asymmetric pads, dilation 2, a Pad node before a valid Conv."""
+    b = B(seed, opset=13)
+    c = b.op("Conv", ["x", b.w(8, 3, 3, 3), b.w(8, scale=0.05)], pads=[0, 0, 1, 1], strides=[2, 2])
+    c = b.op("Relu", [c])
+    c = b.op("Conv", [c, b.w(8, 8, 3, 3), b.w(8, scale=0.05)], pads=[2, 2, 2, 2], dilations=[2, 2])
+    p = b.op("Pad", [b.op("Relu", [c]), b.c(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))], mode="constant")
+    c = b.op("Conv", [p, b.w(4, 8, 3, 3), b.w(4, scale=0.05)])
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [c])])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 17, 17])], [vi(y, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 17, 17)).astype(np.float32)}
+
+def opset7_ir3(seed=0):
+    """An opset-7, IR-3 export (Caffe2 era): BatchNormalization-7, Upsample-7 with scales as an
+    attribute, Gemm-7, initializers also listed as graph inputs."""
+    b = B(seed, opset=7)
+    c = b.op("Conv", ["x", b.w(8, 3, 3, 3), b.w(8, scale=0.05)], pads=[1, 1, 1, 1])
+    c = b.op("Relu", [b.op("BatchNormalization", [c, b.c(np.ones(8, np.float32)), b.c(np.zeros(8, np.float32)),
+                                                 b.c(np.zeros(8, np.float32)), b.c(np.ones(8, np.float32))], epsilon=1e-5)])
+    u = b.op("Upsample", [c], scales=[1.0, 1.0, 2.0, 2.0], mode="nearest")
+    g = b.op("Flatten", [b.op("GlobalAveragePool", [b.conv(u, 8, 8)])])
+    y = b.op("Gemm", [g, b.w(10, 8), b.w(10, scale=0.05)], transB=1)
+    m = b.model([vi("x", T.FLOAT, [1, 3, 16, 16])], [vi(y, T.FLOAT, [1, 10])])
+    for t in m.graph.initializer:
+        m.graph.input.append(vi(t.name, t.data_type, list(t.dims)))
+    m.ir_version = 3
+    return m, lambda r, n: {"x": r.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -806,7 +912,9 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             ctc_logprobs, style_transfer, passthrough, pointnet, activations_zoo, einsum_attn, running_sum,
                             alibi_attn, temperature, flow_warp, llama_block, tied_embedding, stft_logmel, roi_align, sigmoid_boxes,
                             # the fifth round
-                            sklearn_pipe, zipmap_out, vae_sampling, sequences, scan_rnn, mask_logic, tree_model)}
+                            sklearn_pipe, zipmap_out, vae_sampling, sequences, scan_rnn, mask_logic, tree_model,
+                            # the sixth round
+                            segnet_unpool, alexnet_lrn, video3d, convt_shapes, onehot_jax, hardmax_out, resize_cubic, tf_pads, opset7_ir3)}
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:
