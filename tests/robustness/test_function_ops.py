@@ -185,6 +185,13 @@ def test_stranded_ops_are_found_by_probing():
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
     vae = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     assert list(stranded_ops(vae, 21, 26)) == ["RandomNormalLike"]
+    # an op whose attribute became an input (ReduceMean's axes at opset 18) runs once converted:
+    # the node copied as written does not, and was read as stranded
+    g = helper.make_graph([helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=1)], "rm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])])
+    rm = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    assert stranded_ops(rm, 13, 26) == {}
 
 
 @pytest.mark.parametrize("preset", ["BFP16", "MX9", "MXINT8", "MXFP8_E4M3", "MXFP4"])

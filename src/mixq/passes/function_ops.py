@@ -174,6 +174,24 @@ def stranded_ops(model: onnx.ModelProto, source: int, target: int) -> dict[str, 
         if after.ok or not after.verified:
             continue
         before = probe_kernel(node, ins, outs, opset=source)
-        if before.ok and before.verified:
+        if before.ok and before.verified and not _converted_runs(node, ins, outs, source, target):
             out[op] = f"no kernel for its opset-{s.since_version} version"
     return out
+
+
+def _converted_runs(node: onnx.NodeProto, ins: list[int], outs: list[int], source: int, target: int) -> bool:
+    """Whether the one-node model of `node` at `source`, converted to `target` as the model
+    will be (an attribute that became an input: ReduceMean's axes at 18, Dropout's ratio at 12;
+    Upsample replaced by Resize), loads in onnxruntime: the node as written at `target` may not,
+    where the converted one does. A conversion that fails counts as no: the model's own
+    conversion says why."""
+    from onnx import version_converter
+
+    from ..kernels import _one_node_model, _try
+
+    model = _one_node_model(node, ins, outs, [onnx.helper.make_opsetid("", source)])
+    try:
+        converted = version_converter.convert_version(model, target)
+    except Exception:  # noqa: BLE001 - the converter raises bare RuntimeErrors
+        return False
+    return not _try(converted, "CPUExecutionProvider")
