@@ -25,6 +25,11 @@ RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "Ra
                         "Bernoulli", "Multinomial"})
 
 
+#: Byte strings every serialized `RANDOM_OPS` node holds (RandomNormal covers RandomNormalLike):
+#: a serialized model without them is not parsed to look
+_RANDOM_OP_KEYS = (b"RandomNormal", b"RandomUniform", b"Bernoulli", b"Multinomial")
+
+
 def random_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The default-domain `RANDOM_OPS` nodes of `model`, main graph and subgraphs, in order."""
     return [n for g in walk_graphs(model.graph) for n in g.node
@@ -80,7 +85,7 @@ def make_session(model: onnx.ModelProto | str | bytes, *, optimize: bool | str =
     same values run for run (a serialized model is checked for them by their op names first)."""
     import onnxruntime as ort
 
-    if isinstance(model, bytes) and any(op.encode() in model for op in RANDOM_OPS):
+    if isinstance(model, bytes) and any(k in model for k in _RANDOM_OP_KEYS):
         parsed = onnx.ModelProto()
         parsed.ParseFromString(model)
         model = parsed

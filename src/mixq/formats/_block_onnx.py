@@ -382,5 +382,5 @@ def emit_block(fmt, input_name: str, output_name: str, *, axis: int, prefix: str
     fn = build_function(fmt, axis, rounding, foldable=foldable, length=length, post=post, opset=opset)
     node = helper.make_node(fn.name, [input_name], [output_name], name=f"{prefix}/{fn.name}",
                             domain=MIXQ_DOMAIN)
-    at = fmt.onnx_opset if opset is None else opset
-    return Emission(nodes=[node], functions=[fn], opsets={"": at, MIXQ_DOMAIN: MIXQ_DOMAIN_VERSION})
+    return Emission(nodes=[node], functions=[fn],
+                    opsets={"": fn.opset_import[0].version, MIXQ_DOMAIN: MIXQ_DOMAIN_VERSION})

@@ -40,7 +40,7 @@ Each detector is a pure function returning {tensor: reason}:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -329,8 +329,9 @@ def _small_value_roots(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto
 def root_output_sqnr_db(st: TensorStats, step: float, power: float | None) -> float:
     """(b) The SQNR a uniform grid of spacing `step` leaves at the output of a root op reading
     the tensor of statistics `st` (directly, or through ops that keep each element's relative
-    error: an added epsilon, a scale, a reshape), predicted from its histogram: a value v rounds with a relative error
-    of step / sqrt(12) / v, and one under half a step to 0 (all of it lost). Log turns a
+    error: an added epsilon, a scale, a reshape), predicted from its histogram: a value v
+    rounds with a relative error of step / sqrt(12) / v, and one under half a step to 0 (all
+    of it lost). Log turns a
     relative error into an absolute one (a lost value: `LOG_LOST` nepers), judged against the
     spread of log(v); v ** power scales it by |power|, judged against the output's power (a
     divisor's small values weigh most: their quotients are the largest). Exact zeros are on
@@ -433,28 +434,24 @@ def small_value_candidates(plan: PrecisionPlan, model: onnx.ModelProto, depth: i
         return []
     producer = {o: n for n in model.graph.node for o in n.output if o}
     index = GraphIndex.of(model)
-    seen = {r for r, _, _ in roots}
-    frontier = list(seen)
-    for _ in range(depth):  # through float tensors only: a divisor from Shape(x) is no path to x's values
-        nxt = []
-        for t in frontier:
-            p = producer.get(t)
-            for i in (p.input if p is not None else []):
-                if i and i not in inits and i not in seen and is_float_type(index.elem_type(i)):
-                    seen.add(i)
-                    nxt.append(i)
-        frontier = nxt
+    # through float tensors only: a divisor from Shape(x) is no path to x's values
+    seen = _ancestors(producer, inits, [r for r, _, _ in roots], depth,
+                      keep=lambda i: is_float_type(index.elem_type(i)))
     return sorted(seen & blocky)
 
 
-def _ancestors(producer: dict[str, onnx.NodeProto], inits: set[str], t: str, depth: int = 6) -> set[str]:
-    seen, frontier = {t}, [t]
+def _ancestors(producer: Mapping[str, onnx.NodeProto], inits: Collection[str], t: str | Iterable[str],
+               depth: int = 6, keep: Callable[[str], bool] | None = None) -> set[str]:
+    """The run-time tensors `depth` producers back from `t` (one tensor or several), `t`
+    included; with `keep`, the walk goes through the tensors it accepts only."""
+    seen = {t} if isinstance(t, str) else set(t)
+    frontier = list(seen)
     for _ in range(depth):
         nxt = []
         for x in frontier:
             p = producer.get(x)
             for i in (p.input if p is not None else []):
-                if i and i not in inits and i not in seen:
+                if i and i not in inits and i not in seen and (keep is None or keep(i)):
                     seen.add(i)
                     nxt.append(i)
         frontier = nxt
