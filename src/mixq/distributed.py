@@ -371,13 +371,15 @@ def _l2_rows(state: tuple[list[dict[str, np.ndarray]], list[np.ndarray]], model:
     squared float output), float64."""
     import onnxruntime as ort
 
+    from .evaluate import seed_random_ops
+
     feeds, ref = state
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     # one task per core (Ray gives a task one CPU): one thread, and no spinning between runs
     so.intra_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(seed_random_ops(model).SerializeToString(), so, providers=["CPUExecutionProvider"])
     rows = []
     for f, r in zip(feeds[lo:hi], ref[lo:hi]):
         out = sess.run(None, f)[0].astype(np.float64)

@@ -75,22 +75,35 @@ def onnxruntime_max_ir_version() -> int:
     return best
 
 
+def seeded_source(model: onnx.ModelProto | bytes | str) -> onnx.ModelProto | bytes | str:
+    """What an onnxruntime session of `model` should load: `seed_random_ops` of a ModelProto, or
+    of a serialized model that holds random ops (found by `_RANDOM_OP_KEYS` before any parse);
+    a path as it is (its weights may lie beside it). onnxruntime draws unseeded random values
+    from a seed of its own per process: a VAE's calibration statistics, and so its quantized
+    bytes, changed from one run of the same command to the next."""
+    if isinstance(model, bytes):
+        if not any(k in model for k in _RANDOM_OP_KEYS):
+            return model
+        parsed = onnx.ModelProto()
+        parsed.ParseFromString(model)
+        seeded = seed_random_ops(parsed)
+        return model if seeded is parsed else seeded.SerializeToString()
+    if isinstance(model, onnx.ModelProto):
+        return seed_random_ops(model)
+    return model
+
+
 def make_session(model: onnx.ModelProto | str | bytes, *, optimize: bool | str = True, threads: int | None = None,
                  providers: tuple[str, ...] = ("CPUExecutionProvider",)):
     """An onnxruntime session with default (True), disabled (False) or basic ("basic") graph
     optimizations. "basic" folds constants (weight DequantizeLinear included) but fuses no QDQ
     group into an integer kernel, so it computes the model's QDQ semantics, fast: what search
     decisions are made on (CPU integer kernels differ by machine, e.g. u8s8 saturation without
-    VNNI). Random ops are seeded (`seed_random_ops`): every session mixq compares draws the
-    same values run for run (a serialized model is checked for them by their op names first)."""
+    VNNI). Random ops are seeded (`seeded_source`): every session mixq compares draws the
+    same values run for run."""
     import onnxruntime as ort
 
-    if isinstance(model, bytes) and any(k in model for k in _RANDOM_OP_KEYS):
-        parsed = onnx.ModelProto()
-        parsed.ParseFromString(model)
-        model = parsed
-    if isinstance(model, onnx.ModelProto):
-        model = seed_random_ops(model)
+    model = seeded_source(model)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if optimize == "basic":

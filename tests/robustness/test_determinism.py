@@ -63,3 +63,25 @@ def test_batch_size_does_not_change_output(preset, method, calib):
         feeds = [{"x": x[i:i + bs]} for i in range(0, len(x), bs)]
         outs.add(mixq.quantize(str(model), cfg, feeds, check_kernels=False).model.SerializeToString())
     assert len(outs) == 1
+
+
+def test_a_model_that_draws_random_values_gives_the_same_bytes_in_another_process(tmp_path):
+    """onnxruntime draws unseeded random values from a seed of its own per process: a VAE's
+    calibration statistics, and its quantized bytes, changed from one run of the same command
+    to the next. Every session mixq computes with seeds its random ops (`evaluate.seeded_source`);
+    the written model keeps them unseeded."""
+    from ..graphs import vae_decoder
+
+    m, feeds = vae_decoder()
+    model = tmp_path / "vae.onnx"
+    model.write_bytes(m.SerializeToString())
+    data = tmp_path / "calib.npy"
+    np.save(data, np.concatenate([f["x"] for f in feeds]))
+    digests = []
+    for i in range(2):
+        out = tmp_path / f"q{i}.onnx"
+        p = subprocess.run([sys.executable, "-c", _CHILD, str(model), "A8W8", str(data), str(out)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        digests.append(p.stdout.strip().splitlines()[-1])
+    assert digests[0] == digests[1]

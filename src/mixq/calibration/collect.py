@@ -228,8 +228,11 @@ def _session(model_bytes_or_path: bytes | str, providers: Sequence[Any] | None,
     if intra_op_threads is not None:
         so.intra_op_num_threads = int(intra_op_threads)
     prov = list(providers) if providers else ["CPUExecutionProvider"]
+    from ..evaluate import seeded_source  # random ops seeded: the same statistics on every run
+
+    source = seeded_source(model_bytes_or_path)
     try:
-        return ort.InferenceSession(model_bytes_or_path, sess_options=so, providers=prov)
+        return ort.InferenceSession(source, sess_options=so, providers=prov)
     except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
         raise ModelError(f"{LOAD_FAILED}: {e}") from e
 

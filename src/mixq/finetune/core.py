@@ -35,7 +35,7 @@ from onnx import numpy_helper
 
 from ..calibration.data import FeedSource, input_specs_from_model
 from ..errors import ConfigError, DataError, ModelError, did_you_mean
-from ..evaluate import onnxruntime_max_ir_version
+from ..evaluate import onnxruntime_max_ir_version, seed_random_ops
 from ..formats import QParams, get_format
 from ..plan.plan import PrecisionPlan
 from .config import AdaQuantConfig, AdaRoundConfig, EarlyStop
@@ -96,7 +96,7 @@ def _session(model: onnx.ModelProto, outputs: list[str], threads: int | None) ->
     if threads:
         so.intra_op_num_threads = threads
     try:
-        return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(seed_random_ops(m).SerializeToString(), so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
         raise ModelError(f"onnxruntime cannot load the model for fast finetuning: {exc}") from exc
 
