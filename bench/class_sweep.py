@@ -28,8 +28,13 @@ output, a VAE sampling with RandomNormalLike, sequence ops, a Scan RNN, mask log
 Xor, Mod), and a tree ensemble after a projection. The sixth adds 9: SegNet's MaxPool indices
 and MaxUnpool, LRN and Lp pooling, a Conv3d video model, ConvTranspose with output_padding and
 output_shape, OneHot before a MatMul (JAX), a Hardmax output, cubic antialiased Resize to
-sizes, TF-style asymmetric pads and dilations, and an opset-7 IR-3 export. A run that raises is
-printed with its error; the sweep goes on.
+sizes, TF-style asymmetric pads and dilations, and an opset-7 IR-3 export. The seventh adds 12:
+a physics model in SI units (inputs of 1e-9), NaN imputed in the graph (IsNaN and Where, the
+ai.onnx.ml Imputer), an LpNormalization embedding, a GNN layer (ScatterElements add), Reduce
+L2 / LogSumExp / Prod / SumSquare outputs, an already-quantized QAT export (an error by
+design), hashed ids, opset-11 Softmax over axis 1, depth as 1 / disparity, inputs of +-inf
+clipped in the graph, and attention pooling. A run that raises is printed with its error; the
+sweep goes on.
 """
 from __future__ import annotations
 
@@ -886,6 +891,151 @@ def opset7_ir3(seed=0):
     return m, lambda r, n: {"x": r.standard_normal((1, 3, 16, 16)).astype(np.float32)}
 
 
+def tiny_units(seed=0):
+    """A physics model in SI units: inputs of order 1e-9 (farads, metres), scaled up by a constant
+    Mul inside the graph, an MLP, and an output of order 1e-6 (a Mul by 1e-6)."""
+    b = B(seed)
+    x = b.op("Mul", ["x", b.c(np.float32(1e9))])
+    y = b.lin(b.op("Tanh", [b.lin(x, 6, 16)]), 16, 3)
+    y = b.op("Mul", [y, b.c(np.float32(1e-6))])
+    return b.model([vi("x", T.FLOAT, ["N", 6])], [vi(y, T.FLOAT, ["N", 3])]), \
+        lambda r, n: {"x": (r.standard_normal((n, 6)) * 1e-9).astype(np.float32)}
+
+def _with_nans(r, x, share=0.15):
+    x = x.copy()
+    x[r.random(x.shape) < share] = np.nan
+    return x
+
+def nan_impute(seed=0):
+    """Missing values as NaN in the inputs (a tenth of them), imputed in the graph with
+    Where(IsNaN(x), fill, x), then an MLP: the calibration data itself holds NaN."""
+    b = B(seed)
+    f = b.op("Where", [b.op("IsNaN", ["x"]), b.c(np.linspace(-1, 1, 8).astype(np.float32)), "x"])
+    y = b.lin(b.op("Relu", [b.lin(f, 8, 16)]), 16, 4)
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(y, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": _with_nans(r, r.standard_normal((n, 8)).astype(np.float32))}
+
+def ml_imputer(seed=0):
+    """sklearn-onnx's SimpleImputer: the ai.onnx.ml Imputer replacing NaN, then a Scaler and an MLP."""
+    b = B(seed)
+    b.k += 1
+    imp = f"imputer_{b.k}_0"
+    b.nodes.append(h.make_node("Imputer", ["x"], [imp], domain="ai.onnx.ml", name=f"Imputer_{b.k}",
+                               imputed_value_floats=list(np.linspace(-0.5, 0.5, 8).astype(float)),
+                               replaced_value_float=float("nan")))
+    y = b.lin(b.op("Relu", [b.lin(imp, 8, 16)]), 16, 3)
+    return _ml(b, [vi("x", T.FLOAT, ["N", 8])], [vi(y, T.FLOAT, ["N", 3])]), \
+        lambda r, n: {"x": _with_nans(r, r.standard_normal((n, 8)).astype(np.float32))}
+
+def lp_embed(seed=0):
+    """A face-recognition embedding: Conv, GAP, Gemm, LpNormalization (p=2) as one output and
+    its cosine similarities to a constant normalized gallery as another."""
+    b = B(seed)
+    c = b.op("Relu", [b.conv(b.op("Relu", [b.conv("x", 3, 16, stride=2)]), 16, 16)])
+    e = b.op("Gemm", [b.op("Flatten", [b.op("GlobalAveragePool", [c])]), b.w(32, 16), b.w(32, scale=0.05)], transB=1)
+    e = b.op("LpNormalization", [e], axis=1, p=2)
+    g = b.rng.standard_normal((32, 10)).astype(np.float32)
+    sim = b.op("MatMul", [e, b.c(g / np.linalg.norm(g, axis=0, keepdims=True))])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 16, 16])], [vi(e, T.FLOAT, ["N", 32]), vi(sim, T.FLOAT, ["N", 10])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 16, 16)).astype(np.float32)}
+
+def gnn_scatter(seed=0):
+    """A graph neural network layer: node features gathered along run-time edges, messages
+    summed into their targets with ScatterElements(reduction=add), degree-normalized, a linear."""
+    b = B(seed, opset=18)
+    hsrc = b.op("Gather", [b.lin("x", 8, 16), "src"], axis=0)
+    idx = b.op("Expand", [b.op("Unsqueeze", ["dst", b.c(np.array([1], np.int64))]), b.op("Shape", [hsrc])])
+    agg = b.op("ScatterElements", [b.op("ConstantOfShape", [b.c(np.array([32, 16], np.int64))]), idx, hsrc],
+               axis=0, reduction="add")
+    y = b.lin(b.op("Relu", [agg]), 16, 4)
+    def feeds(r, n):
+        e = 96
+        return {"x": r.standard_normal((32, 8)).astype(np.float32),
+                "src": r.integers(0, 32, e).astype(np.int64), "dst": r.integers(0, 32, e).astype(np.int64)}
+    return b.model([vi("x", T.FLOAT, [32, 8]), vi("src", T.INT64, ["E"]), vi("dst", T.INT64, ["E"])],
+                   [vi(y, T.FLOAT, [32, 4])]), feeds
+
+def reduce_zoo(seed=0):
+    """ReduceL2, ReduceLogSumExp, ReduceProd of sigmoids and ReduceSumSquare as outputs."""
+    b = B(seed, opset=18)
+    f = b.lin(b.op("Relu", [b.lin("x", 8, 16)]), 16, 12)
+    ax = b.c(np.array([1], np.int64))
+    outs = [b.op("ReduceL2", [f, ax], keepdims=0), b.op("ReduceLogSumExp", [f, ax], keepdims=0),
+            b.op("ReduceProd", [b.op("Sigmoid", [f]), ax], keepdims=0), b.op("ReduceSumSquare", [f, ax], keepdims=0)]
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(o, T.FLOAT, ["N"]) for o in outs]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def qdq_input(seed=0):
+    """A model that is already quantized (a QAT export): QuantizeLinear/DequantizeLinear pairs
+    around the input and the weights of its convolutions."""
+    b = B(seed)
+    def qdq(t, scale):
+        q = b.op("QuantizeLinear", [t, b.c(np.float32(scale)), b.c(np.int8(0))])
+        return b.op("DequantizeLinear", [q, b.c(np.float32(scale)), b.c(np.int8(0))])
+    x = qdq("x", 4 / 127)
+    c = b.op("Relu", [b.op("Conv", [x, qdq(b.w(8, 3, 3, 3), 0.02), b.w(8, scale=0.05)], pads=[1, 1, 1, 1])])
+    c = qdq(c, 3 / 127)
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [b.op("Conv", [c, qdq(b.w(6, 8, 3, 3), 0.01), b.w(6, scale=0.05)],
+                                                               pads=[1, 1, 1, 1])])])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 16, 16])], [vi(y, T.FLOAT, ["N", 6])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 16, 16)).astype(np.float32)}
+
+def hash_embed(seed=0):
+    """Hashed ids: int64 ids Mod a bucket count, Gather from an embedding, ReduceMean, a head."""
+    b = B(seed)
+    ids = b.op("Mod", ["ids", b.c(np.int64(500))])
+    e = b.op("ReduceMean", [b.op("Gather", [b.w(500, 16, scale=0.3), ids]), b.c(np.array([1], np.int64))], keepdims=0)
+    y = b.lin(b.op("Relu", [b.lin(e, 16, 16)]), 16, 5)
+    return b.model([vi("ids", T.INT64, ["N", 12])], [vi(y, T.FLOAT, ["N", 5])]), \
+        lambda r, n: {"ids": r.integers(0, 2**40, (n, 12)).astype(np.int64)}
+
+def softmax_legacy(seed=0):
+    """Opset-11 Softmax and LogSoftmax with axis=1 on a rank-3 tensor (coerced to 2-D: over the
+    last two axes together)."""
+    b = B(seed, opset=11)
+    f = b.op("Reshape", [b.lin(b.op("Relu", [b.lin("x", 8, 16)]), 16, 24), b.c(np.array([0, 4, 6], np.int64))])
+    s = b.op("Softmax", [f], axis=1)
+    ls = b.op("LogSoftmax", [f], axis=1)
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(s, T.FLOAT, ["N", 4, 6]), vi(ls, T.FLOAT, ["N", 4, 6])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def depth_recip(seed=0):
+    """Monocular depth: a disparity from Sigmoid scaled to 0.01..10, depth = 1 / disparity (0.1 m
+    to 100 m) as the output."""
+    b = B(seed)
+    c = b.op("Relu", [b.conv(b.op("Relu", [b.conv("x", 3, 8)]), 8, 8)])
+    d = b.op("Add", [b.op("Mul", [b.op("Sigmoid", [b.op("Mul", [b.conv(c, 8, 1), b.c(np.float32(6.0))])]),
+                                    b.c(np.float32(10.0))]), b.c(np.float32(0.01))])
+    y = b.op("Reciprocal", [d])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 16, 16])], [vi(y, T.FLOAT, ["N", 1, 16, 16])]), \
+        lambda r, n: {"x": (r.standard_normal((n, 3, 16, 16)) * 2).astype(np.float32)}
+
+def inf_clamp(seed=0):
+    """Inputs that hold +inf and -inf (an unbounded ratio feature), clamped in the graph by Clip
+    to -1e3..1e3 and squashed by a log1p-like Log(1 + |x|) * Sign(x) before an MLP."""
+    b = B(seed, opset=13)
+    c = b.op("Clip", ["x", b.c(np.float32(-1e3)), b.c(np.float32(1e3))])
+    s = b.op("Mul", [b.op("Log", [b.op("Add", [b.op("Abs", [c]), b.c(np.float32(1.0))])]), b.op("Sign", [c])])
+    y = b.lin(b.op("Relu", [b.lin(s, 8, 16)]), 16, 3)
+    def feeds(r, n):
+        x = (r.standard_normal((n, 8)) * 20).astype(np.float32)
+        x[r.random(x.shape) < 0.05] = np.inf
+        x[r.random(x.shape) < 0.05] = -np.inf
+        return {"x": x}
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(y, T.FLOAT, ["N", 3])]), feeds
+
+def attn_pool(seed=0):
+    """Attention pooling over time: scores by a linear, Softmax over axis 1 (time, not the last
+    axis), weights times features summed over time, a classifier."""
+    b = B(seed)
+    f = b.op("Tanh", [b.lin("x", 8, 16)])
+    w = b.op("Softmax", [b.lin(f, 16, 1)], axis=1)
+    p = b.op("ReduceSum", [b.op("Mul", [w, f]), b.c(np.array([1], np.int64))], keepdims=0)
+    y = b.lin(p, 16, 5)
+    return b.model([vi("x", T.FLOAT, ["N", 50, 8])], [vi(y, T.FLOAT, ["N", 5])]), \
+        lambda r, n: {"x": r.standard_normal((n, 50, 8)).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -914,7 +1064,10 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             # the fifth round
                             sklearn_pipe, zipmap_out, vae_sampling, sequences, scan_rnn, mask_logic, tree_model,
                             # the sixth round
-                            segnet_unpool, alexnet_lrn, video3d, convt_shapes, onehot_jax, hardmax_out, resize_cubic, tf_pads, opset7_ir3)}
+                            segnet_unpool, alexnet_lrn, video3d, convt_shapes, onehot_jax, hardmax_out, resize_cubic, tf_pads, opset7_ir3,
+                            # the seventh round
+                            tiny_units, nan_impute, ml_imputer, lp_embed, gnn_scatter, reduce_zoo, qdq_input,
+                            hash_embed, softmax_legacy, depth_recip, inf_clamp, attn_pool)}
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:

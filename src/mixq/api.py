@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ import onnx
 
 from ._io import check_output_path, load_deferred, model_size, save_model
 from .calibration.data import CalibData, readable_twice
+from .calibration.stats import TensorStats
 from .calibration.variety import InputExtremes
 from .calibration.variety import constant_data as constant_data_why
 from .config import QuantConfig, get_default_config
@@ -185,7 +186,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     the_plan, numerics = apply_numerics(the_plan, pipe.model, pipe.stats,
                                         enabled=cfg.numerics_policies)
     constant_data = pipe.constant_calibration()  # np.zeros as calibration data: say so, loudly
-    bad_data = _nonfinite_warning(pipe.nonfinite_inputs(), numerics)
+    bad_data = _nonfinite_warning(pipe.nonfinite_inputs(), numerics, pipe.stats)
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -318,14 +319,22 @@ def _check_inert_options(cfg: QuantConfig) -> None:
         raise ConfigError(f"{opt}={shown!r} changes nothing with {cfg.name}: {why}. Drop it.")
 
 
-def _nonfinite_warning(inputs: dict[str, tuple[int, int, int]], numerics: list[Any]) -> str | None:
+def _nonfinite_warning(inputs: dict[str, tuple[int, int, int]], numerics: list[Any],
+                       stats: Mapping[str, TensorStats]) -> str | None:
     """The warning for calibration data whose inputs hold inf or NaN (None without such): the
     tensors those values reach hold them too, and the sentinel policy keeps each float as it
-    would an additive -inf mask; unless the input is such a mask, that is a data error."""
+    would an additive -inf mask; unless the input is such a mask, that is a data error. Where
+    the graph itself replaces them (missing values imputed by IsNaN and Where, or an Imputer;
+    infinities clipped), no calibrated tensor past the inputs holds one: a note, not a warning."""
     if not inputs:
         return None
     held = "; ".join(f"input {n!r}: {inf} infinite and {nan} NaN of {total} values"
                      for n, (inf, nan, total) in list(inputs.items())[:3])
+    inner = [st for n, st in stats.items() if n not in inputs]
+    if inner and not any(st.nan_count or st.inf_count for st in inner):
+        return (f"the calibration data holds values that are not finite ({held}); the graph replaces "
+                f"them (no calibrated tensor past the inputs holds one, as where a model imputes missing "
+                "values or clips infinities)")
     kept = sum(1 for f in numerics if f.policy == "sentinel")
     return (f"WARNING: the calibration data holds values that are not finite ({held}). Every tensor "
             f"they reach holds them too{f', and {kept} were kept float for it' if kept else ''} "

@@ -220,6 +220,54 @@ def test_a_float32_lowest_mask_is_kept_float_in_casts(preset, folded, policies_o
     assert not np.isfinite(out.first().sqnr_db) or out.first().cosine < 0.99
 
 
+def _si_units():
+    """A model in SI units: inputs of order 1e-9 scaled up in the graph, a layer, and a weight of
+    order 1e-9 bringing the output back to SI units."""
+    rng = np.random.default_rng(3)
+    inits = {"giga": np.float32(1e9), "w1": rng.normal(0, 0.4, (6, 16)).astype(np.float32),
+             "w2": (rng.normal(0, 0.25, (16, 3)) * 1e-9).astype(np.float32)}
+    nodes = [helper.make_node("Mul", ["x", "giga"], ["xs"]),
+             helper.make_node("MatMul", ["xs", "w1"], ["h"]),
+             helper.make_node("Tanh", ["h"], ["t"]),
+             helper.make_node("MatMul", ["t", "w2"], ["y"])]
+    m = _model(nodes, [_vi("x", ["N", 6])], [_vi("y", ["N", 3])], inits)
+    feeds = [{"x": (rng.normal(0, 1, (4, 6)) * 1e-9).astype(np.float32)} for _ in range(6)]
+    return m, feeds
+
+
+def test_values_under_the_fp16_range_are_kept_float32(policies_off):
+    """(g), its other side: an input of 1e-9 cast to fp16 (smallest subnormal 6e-8) becomes 0,
+    and so does a weight of 1e-9. Both stay float32, with the predicted SQNR of the cast in
+    their reason. Measured: cosine 0.15 (the guard calls it broken) without the policy."""
+    m, feeds = _si_units()
+    res, cos = _quantize_and_compare(m, "FP16", feeds)
+    assert cos >= 0.999, res.summary()
+    for t in ("x", "w2"):
+        why = res.plan.tensors[t].reason
+        assert "under fp16's range" in why and "dB SQNR" in why, why
+    assert res.plan.tensors["h"].format == "fp16"  # values in range are cast as planned
+    res_bf16 = mixq.quantize(m, "BF16", feeds, check_kernels=False)  # bf16 has float32's exponents
+    assert res_bf16.plan.tensors["x"].format == "bf16" and not res_bf16.fidelity.broken
+    policies_off()
+    res_off = mixq.quantize(m, "FP16", feeds, check_kernels=False)
+    assert res_off.fidelity.broken, res_off.fidelity.lines()
+
+
+def test_cast_sqnr_reads_the_binade_spacing():
+    """The predicted SQNR of a cast: about 6 dB per mantissa bit in the normal range, falling
+    with the magnitude under the smallest normal, 0 dB where everything rounds to 0."""
+    from mixq.plan.numerics import cast_sqnr_db
+
+    one = np.ones(1)
+    assert 65 < cast_sqnr_db("fp16", np.array([0.7]), one) < 80
+    assert 45 < cast_sqnr_db("bf16", np.array([0.7]), one) < 60
+    assert cast_sqnr_db("fp16", np.array([1e-6]), one) < 40 < cast_sqnr_db("fp16", np.array([1e-4]), one)
+    assert cast_sqnr_db("fp16", np.array([1e-9]), one) == 0.0
+    assert cast_sqnr_db("bf16", np.array([1e-9]), one) > 45
+    # weighted by power: a few tiny values beside large ones cost nothing
+    assert cast_sqnr_db("fp16", np.array([1.0, 1e-9]), np.array([1.0, 1000.0])) > 65
+
+
 def test_casts_are_range_checked_only_with_data():
     """BF16 needs no calibration data; given none, nothing is calibrated (and nothing checked)."""
     m, feeds = _padded_attention(False)

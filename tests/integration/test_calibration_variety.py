@@ -165,3 +165,30 @@ def test_inf_and_nan_in_the_data_are_named_as_such(images):
     kept = sum(1 for f in res.numerics if f.policy == "sentinel")
     assert kept > 5 and f"and {kept} were kept float for it" in res.warnings[0]
     assert not any("not finite" in w for w in mixq.quantize(default_model_path(), "A8W8", calib).warnings)
+
+
+def test_missing_values_the_graph_imputes_are_no_data_error():
+    """Tabular models take missing values as NaN and impute them in the graph (IsNaN and Where,
+    sklearn-onnx's Imputer). No calibrated tensor past the input holds a NaN: the summary says
+    so in a note where it used to call the data an error (found by `python -m bench.class_sweep
+    --models nan_impute,ml_imputer,inf_clamp`), and the quantized model imputes as float does."""
+    from mixq.evaluate import compare
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(a, n) for n, a in (
+        ("fill", np.linspace(-1, 1, 8).astype(np.float32)), ("w1", rng.normal(0, 0.35, (8, 16)).astype(np.float32)),
+        ("w2", rng.normal(0, 0.25, (16, 4)).astype(np.float32)))]
+    nodes = [helper.make_node("IsNaN", ["x"], ["missing"]), helper.make_node("Where", ["missing", "fill", "x"], ["f"]),
+             helper.make_node("MatMul", ["f", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    m = helper.make_model(helper.make_graph(
+        nodes, "impute", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], inits),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    x = rng.normal(0, 1, (64, 8)).astype(np.float32)
+    x[rng.random(x.shape) < 0.15] = np.nan
+    res = mixq.quantize(m, "A8W8", x, check_kernels=False)
+    note = [w for w in res.warnings if "not finite" in w]
+    assert len(note) == 1 and not note[0].startswith("WARNING") and "the graph replaces them" in note[0], note
+    assert res.plan.tensors["h"].format == "int8" and not res.fidelity.broken
+    assert compare(m, res.model, [{"x": x[i:i + 8]} for i in range(0, 64, 8)]).first().cosine > 0.999

@@ -338,3 +338,32 @@ def test_a_feature_bucketized_in_the_graph_keeps_its_buckets(fmt, monkeypatch):
     monkeypatch.setattr(mixq.convert._rewrite, "find_phases", lambda *a: [])
     _, off = check_conversion(m, fmt, feeds=batch, min_sqnr_db=None, min_cosine=None)
     assert off.fidelity[0].sqnr_db < 30.0, off.fidelity
+
+
+def _si_scaled_output():
+    """A regression head whose output is brought to SI units by a constant of 1e-6 (float16's
+    smallest normal value is 6.1e-5: cast, the constant is a subnormal off by up to 3 %)."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(a, n) for n, a in (
+        ("w1", rng.normal(0, 0.4, (6, 16)).astype(np.float32)), ("w2", rng.normal(0, 0.25, (16, 3)).astype(np.float32)),
+        ("micro", np.float32(1.3e-6)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Tanh", ["h"], ["t"]),
+             helper.make_node("MatMul", ["t", "w2"], ["z"]), helper.make_node("Mul", ["z", "micro"], ["y"])]
+    m = helper.make_model(helper.make_graph(nodes, "si", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+                                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])], inits),
+                          opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return m, {"x": rng.normal(0, 1, (16, 6)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "with_cast", "simulate_fp16"])
+def test_a_constant_under_the_float16_range_stays_exact(fmt):
+    """A constant under float16's normal range rounds to a subnormal (1.3e-6 by 2 %): every value
+    it scales moves together. The node reading it stays float with the exact constant, and a
+    kept node's graph output is not rounded after it (with_cast rounded it to a subnormal too).
+    Measured SQNR before: 34-39 dB; now over 60 dB."""
+    m, feeds = _si_scaled_output()
+    out, rep = to_fp16(m, fmt, feeds=feeds)
+    assert rep.fidelity[0].sqnr_db > 60, rep.fidelity
+    why = [k.reason for k in rep.kept_float if k.op_type == "Mul"]
+    assert why and "'micro'" in why[0] and "smallest normal" in why[0], rep.kept_float
+    assert rep.initializers_converted == 2  # w1 and w2 are converted; the constant is not

@@ -25,7 +25,7 @@ import onnx
 from onnx import AttributeProto, numpy_helper
 
 __all__ = ["FragileRegion", "find_fragile", "find_input_affine", "find_phases", "find_sentinels",
-           "find_shape_arithmetic", "REASON_AFFINE", "REASON_CANCEL", "REASON_NORM", "REASON_RMS",
+           "find_shape_arithmetic", "find_underflow", "REASON_AFFINE", "REASON_CANCEL", "REASON_NORM", "REASON_RMS",
            "REASON_SHAPE"]
 
 REASON_CANCEL = ("numerically fragile: variance computed as E[x^2]-E[x]^2 (cancels catastrophically "
@@ -242,26 +242,53 @@ _CARRIERS = frozenset({"Where", "Add", "Sub", "Mul", "Neg", "Expand", "Reshape",
                        "Min", "Flatten"})
 
 
-def _sentinel_constants(v: _View, limit: float) -> list[str]:
-    """Float constants (initializers, Constant outputs) holding a finite value beyond `limit`."""
-    out = []
-    tensors = [(t.name, t) for t in v.g.initializer]
+def _float_constants(v: _View) -> list[tuple[str, np.ndarray]]:
+    """The float constants of the main graph (initializers stored in the file, Constant outputs
+    and their value_float(s)): (name, finite values as float64)."""
+    found: list[tuple[str, np.ndarray]] = []
+    tensors = [(t.name, t) for t in v.g.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
     tensors += [(n.output[0], a.t) for n in v.g.node if n.op_type == "Constant"
                 for a in n.attribute if a.name == "value" and a.type == AttributeProto.TENSOR]
     for name, t in tensors:
-        if t.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
-            continue
-        vals = numpy_helper.to_array(t)
-        vals = vals[np.isfinite(vals)]
-        if vals.size and float(np.abs(vals).max()) > limit:
-            out.append(name)
+        if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+            found.append((name, numpy_helper.to_array(t).astype(np.float64).ravel()))
     for n in v.g.node:
         if n.op_type == "Constant":
             for attr in n.attribute:
-                if (attr.name == "value_float" and abs(attr.f) > limit) or \
-                        (attr.name == "value_floats" and any(abs(x) > limit for x in attr.floats)):
-                    out.append(n.output[0])
-    return out
+                if attr.name == "value_float":
+                    found.append((n.output[0], np.array([attr.f], np.float64)))
+                elif attr.name == "value_floats":
+                    found.append((n.output[0], np.array(attr.floats, np.float64)))
+    return [(name, vals[np.isfinite(vals)]) for name, vals in found]
+
+
+def _sentinel_constants(v: _View, limit: float) -> list[str]:
+    """Float constants (initializers, Constant outputs) holding a finite value beyond `limit`."""
+    return [name for name, vals in _float_constants(v) if vals.size and float(np.abs(vals).max()) > limit]
+
+
+def find_underflow(g: onnx.GraphProto, fmt: str, target: str) -> list[FragileRegion]:
+    """The nodes that read a constant (a scale of 1e-6, a LayerNorm epsilon of 1e-12) whose cast
+    to `fmt` keeps under `mixq.plan.numerics.CAST_MIN_DB` (`cast_sqnr_db`): below the target's
+    smallest normal value it rounds to subnormals or 0, a coherent error in everything the
+    constant scales or shifts. The nodes stay float and read the exact constant; one region
+    per constant, its reason naming it."""
+    from ..plan.numerics import CAST_MIN_DB, cast_sqnr_db
+
+    v = _View(g)
+    tiny32 = float(np.finfo(np.float32).tiny)  # float32's own denormals: flushed to 0 anyway
+    regions = []
+    for name, vals in _float_constants(v):
+        mag = np.abs(vals)
+        mag = mag[mag >= tiny32]
+        if not mag.size or name not in v.consumers:
+            continue
+        db = cast_sqnr_db(fmt, mag, np.ones_like(mag))
+        if db < CAST_MIN_DB:
+            regions.append(FragileRegion(set(v.consumers[name]), (
+                f"reads constant {name!r} (|x| up to {float(mag.max()):.3g}) under {target}'s smallest normal value: "
+                f"cast, it rounds to subnormals or 0 (a predicted {max(db, -99.0):.1f} dB); kept in float")))
+    return regions
 
 
 def find_sentinels(g: onnx.GraphProto, limit: float, target: str) -> list[FragileRegion]:

@@ -26,7 +26,8 @@ from ..errors import ModelError
 from ..formats.base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION
 from . import _graph as G
 from ._rounding import BF16_MAX, FP16_MAX, element_type_name, round_tensor_inplace, tensor_to_target
-from ._fragile import find_fragile, find_input_affine, find_phases, find_sentinels, find_shape_arithmetic
+from ._fragile import (find_fragile, find_input_affine, find_phases, find_sentinels, find_shape_arithmetic,
+                       find_underflow)
 from ..kernels import probe_kernel, short_error
 
 __all__ = ["RewriteResult", "KeptFloat", "simulate", "qdq", "native", "QUANTIZE_FN", "DEQUANTIZE_FN"]
@@ -248,7 +249,8 @@ def _prepare(model: onnx.ModelProto, F: int, *, lift: bool, fragile: bool = Fals
              ) -> tuple[onnx.ModelProto, G.GraphInfo, _Names, list[str], dict[int, str]]:
     """Copy the model, lift constants (`lift`), split shared parameters and, with `fragile`,
     find the numerically fragile nodes to keep float; with a `target` type, also the nodes that
-    read constants past its range (`find_sentinels`) and the float shape arithmetic
+    read constants past its range (`find_sentinels`) or under it (`find_underflow`) and the
+    float shape arithmetic
     (`find_shape_arithmetic`): returns (model, info, names, notes,
     {node index: reason})."""
     m = _copy(model)
@@ -270,6 +272,7 @@ def _prepare(model: onnx.ModelProto, F: int, *, lift: bool, fragile: bool = Fals
         regions += find_sentinels(m.graph, limit, tname) + find_shape_arithmetic(m.graph)
         regions += find_phases(m, info.types, tname, 7 if target == TensorProto.BFLOAT16 else 10)
         regions += find_input_affine(m)
+        regions += find_underflow(m.graph, "bf16" if target == TensorProto.BFLOAT16 else "fp16", tname)
     for region in regions:
         for k in region.nodes:
             keep.setdefault(k, region.reason)
@@ -464,6 +467,15 @@ def qdq(model: onnx.ModelProto, F: int, target: int, *, functions: bool, fragile
         tail: list[onnx.NodeProto] = []
         for i, out in enumerate(node.output):
             if not out or not wanted(out):
+                continue
+            if out in outputs and k in keep:
+                # a kept node's graph output stays as it computed it (a value under the
+                # target's range would lose there what the node was kept for); the nodes
+                # that convert read a rounded copy
+                if _outside_uses(info, m, out, keep):
+                    rounded[out] = names.fresh(f"{out}__{tname}rt")
+                    tail += pair(out, rounded[out], out)
+                    res.tensors_converted += 1
                 continue
             res.tensors_converted += 1
             if out in outputs:  # keep the graph output's name on the rounded tensor

@@ -20,8 +20,10 @@ Each detector is a pure function returning {tensor: reason}:
   remedy: the model computes with them.
 - `overflow_tensors` (g): activations cast to a float format (bf16, fp16) whose calibrated
   range passes the format's largest finite value (a -3.4e38 mask in bf16, 1e5 in fp16): the
-  cast makes them inf, and a Softmax over a fully masked row NaN. `overflow_constants` the same
-  for weights and constants. (c), (g), (h) and (i) read the casts' statistics too (collected
+  cast makes them inf, and a Softmax over a fully masked row NaN; or whose bulk sits under its
+  smallest normal value (an SI-unit input of 1e-9 in fp16), where the cast rounds to
+  subnormals or 0 (`cast_sqnr_db` under `CAST_MIN_DB`). `overflow_constants` the same for
+  weights and constants. (c), (g), (h) and (i) read the casts' statistics too (collected
   when calibration data is given); (a), (b), (d) and (f) judge scaled formats (and (b) block
   formats) only.
 - `phase_tensors` (h): tensors on the way to a Sin / Cos (a timestep or rotary position
@@ -111,6 +113,11 @@ _PHASE_WALK_OPS = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Fla
                              "Tile", "Slice", "Gather", "Concat", "Split", "Cast", "Neg", "Mul", "Div", "Add",
                              "Sub", "MatMul", "Gemm"})
 
+#: (g) the least SQNR a plain cast (fp16, bf16) may leave on a tensor: casts keep 50 dB (bf16)
+#: to 70 dB (fp16) on values in their normal range; a tensor of 1e-6 in fp16 keeps 26 dB, one
+#: of 1e-9 nothing (an SI-unit input: farads, metres)
+CAST_MIN_DB = 40.0
+
 POLICIES = ("sentinel", "small_values", "cancellation", "concat", "outliers", "overflow", "phase", "rescaled")
 
 
@@ -122,6 +129,43 @@ def cast_limit(fmt: str) -> float | None:
         return None
     limit = float(getattr(f, "max_normal", math.inf))
     return limit if limit < float(np.finfo(np.float32).max) else None
+
+
+def cast_sqnr_db(fmt: str, v: np.ndarray, cnt: np.ndarray) -> float:
+    """The SQNR a plain cast to float format `fmt` (fp16, bf16) leaves on magnitudes `v` (> 0)
+    counted `cnt` times: a value rounds by its binade's spacing, which stops shrinking at the
+    smallest normal (subnormals share the smallest one), and one under half the smallest
+    subnormal becomes 0 (all of it lost). Values past the largest finite value are (g)'s other
+    half, not counted here."""
+    f = get_format(fmt)
+    mant = int(getattr(f, "mantissa_bits"))
+    min_exp = int(getattr(f, "min_exp"))
+    v = v.astype(np.float64)
+    c = cnt.astype(np.float64)
+    step = np.ldexp(1.0, np.maximum(np.floor(np.log2(v)), min_exp).astype(np.int64) - mant)
+    noise = np.where(v < float(getattr(f, "min_subnormal")) / 2, v * v, np.minimum(step * step / 12.0, v * v))
+    lw = 2.0 * np.log(v)  # powers scaled by the largest: no underflow of v ** 2 in float64 sums
+    w = np.exp(lw - lw.max())
+    signal = float(np.sum(c * w))
+    err = float(np.sum(c * w * noise / (v * v)))
+    return math.inf if err <= 0.0 else 10.0 * math.log10(signal / err)
+
+
+def _underflow_reason(fmt: str, v: np.ndarray, cnt: np.ndarray, what: str) -> str | None:
+    """(g) Why `what` (magnitudes `v` counted `cnt` times) cannot be cast to `fmt`: its bulk
+    sits so far below the smallest normal that the cast keeps under `CAST_MIN_DB`. Values that
+    are denormal in float32 itself count for nothing: runtimes flush them to 0 (a pruned
+    weight's leftovers of 1e-39)."""
+    keep = (v >= float(np.finfo(np.float32).tiny)) & np.isfinite(v)
+    if not np.any(keep):
+        return None
+    db = cast_sqnr_db(fmt, v[keep], cnt[keep])
+    if db >= CAST_MIN_DB:
+        return None
+    tiny = float(getattr(get_format(fmt), "min_normal"))
+    return (f"under {fmt}'s range: {what} sits below its smallest normal value {tiny:.3g}, where the cast "
+            f"rounds to subnormals or 0 (a predicted {max(db, -99.0):.1f} dB SQNR, under the "
+            f"{CAST_MIN_DB:.0f} dB a cast keeps on values in its range)")
 
 
 def _cast_limits(tp: TensorPrecision) -> list[tuple[str, float]]:
@@ -148,6 +192,11 @@ def overflow_tensors(plan: PrecisionPlan, stats: dict[str, TensorStats]) -> dict
                              f"value {limit:.4g}; the cast makes it inf (a fully masked row's Softmax "
                              "then gives NaN)")
                 break
+            lo, hi, cnt = st.abs_bins()
+            why = _underflow_reason(fmt, np.sqrt(lo * hi), cnt, f"the bulk of |x| (up to {absmax:.3g})")
+            if why:
+                out[name] = why
+                break
     return out
 
 
@@ -172,6 +221,10 @@ def overflow_constants(plan: PrecisionPlan, model: onnx.ModelProto) -> dict[str,
             out[name] = (f"beyond {fmt}'s range: the constant holds {int(np.count_nonzero(finite > limit))} "
                          f"value(s) up to {big:.4g}, over its largest finite value {limit:.4g}; the cast "
                          "makes them inf")
+            continue
+        why = _underflow_reason(fmt, finite, np.ones_like(finite), f"the constant (|x| up to {big:.3g})")
+        if why:
+            out[name] = why
     return out
 
 
