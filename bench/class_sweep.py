@@ -1036,6 +1036,133 @@ def attn_pool(seed=0):
         lambda r, n: {"x": r.standard_normal((n, 50, 8)).astype(np.float32)}
 
 
+def conv_imbalance(seed=0):
+    """A CNN without normalization whose channels' ranges differ 1000x (one channel's filter
+    scaled up, as before cross-layer equalization): one per-tensor grid for all channels."""
+    b = B(seed)
+    w = b.rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.2
+    w[:2] *= np.float32(30.0)  # two loud channels
+    w[2:5] *= np.float32(0.03)  # three quiet ones
+    c = b.op("Relu", [b.op("Conv", ["x", b.w(arr=w), b.w(8, scale=0.01)], pads=[1, 1, 1, 1])])
+    w2 = (b.rng.standard_normal((6, 8, 3, 3)) * 0.1).astype(np.float32)
+    w2[:, :2] *= np.float32(1 / 30.0)
+    w2[:, 2:5] *= np.float32(30.0)
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [b.op("Conv", [c, b.w(arr=w2), b.w(6, scale=0.01)], pads=[1, 1, 1, 1])])])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 12, 12])], [vi(y, T.FLOAT, ["N", 6])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 12, 12)).astype(np.float32)}
+
+def uint8_image(seed=0):
+    """A deployment model taking uint8 images: Cast to float, / 255, per-channel mean and std."""
+    b = B(seed)
+    f = b.op("Div", [b.op("Cast", ["img"], to=T.FLOAT), b.c(np.float32(255.0))])
+    f = b.op("Div", [b.op("Sub", [f, b.c(np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1))]),
+                     b.c(np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1))])
+    c = b.op("Relu", [b.conv(b.op("Relu", [b.conv(f, 3, 8, stride=2)]), 8, 8)])
+    y = b.op("Gemm", [b.op("Flatten", [b.op("GlobalAveragePool", [c])]), b.w(5, 8), b.w(5, scale=0.05)], transB=1)
+    return b.model([vi("img", T.UINT8, ["N", 3, 16, 16])], [vi(y, T.FLOAT, ["N", 5])]), \
+        lambda r, n: {"img": r.integers(0, 256, (n, 3, 16, 16)).astype(np.uint8)}
+
+def bool_threshold(seed=0):
+    """A binary decision as an output: Greater(Sigmoid(score), 0.5) (bool) beside the score."""
+    b = B(seed)
+    s = b.op("Sigmoid", [b.lin(b.op("Relu", [b.lin("x", 8, 16)]), 16, 3)])
+    d = b.op("Greater", [s, b.c(np.float32(0.5))])
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(d, T.BOOL, ["N", 3]), vi(s, T.FLOAT, ["N", 3])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def variable_shapes(seed=0):
+    """A sequence model fed batches of varying size and length (1..4 x 5..40), mean-pooled."""
+    b = B(seed)
+    hdn = b.op("Relu", [b.lin("x", 8, 16)])
+    p = b.op("ReduceMean", [hdn, b.c(np.array([1], np.int64))], keepdims=0)
+    y = b.lin(p, 16, 4)
+    def feeds(r, n):
+        return {"x": r.standard_normal((int(r.integers(1, n + 1)), int(r.integers(5, 41)), 8)).astype(np.float32)}
+    return b.model([vi("x", T.FLOAT, ["N", "T", 8])], [vi(y, T.FLOAT, ["N", 4])]), feeds
+
+def unused_input(seed=0):
+    """Hostile inputs: a graph input no node reads, and an initializer that is also an output."""
+    b = B(seed)
+    w = b.w(8, 16)
+    y = b.op("Add", [b.op("MatMul", [b.op("Relu", ["x"]), w]), b.w(16, scale=0.05)])
+    return b.model([vi("x", T.FLOAT, ["N", 8]), vi("unused", T.FLOAT, ["N", 4])],
+                   [vi(y, T.FLOAT, ["N", 16]), vi(w, T.FLOAT, [8, 16])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32),
+                      "unused": r.standard_normal((n, 4)).astype(np.float32)}
+
+def ensemble_mean(seed=0):
+    """An ensemble: three small heads' logits averaged by the variadic Mean op, with Max and Min
+    of them as further outputs."""
+    b = B(seed)
+    hs = [b.lin(b.op("Tanh", [b.lin("x", 8, 12)]), 12, 5) for _ in range(3)]
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(b.op("Mean", hs), T.FLOAT, ["N", 5]),
+                                                  vi(b.op("Max", hs), T.FLOAT, ["N", 5]),
+                                                  vi(b.op("Min", hs), T.FLOAT, ["N", 5])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def nan_float_output(seed=0):
+    """Attention whose fully masked rows give NaN in float itself (an all -inf row's Softmax):
+    the reference has NaN in some rows, by the model's own arithmetic."""
+    b = B(seed)
+    s = b.op("MatMul", [b.lin("x", 8, 8), b.op("Transpose", [b.lin("x", 8, 8)], perm=[0, 2, 1])])
+    s = b.op("Add", [s, "mask"])
+    a = b.op("MatMul", [b.op("Softmax", [s], axis=-1), b.lin("x", 8, 8)])
+    def feeds(r, n):
+        mask = np.zeros((n, 6, 6), np.float32)
+        mask[:, :, 4:] = -np.inf
+        mask[0, 5, :] = -np.inf  # one fully masked query row
+        return {"x": r.standard_normal((n, 6, 8)).astype(np.float32), "mask": mask}
+    return b.model([vi("x", T.FLOAT, ["N", 6, 8]), vi("mask", T.FLOAT, ["N", 6, 6])], [vi(a, T.FLOAT, ["N", 6, 8])]), feeds
+
+def softplus_zoo(seed=0):
+    """Softplus, Softsign, ThresholdedRelu, Shrink and Erf as activations of one MLP."""
+    b = B(seed)
+    x = b.op("Softplus", [b.lin("x", 8, 16)])
+    x = b.op("Softsign", [b.lin(x, 16, 16)])
+    x = b.op("ThresholdedRelu", [b.lin(x, 16, 16)], alpha=0.1)
+    x = b.op("Shrink", [b.lin(x, 16, 16)], lambd=0.05, bias=0.0)
+    y = b.lin(b.op("Erf", [b.lin(x, 16, 16)]), 16, 4)
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(y, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def runtime_resize(seed=0):
+    """Resize to the size of a skip connection read at run time (Shape -> Slice -> Concat as
+    sizes), a U-Net decoder's upsampling."""
+    b = B(seed)
+    e1 = b.op("Relu", [b.conv("x", 3, 8)])
+    e2 = b.op("Relu", [b.conv(e1, 8, 8, stride=2)])
+    size = b.op("Shape", [e1])
+    up = b.op("Resize", [e2, "", "", size], mode="linear")
+    y = b.conv(b.op("Concat", [up, e1], axis=1), 16, 2)
+    return b.model([vi("x", T.FLOAT, ["N", 3, 15, 15])], [vi(y, T.FLOAT, ["N", 2, 15, 15])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 15, 15)).astype(np.float32)}
+
+def act_gating(seed=0):
+    """A gate computed from an activation: Where(Greater(g, 0), x, 0.1 * x) and a hard mask
+    Cast(Greater(h, 0.3)) * v: the quantized activation decides which branch runs."""
+    b = B(seed)
+    g = b.lin("x", 8, 16)
+    xx = b.lin("x", 8, 16)
+    w = b.op("Where", [b.op("Greater", [g, b.c(np.float32(0.0))]), xx, b.op("Mul", [xx, b.c(np.float32(0.1))])])
+    hh = b.op("Sigmoid", [b.lin(w, 16, 16)])
+    m = b.op("Cast", [b.op("Greater", [hh, b.c(np.float32(0.3))])], to=T.FLOAT)
+    y = b.lin(b.op("Mul", [m, b.lin(w, 16, 16)]), 16, 4)
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(y, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def resid_growth(seed=0):
+    """A deep residual MLP whose stream grows 3x per block (12 blocks), normalized only at the
+    end: early and late blocks on very different scales."""
+    b = B(seed)
+    hcur = b.lin("x", 8, 16)
+    for _ in range(12):
+        hcur = b.op("Add", [hcur, b.lin(b.op("Relu", [hcur]), 16, 16)])
+    y = b.lin(b.op("LayerNormalization", [hcur, b.c(np.ones(16, np.float32)), b.c(np.zeros(16, np.float32))],
+                   axis=-1), 16, 4)
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(y, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -1067,7 +1194,10 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             segnet_unpool, alexnet_lrn, video3d, convt_shapes, onehot_jax, hardmax_out, resize_cubic, tf_pads, opset7_ir3,
                             # the seventh round
                             tiny_units, nan_impute, ml_imputer, lp_embed, gnn_scatter, reduce_zoo, qdq_input,
-                            hash_embed, softmax_legacy, depth_recip, inf_clamp, attn_pool)}
+                            hash_embed, softmax_legacy, depth_recip, inf_clamp, attn_pool,
+                            # the eighth round
+                            conv_imbalance, uint8_image, bool_threshold, variable_shapes, unused_input, ensemble_mean,
+                            nan_float_output, softplus_zoo, runtime_resize, act_gating, resid_growth)}
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:

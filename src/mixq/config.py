@@ -139,6 +139,9 @@ class QuantConfig:
         subtractions, Concats of very different ranges, ranges set by outlier features),
         each with its reason in the plan
         (docs/ACCURACY.md); False quantizes them as asked.
+    equalize: before planning, balance the Conv -> [Relu] -> Conv pairs whose channels'
+        ranges are too far apart for one activation grid (cross-layer equalization, exact in
+        float; chosen from the weights, mixq.passes.equalize); False leaves every pair as it is.
     quantize_tail: quantize the post-processing tail too: the nodes after the last
         Conv/ConvTranspose/Gemm/MatMul on the way to an output (a detector's box decode and
         score Sigmoid, a final Softmax or normalization; mixq.plan.ops.postprocess_tail).
@@ -187,6 +190,7 @@ class QuantConfig:
     tensor_formats: tuple[tuple[str, str], ...] = ()
     dual_quant_nodes: bool = False
     numerics_policies: bool = True
+    equalize: bool = True
     quantize_tail: bool = False
     bias_correction: bool = False
     weight_rounding: str = "auto"
@@ -203,7 +207,7 @@ class QuantConfig:
         object.__setattr__(self, "granularity", granularity_from(self.granularity))
         for opt in ("reduce_range", "share_concat_scales", "quantize_outputs", "fuse_activations",
                     "dual_quant_nodes", "activation_symmetric", "weight_symmetric",
-                    "numerics_policies", "quantize_tail", "bias_correction", "gptq_act_order"):
+                    "numerics_policies", "equalize", "quantize_tail", "bias_correction", "gptq_act_order"):
             if not isinstance(getattr(self, opt), bool):
                 raise ConfigError(f"{opt}={getattr(self, opt)!r} must be True or False.")
         if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)):

@@ -110,9 +110,10 @@ class Pipeline:
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def load(cls, model: onnx.ModelProto | str | os.PathLike | bytes, *,
-             defer: bool = True) -> "Pipeline":
+             defer: bool = True, equalize: bool = True) -> "Pipeline":
         """Load (a path: big weights stay in their external data file when `defer`) and prepare
-        `model`. A ModelProto given by the caller is copied, never changed."""
+        `model` (`equalize`: as QuantConfig.equalize). A ModelProto given by the caller is
+        copied, never changed."""
         base_dir = None
         source = Path(model) if isinstance(model, (str, os.PathLike)) else None
         if isinstance(model, (str, os.PathLike)) and defer:
@@ -128,7 +129,7 @@ class Pipeline:
                                  "load_external_data=False).")
         # a model mixq loaded itself is prepared in place: no copy of the weights
         owned = not isinstance(model, onnx.ModelProto)
-        prepared, rep = prepare(src, copy=not owned, base_dir=base_dir)
+        prepared, rep = prepare(src, copy=not owned, base_dir=base_dir, equalize=equalize)
         ensure_node_names(prepared)
         return cls(prepared, rep, base_dir=base_dir, source=source)
 

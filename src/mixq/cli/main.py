@@ -80,7 +80,8 @@ def _config_given(args: argparse.Namespace) -> bool:
                 or args.weight_rounding or args.gptq_damp is not None
                 or args.per_channel is not None or args.reduce_range or args.exclude_op_types
                 or args.quantize_tail
-                or getattr(args, "numerics_policies", None) is False)
+                or getattr(args, "numerics_policies", None) is False
+                or getattr(args, "equalize", None) is False)
 
 
 def _add_data_args(p: argparse.ArgumentParser, *, calib: bool) -> None:
@@ -194,6 +195,8 @@ def _config_from_args(args: argparse.Namespace):
         changes["gptq_damp"] = args.gptq_damp
     if getattr(args, "numerics_policies", None) is False:
         changes["numerics_policies"] = False
+    if getattr(args, "equalize", None) is False:
+        changes["equalize"] = False
     if args.quantize_tail:
         changes["quantize_tail"] = True
     if args.exclude_op_types:
@@ -274,7 +277,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..pipeline import Pipeline
 
     cfg = _config_from_args(args)
-    plan = Pipeline.load(args.model).plan(cfg)
+    plan = Pipeline.load(args.model, equalize=cfg.equalize).plan(cfg)
     print(plan.table())
     print(f"\n{sum(tp.format is not None for tp in plan.tensors.values())} tensors quantized, "
           f"{sum(tp.format is None for tp in plan.tensors.values()) + len(plan.skipped)} float "
@@ -632,6 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--no-numerics-policies", dest="numerics_policies", action="store_false",
                    default=None, help="quantize every planned tensor even where a uniform grid "
                    "breaks it (masks, Log/Reciprocal inputs, cancellation); see docs/ACCURACY.md")
+    q.add_argument("--no-equalize", dest="equalize", action="store_false", default=None,
+                   help="leave every Conv pair as it is, even where its channels' ranges are too far "
+                   "apart for one activation grid (see docs/ACCURACY.md)")
     _add_data_args(q, calib=True)
     _add_parallel_args(q)
     _add_config_args(q)

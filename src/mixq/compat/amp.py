@@ -226,7 +226,7 @@ def _workbench(model: Any, configs: tuple[QuantConfig, ...], data: Any, req: Amp
 
     from ..pipeline import Pipeline
 
-    pipe = Pipeline.load(model, defer=False)
+    pipe = Pipeline.load(model, defer=False, equalize=all(c.equalize for c in configs))
     prepared = pipe.model
     plan_of: Callable[[QuantConfig], Any] = pipe.plan
     feeds = list(as_feeds(data, prepared))

@@ -59,7 +59,7 @@ def _presets() -> list[str]:
              "`mixq.compat.get_default_config(name)` returns a QuantizationConfig, as the vendor's "
              "(use it in `Config(global_quant_config=...)`); `mixq.get_default_config` is mixq's own "
              "and returns a QuantConfig. The vendor's presets also switch CLE on (its default "
-             "`include_cle=True`); mixq has no CLE and runs them without it (see `include_cle`).", "",
+             "`include_cle=True`): mixq.compat.ModelQuantizer runs it on every Conv pair (see `include_cle`).", "",
              "| name | in mixq |", "|---|---|"]
     for name in PRESET_DATA:
         try:

@@ -47,8 +47,11 @@ class Translation:
 
 
 def _finish(ctx: Ctx, finetune: Any, amp: AmpRequest | None) -> Translation:
+    changes = dict(ctx.changes)
+    if not ctx.flags.get("cle"):  # the documented config asks for no CLE: none at all, mixq's own included
+        changes["equalize"] = False
     try:
-        cfg = QuantConfig(**ctx.changes)
+        cfg = QuantConfig(**changes)
     except TypeError as exc:  # an internal mistake, not user input
         raise ConfigError(f"internal error translating the config: {exc}") from exc
     names = set(ctx.node_names) | {t for t, _ in cfg.tensor_formats}

@@ -303,7 +303,9 @@ QUANTIZATION_CONFIG: list[Entry] = [
     Entry(QC, "include_cle", "maps", "cross-layer equalization of Conv -> [Relu] -> Conv pairs before "
           "quantizing (mixq.compat.cle; the float function is unchanged). True is the vendor's default, kept: "
           "ModelQuantizer runs it (mixq.quantize refuses a config that asks for it: set include_cle=False "
-          "there)", C.boolean, _flag("cle"), default=True, example=False, effect={"flags.cle": False}),
+          "there). False (and a QConfig without CLEConfig) also turns off mixq's own equalization of the "
+          "pairs one activation grid cannot hold (QuantConfig.equalize=False)", C.boolean, _flag("cle"), default=True, example=False,
+          effect={"flags.cle": False}),
     Entry(QC, "include_auto_mp", "maps", "True runs the AutoMixprecision options (which must be given); "
           "False with AutoMixprecision raises; left unset, AutoMixprecision runs when given (as the "
           "documented L2 snippet writes it)", C.optional(C.boolean), _flag("include_auto_mp"),

@@ -19,6 +19,7 @@ from ..errors import MixqError, ModelError
 from ..evaluate import onnxruntime_max_ir_version
 from ..formats.base import MIXQ_DOMAIN
 from ..graph import GraphIndex, NameAllocator, PassResult, walk_graphs
+from .equalize import equalize_imbalanced
 from .float16 import compute_float16_in_float32
 from .function_ops import expand_function_ops
 from .recognize import RecognizeReport, recognize
@@ -37,6 +38,7 @@ class PrepareReport:
     constants_to_initializers: int = 0
     batchnorms_folded: int = 0
     pads_folded: int = 0
+    pairs_equalized: int = 0
     nodes_folded: int = 0
     notes: list[str] = field(default_factory=list)
     passes: list[PassResult] = field(default_factory=list)
@@ -814,11 +816,13 @@ def check_float_model(model: onnx.ModelProto, verb: str = "quantize") -> None:
 
 
 def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
-            base_dir: str | os.PathLike | None = None) -> tuple[onnx.ModelProto, PrepareReport]:
+            base_dir: str | os.PathLike | None = None,
+            equalize: bool = True) -> tuple[onnx.ModelProto, PrepareReport]:
     """Run every preparation pass on a copy of `model` (on `model` itself with copy=False,
     which saves a copy of every weight when the caller owns the model). `base_dir`: where the
     model's deferred initializers are read from (see mixq._io.load_model_deferred); they stay
-    deferred unless a fold rewrites them."""
+    deferred unless a fold rewrites them. `equalize`: balance the Conv pairs one activation
+    grid cannot hold (mixq.passes.equalize.equalize_imbalanced)."""
     if copy:
         m = onnx.ModelProto()
         m.CopyFrom(model)
@@ -875,6 +879,12 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     rep.nodes_folded = counted("fold constants", fold_constants(m, base_dir))
     # after folding: exporters compute the pads
     rep.pads_folded = counted("fold Pad into Conv", fold_pad_into_conv(m))
+    # after the folds: a BatchNorm's scale is in the Conv's weights, whose ranges decide it
+    if equalize:
+        eq = PassResult("equalize imbalanced Conv pairs")
+        rep.pairs_equalized = len(equalize_imbalanced(m, eq))
+        rep.passes.append(eq)
+        rep.notes += eq.notes
     for r in (unknown_negative_dims(m), fit_ir_version(m)):
         rep.passes.append(r)
         rep.notes += r.notes
