@@ -33,8 +33,12 @@ a physics model in SI units (inputs of 1e-9), NaN imputed in the graph (IsNaN an
 ai.onnx.ml Imputer), an LpNormalization embedding, a GNN layer (ScatterElements add), Reduce
 L2 / LogSumExp / Prod / SumSquare outputs, an already-quantized QAT export (an error by
 design), hashed ids, opset-11 Softmax over axis 1, depth as 1 / disparity, inputs of +-inf
-clipped in the graph, and attention pooling. A run that raises is printed with its error; the
-sweep goes on.
+clipped in the graph, and attention pooling. The eighth adds 11: channels 1000x apart (no
+normalization), uint8 images, a bool decision output, batches of varying size and length, an
+unread input and an initializer output, an ensemble's Mean / Max / Min, NaN in float's own
+output, Softplus / Softsign / ThresholdedRelu / Shrink / Erf, Resize to a run-time shape,
+gates computed from activations, and a growing residual stream. A run that raises is printed
+with its error; the sweep goes on.
 """
 from __future__ import annotations
 
