@@ -17,7 +17,7 @@ a general pattern recognizer for the quantizer may replace it later.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -242,24 +242,23 @@ _CARRIERS = frozenset({"Where", "Add", "Sub", "Mul", "Neg", "Expand", "Reshape",
                        "Min", "Flatten"})
 
 
-def _float_constants(v: _View) -> list[tuple[str, np.ndarray]]:
+def _float_constants(v: _View) -> Iterator[tuple[str, np.ndarray]]:
     """The float constants of the main graph (initializers stored in the file, Constant outputs
-    and their value_float(s)): (name, finite values as float64)."""
-    found: list[tuple[str, np.ndarray]] = []
+    and their value_float(s)): (name, finite values), one at a time (a big model's weights are
+    never all copied at once)."""
     tensors = [(t.name, t) for t in v.g.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
     tensors += [(n.output[0], a.t) for n in v.g.node if n.op_type == "Constant"
                 for a in n.attribute if a.name == "value" and a.type == AttributeProto.TENSOR]
     for name, t in tensors:
         if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
-            found.append((name, numpy_helper.to_array(t).astype(np.float64).ravel()))
+            vals = numpy_helper.to_array(t).ravel()
+            yield name, vals[np.isfinite(vals)]
     for n in v.g.node:
         if n.op_type == "Constant":
             for attr in n.attribute:
-                if attr.name == "value_float":
-                    found.append((n.output[0], np.array([attr.f], np.float64)))
-                elif attr.name == "value_floats":
-                    found.append((n.output[0], np.array(attr.floats, np.float64)))
-    return [(name, vals[np.isfinite(vals)]) for name, vals in found]
+                if attr.name in ("value_float", "value_floats"):
+                    vals = np.array([attr.f] if attr.name == "value_float" else attr.floats, np.float64)
+                    yield n.output[0], vals[np.isfinite(vals)]
 
 
 def _sentinel_constants(v: _View, limit: float) -> list[str]:
@@ -273,13 +272,15 @@ def find_underflow(g: onnx.GraphProto, fmt: str, target: str) -> list[FragileReg
     smallest normal value it rounds to subnormals or 0, a coherent error in everything the
     constant scales or shifts. The nodes stay float and read the exact constant; one region
     per constant, its reason naming it."""
-    from ..plan.numerics import CAST_MIN_DB, cast_sqnr_db
+    from ..plan.numerics import CAST_MIN_DB, cast_sqnr_db, reaches_below_float32
 
+    if not reaches_below_float32(fmt):  # bf16: float32's exponents
+        return []
     v = _View(g)
     tiny32 = float(np.finfo(np.float32).tiny)  # float32's own denormals: flushed to 0 anyway
     regions = []
     for name, vals in _float_constants(v):
-        mag = np.abs(vals)
+        mag = np.abs(vals.astype(np.float64))
         mag = mag[mag >= tiny32]
         if not mag.size or name not in v.consumers:
             continue
