@@ -37,7 +37,8 @@ clipped in the graph, and attention pooling. The eighth adds 11: channels 1000x 
 normalization), uint8 images, a bool decision output, batches of varying size and length, an
 unread input and an initializer output, an ensemble's Mean / Max / Min, NaN in float's own
 output, Softplus / Softsign / ThresholdedRelu / Shrink / Erf, Resize to a run-time shape,
-gates computed from activations, and a growing residual stream. A run that raises is printed
+gates computed from activations, a growing residual stream, and a depthwise block with
+imbalanced channels. A run that raises is printed
 with its error; the sweep goes on.
 """
 from __future__ import annotations
@@ -1167,6 +1168,24 @@ def resid_growth(seed=0):
         lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
 
 
+def dw_imbalance(seed=0):
+    """A MobileNet-style block without normalization: a depthwise Conv whose channels' ranges
+    differ 1000x, LeakyRelu, MaxPool, then the pointwise Conv that compensates."""
+    b = B(seed)
+    c0 = b.op("Relu", [b.conv("x", 3, 8)])
+    w = (b.rng.standard_normal((8, 1, 3, 3)) * 0.3).astype(np.float32)
+    w[:2] *= np.float32(30.0)
+    w[2:5] *= np.float32(0.03)
+    d = b.op("Conv", [c0, b.w(arr=w), b.w(8, scale=0.01)], pads=[1, 1, 1, 1], group=8)
+    d = b.op("MaxPool", [b.op("LeakyRelu", [d], alpha=0.1)], kernel_shape=[2, 2], strides=[2, 2])
+    w2 = (b.rng.standard_normal((6, 8, 1, 1)) * 0.3).astype(np.float32)
+    w2[:, :2] *= np.float32(1 / 30.0)
+    w2[:, 2:5] *= np.float32(30.0)
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [b.op("Conv", [d, b.w(arr=w2), b.w(6, scale=0.01)])])])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 12, 12])], [vi(y, T.FLOAT, ["N", 6])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 12, 12)).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -1201,7 +1220,7 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             hash_embed, softmax_legacy, depth_recip, inf_clamp, attn_pool,
                             # the eighth round
                             conv_imbalance, uint8_image, bool_threshold, variable_shapes, unused_input, ensemble_mean,
-                            nan_float_output, softplus_zoo, runtime_resize, act_gating, resid_growth)}
+                            nan_float_output, softplus_zoo, runtime_resize, act_gating, resid_growth, dw_imbalance)}
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:

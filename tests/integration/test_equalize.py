@@ -18,15 +18,29 @@ from mixq.passes.equalize import (EQUALIZE_BELOW_DB, balance_scales, conv_pairs,
                                   pair_sqnr_db, scale_pair)
 
 
-def _pair(w1, b1, w2, b2, *, relu=True, group=1, stride=1, pad=1, opset=17):
-    """x -> Conv(w1, b1) [-> Relu] -> Conv(w2, b2, group) -> y."""
+def _pair(w1, b1, w2, b2, *, relu=True, group=1, stride=1, pad=1, opset=17, between=(), group1=1):
+    """x -> Conv(w1, b1, group1) [-> Relu] [-> `between` ops] -> Conv(w2, b2, group) -> y."""
     inits = [numpy_helper.from_array(a, n) for n, a in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))]
     k2 = w2.shape[-1]
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], name="first", pads=[pad] * 4, strides=[stride] * 2)]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], name="first", pads=[pad] * 4, strides=[stride] * 2,
+                              group=group1)]
     mid = "h"
     if relu:
         nodes.append(helper.make_node("Relu", ["h"], ["r"], name="relu"))
         mid = "r"
+    for k, op in enumerate(between):
+        extra: dict = {}
+        ins = [mid]
+        if op == "LeakyRelu":
+            extra = {"alpha": 0.1}
+        elif op == "PRelu":
+            slope = np.linspace(0.05, 0.3, w1.shape[0]).astype(np.float32).reshape(-1, 1, 1)  # per channel
+            inits.append(numpy_helper.from_array(slope, f"slope{k}"))
+            ins.append(f"slope{k}")
+        elif op in ("MaxPool", "AveragePool"):
+            extra = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+        nodes.append(helper.make_node(op, ins, [f"m{k}"], name=f"between{k}", **extra))
+        mid = f"m{k}"
     nodes.append(helper.make_node("Conv", [mid, "w2", "b2"], ["y"], name="second", group=group,
                                   pads=[k2 // 2] * 4))
     g = helper.make_graph(nodes, "pair", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", w1.shape[1], 12, 12])],
@@ -50,22 +64,26 @@ def _run(m, x):
     return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**16), c=st.integers(1, 9), depthwise=st.booleans(), relu=st.booleans(),
-       stride=st.sampled_from([1, 2]), spread=st.floats(0.0, 4.0))
-def test_scaling_a_pair_keeps_the_float_function(seed, c, depthwise, relu, stride, spread):
-    """Any positive per-channel scale, on any pair `conv_pairs` accepts (group-1 or depthwise
-    second Conv, with or without a Relu, strided), computes the same outputs in onnxruntime."""
+       stride=st.sampled_from([1, 2]), spread=st.floats(0.0, 4.0), first_dw=st.booleans(),
+       between=st.lists(st.sampled_from(["LeakyRelu", "PRelu", "MaxPool", "AveragePool", "Identity"]), max_size=2))
+def test_scaling_a_pair_keeps_the_float_function(seed, c, depthwise, relu, stride, spread, first_dw, between):
+    """Any positive per-channel scale, on any pair `conv_pairs` accepts (a group-1 or depthwise
+    Conv, then Relu / LeakyRelu / PRelu / MaxPool / AveragePool / Identity, then a group-1 or
+    depthwise Conv; strided), computes the same outputs in onnxruntime."""
     rng = np.random.default_rng(seed)
-    w1 = rng.normal(0, 0.3, (c, 2, 3, 3)).astype(np.float32)
+    w1 = rng.normal(0, 0.3, (c, 1, 3, 3) if first_dw else (c, 2, 3, 3)).astype(np.float32)
     w2 = (rng.normal(0, 0.3, (c, 1, 3, 3)) if depthwise else rng.normal(0, 0.3, (4, c, 1, 1))).astype(np.float32)
     b2 = rng.normal(0, 0.1, c if depthwise else 4).astype(np.float32)
     m = _pair(w1, rng.normal(0, 0.1, c).astype(np.float32), w2, b2, relu=relu, group=c if depthwise else 1,
-              stride=stride)
+              stride=stride, between=tuple(between), group1=c if first_dw else 1)
+    if first_dw:  # a depthwise first Conv reads as many channels as it has filters
+        m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = c
     (a, b), = conv_pairs(m)
     inits = {t.name: t for t in m.graph.initializer}
     s = np.exp(rng.uniform(-spread, spread, c))
-    x = rng.normal(0, 1, (2, 2, 12, 12)).astype(np.float32)
+    x = rng.normal(0, 1, (2, c if first_dw else 2, 12, 12)).astype(np.float32)
     ref = _run(m, x)
     scale_pair(inits, a, b, s)
     np.testing.assert_allclose(_run(m, x), ref, rtol=1e-4, atol=1e-5 * float(np.abs(ref).max()))

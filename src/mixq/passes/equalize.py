@@ -22,8 +22,11 @@ from onnx import numpy_helper
 
 from ..graph import PassResult
 
-#: Activations between the two Convs that commute with a positive per-channel scale.
-HOMOGENEOUS = ("Relu",)
+#: Ops between the two Convs that commute with a positive per-channel scale: f(x / s) =
+#: f(x) / s for s > 0 (a PRelu's slope and a pool's window see the same signs and order).
+HOMOGENEOUS = ("Relu", "LeakyRelu", "PRelu", "MaxPool", "AveragePool", "Identity")
+#: The most of them a pair may have between its Convs.
+_MAX_BETWEEN = 3
 #: A pair is balanced when the prediction says it keeps less than this unbalanced (where the
 #: guard would call the model broken; a balanced layer predicts about 38 dB on int8)...
 EQUALIZE_BELOW_DB = 10.0
@@ -46,9 +49,11 @@ def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
 
 
 def conv_pairs(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
-    """(first Conv, second Conv) pairs that can be equalized: a group-1 Conv whose output, read
-    by nothing else and no graph output, goes (through at most one `HOMOGENEOUS` op) to a Conv
-    (group 1 or depthwise); both with weights (and biases) of their own in the file."""
+    """(first Conv, second Conv) pairs that can be equalized: a Conv (any group: output channel
+    i is filter i's alone) whose output, read by nothing else and no graph output, goes through
+    at most `_MAX_BETWEEN` `HOMOGENEOUS` ops, each read alone, to a Conv (group 1 or depthwise);
+    both with weights (and biases) of their own in the file (a MaxPool's indices output unused;
+    a PRelu's slope, of any shape, multiplies x and x / s alike)."""
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -70,12 +75,17 @@ def conv_pairs(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodePr
         return (n.op_type == "Conv" and n.domain in ("", "ai.onnx") and len(n.input) >= 2 and own(n.input[1])
                 and (len(n.input) < 3 or not n.input[2] or own(n.input[2])))
 
+    def between_ok(n: onnx.NodeProto) -> bool:
+        return n.op_type in HOMOGENEOUS and n.domain in ("", "ai.onnx") and len([o for o in n.output if o]) == 1
+
     out = []
     for a in g.node:
-        if not weight_ok(a) or _attr(a, "group", 1) != 1:
+        if not weight_ok(a):
             continue
         nxt = single(a.output[0])
-        if nxt is not None and nxt.op_type in HOMOGENEOUS:
+        for _ in range(_MAX_BETWEEN):
+            if nxt is None or not between_ok(nxt):
+                break
             nxt = single(nxt.output[0])
         if nxt is not None and weight_ok(nxt) and nxt.input[0] != a.input[0]:
             out.append((a, nxt))
