@@ -38,7 +38,9 @@ normalization), uint8 images, a bool decision output, batches of varying size an
 unread input and an initializer output, an ensemble's Mean / Max / Min, NaN in float's own
 output, Softplus / Softsign / ThresholdedRelu / Shrink / Erf, Resize to a run-time shape,
 gates computed from activations, a growing residual stream, and a depthwise block with
-imbalanced channels. A run that raises is printed
+imbalanced channels. The ninth adds 7: an MLP with hidden units 1000x apart, a VQ codebook
+lookup, a cosine written out, a Gaussian NLL head, reversible instance normalization, NeRF's
+positional encoding, and raw int16 PCM as float. A run that raises is printed
 with its error; the sweep goes on.
 """
 from __future__ import annotations
@@ -1186,6 +1188,110 @@ def dw_imbalance(seed=0):
         lambda r, n: {"x": r.standard_normal((n, 3, 12, 12)).astype(np.float32)}
 
 
+def mlp_imbalance(seed=0):
+    """A tabular MLP trained without normalization: hidden units whose ranges differ 1000x
+    (MatMul + bias, Relu, MatMul compensating)."""
+    b = B(seed)
+    w1 = (b.rng.standard_normal((8, 32)) * 0.35).astype(np.float32)
+    w1[:, :4] *= np.float32(30.0)
+    w1[:, 4:12] *= np.float32(0.03)
+    h1 = b.op("Relu", [b.op("Add", [b.op("MatMul", ["x", b.w(arr=w1)]), b.w(32, scale=0.01)])])
+    w2 = (b.rng.standard_normal((32, 4)) * 0.2).astype(np.float32)
+    w2[:4] /= np.float32(30.0)
+    w2[4:12] /= np.float32(0.03)
+    y = b.op("Add", [b.op("MatMul", [h1, b.w(arr=w2)]), b.w(4, scale=0.01)])
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(y, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def vq_codebook(seed=0):
+    """A VQ-VAE bottleneck: distances ||z||^2 - 2 z.E + ||E||^2 to a codebook, ArgMin, the
+    chosen code gathered, then a decoder layer (the distances cancel: codes sit close)."""
+    b = B(seed)
+    z = b.lin(b.op("Relu", [b.lin("x", 8, 16)]), 16, 8)
+    E = (b.rng.standard_normal((32, 8)) * 0.5 + 2.0).astype(np.float32)  # codes near a common centre
+    zz = b.op("ReduceSum", [b.op("Mul", [z, z]), b.c(np.array([1], np.int64))], keepdims=1)
+    ze = b.op("MatMul", [z, b.c(E.T.copy())])
+    ee = b.c((E * E).sum(1)[None, :].astype(np.float32))
+    dist = b.op("Add", [b.op("Sub", [zz, b.op("Mul", [ze, b.c(np.float32(2.0))])]), ee])
+    idx = b.op("ArgMin", [dist], axis=1, keepdims=0)
+    q = b.op("Gather", [b.c(E), idx], axis=0)
+    y = b.lin(b.op("Relu", [b.lin(q, 8, 16)]), 16, 6)
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(y, T.FLOAT, ["N", 6]), vi(idx, T.INT64, ["N"])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def cosine_written(seed=0):
+    """Cosine similarity written out: a.b / (sqrt(sum a^2) * sqrt(sum b^2) + eps) between two
+    embeddings of one input pair (a siamese matcher)."""
+    b = B(seed)
+    ax = b.c(np.array([1], np.int64))
+    ea = b.lin(b.op("Relu", [b.lin("a", 8, 16)]), 16, 16)
+    eb = b.lin(b.op("Relu", [b.lin("b", 8, 16)]), 16, 16)
+    dot = b.op("ReduceSum", [b.op("Mul", [ea, eb]), ax], keepdims=0)
+    na = b.op("Sqrt", [b.op("ReduceSum", [b.op("Mul", [ea, ea]), ax], keepdims=0)])
+    nb = b.op("Sqrt", [b.op("ReduceSum", [b.op("Mul", [eb, eb]), ax], keepdims=0)])
+    y = b.op("Div", [dot, b.op("Add", [b.op("Mul", [na, nb]), b.c(np.float32(1e-8))])])
+    return b.model([vi("a", T.FLOAT, ["N", 8]), vi("b", T.FLOAT, ["N", 8])], [vi(y, T.FLOAT, ["N"])]), \
+        lambda r, n: {"a": r.standard_normal((n, 8)).astype(np.float32), "b": r.standard_normal((n, 8)).astype(np.float32)}
+
+def gaussian_nll(seed=0):
+    """A probabilistic regressor: mean and Softplus scale heads, and the Gaussian negative
+    log-likelihood of a target input, 0.5 ((t - mu) / sigma)^2 + log(sigma), as outputs."""
+    b = B(seed)
+    h = b.op("Relu", [b.lin("x", 8, 16)])
+    mu = b.lin(h, 16, 2)
+    sig = b.op("Add", [b.op("Softplus", [b.lin(h, 16, 2)]), b.c(np.float32(1e-3))])
+    zt = b.op("Div", [b.op("Sub", ["t", mu]), sig])
+    nll = b.op("Add", [b.op("Mul", [b.op("Mul", [zt, zt]), b.c(np.float32(0.5))]), b.op("Log", [sig])])
+    return b.model([vi("x", T.FLOAT, ["N", 8]), vi("t", T.FLOAT, ["N", 2])],
+                   [vi(mu, T.FLOAT, ["N", 2]), vi(sig, T.FLOAT, ["N", 2]), vi(nll, T.FLOAT, ["N", 2])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32), "t": r.standard_normal((n, 2)).astype(np.float32)}
+
+def revin_forecast(seed=0):
+    """A forecaster with reversible instance normalization: the input window's mean and std
+    taken out, an MLP over time, and put back (series on an offset of 1000, varying 5)."""
+    b = B(seed)
+    ax = b.c(np.array([1], np.int64))
+    mean = b.op("ReduceMean", ["x", ax], keepdims=1)
+    xc = b.op("Sub", ["x", mean])
+    std = b.op("Sqrt", [b.op("Add", [b.op("ReduceMean", [b.op("Mul", [xc, xc]), ax], keepdims=1), b.c(np.float32(1e-5))])])
+    xn = b.op("Div", [xc, std])
+    f = b.lin(b.op("Relu", [b.lin(xn, 48, 64)]), 64, 12)
+    y = b.op("Add", [b.op("Mul", [f, std]), mean])
+    def feeds(r, n):
+        t = np.arange(48, dtype=np.float32)
+        base = 1000 + r.standard_normal((n, 1)) * 20
+        return {"x": (base + 5 * np.sin(t / 6 + r.random((n, 1)) * 6) + r.standard_normal((n, 48))).astype(np.float32)}
+    return b.model([vi("x", T.FLOAT, ["N", 48])], [vi(y, T.FLOAT, ["N", 12])]), feeds
+
+def nerf_encoding(seed=0):
+    """NeRF positional encoding: coordinates times 2^k (k = 0..9) through Sin and Cos,
+    concatenated, then an MLP to a density and a colour."""
+    b = B(seed)
+    freqs = (np.pi * 2.0 ** np.arange(10)).astype(np.float32)
+    ph = b.op("Reshape", [b.op("Mul", [b.op("Unsqueeze", ["p", b.c(np.array([2], np.int64))]), b.c(freqs)]),
+                          b.c(np.array([0, 30], np.int64))])
+    enc = b.op("Concat", ["p", b.op("Sin", [ph]), b.op("Cos", [ph])], axis=1)
+    y = b.lin(b.op("Relu", [b.lin(b.op("Relu", [b.lin(enc, 63, 32)]), 32, 32)]), 32, 4)
+    return b.model([vi("p", T.FLOAT, ["N", 3])], [vi(y, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"p": r.uniform(-1, 1, (n, 3)).astype(np.float32)}
+
+def pcm_audio(seed=0):
+    """Raw int16 PCM given as float (-32768 .. 32767), scaled by 1/32768 in the graph, a strided
+    Conv1d front end, Abs, Log(1 + x), and a classifier."""
+    b = B(seed)
+    s = b.op("Mul", ["wav", b.c(np.float32(1 / 32768))])
+    f = b.op("Conv", [s, b.w(16, 1, 64, scale=0.2), b.w(16, scale=0.01)], strides=[32])
+    f = b.op("Log", [b.op("Add", [b.op("Abs", [f]), b.c(np.float32(1.0))])])
+    p = b.op("ReduceMean", [f, b.c(np.array([2], np.int64))], keepdims=0)
+    y = b.lin(b.op("Relu", [b.lin(p, 16, 16)]), 16, 5)
+    def feeds(r, n):
+        t = np.arange(4096, dtype=np.float32)
+        amp = 10 ** r.uniform(2, 4.3, (n, 1, 1))
+        return {"wav": np.clip(amp * np.sin(t * r.uniform(0.01, 0.3, (n, 1, 1))) + r.standard_normal((n, 1, 4096)) * 50,
+                               -32768, 32767).round().astype(np.float32)}
+    return b.model([vi("wav", T.FLOAT, ["N", 1, 4096])], [vi(y, T.FLOAT, ["N", 5])]), feeds
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -1220,7 +1326,10 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             hash_embed, softmax_legacy, depth_recip, inf_clamp, attn_pool,
                             # the eighth round
                             conv_imbalance, uint8_image, bool_threshold, variable_shapes, unused_input, ensemble_mean,
-                            nan_float_output, softplus_zoo, runtime_resize, act_gating, resid_growth, dw_imbalance)}
+                            nan_float_output, softplus_zoo, runtime_resize, act_gating, resid_growth, dw_imbalance,
+                            # the ninth round
+                            mlp_imbalance, vq_codebook, cosine_written, gaussian_nll, revin_forecast, nerf_encoding,
+                            pcm_audio)}
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -139,9 +139,10 @@ class QuantConfig:
         subtractions, Concats of very different ranges, ranges set by outlier features),
         each with its reason in the plan
         (docs/ACCURACY.md); False quantizes them as asked.
-    equalize: before planning, balance the Conv -> [Relu] -> Conv pairs whose channels'
-        ranges are too far apart for one activation grid (cross-layer equalization, exact in
-        float; chosen from the weights, mixq.passes.equalize); False leaves every pair as it is.
+    equalize: before planning, balance the layer pairs (Conv, MatMul, Gemm, with Relu-like
+        ops between) whose channels' ranges are too far apart for one activation grid
+        (cross-layer equalization, exact in float; chosen from the weights,
+        mixq.passes.equalize); False leaves every pair as it is.
     quantize_tail: quantize the post-processing tail too: the nodes after the last
         Conv/ConvTranspose/Gemm/MatMul on the way to an output (a detector's box decode and
         score Sigmoid, a final Softmax or normalization; mixq.plan.ops.postprocess_tail).

@@ -14,8 +14,8 @@ import mixq
 import mixq.passes.prepare
 from mixq.evaluate import compare
 from mixq.graph import PassResult
-from mixq.passes.equalize import (EQUALIZE_BELOW_DB, balance_scales, conv_pairs, equalize, equalize_imbalanced,
-                                  pair_sqnr_db, scale_pair)
+from mixq.passes.equalize import (EQUALIZE_BELOW_DB, pair_weights, balance_scales, channel_pairs, equalize,
+                                  equalize_imbalanced, pair_sqnr_db, scale_pair)
 
 
 def _pair(w1, b1, w2, b2, *, relu=True, group=1, stride=1, pad=1, opset=17, between=(), group1=1):
@@ -69,7 +69,7 @@ def _run(m, x):
        stride=st.sampled_from([1, 2]), spread=st.floats(0.0, 4.0), first_dw=st.booleans(),
        between=st.lists(st.sampled_from(["LeakyRelu", "PRelu", "MaxPool", "AveragePool", "Identity"]), max_size=2))
 def test_scaling_a_pair_keeps_the_float_function(seed, c, depthwise, relu, stride, spread, first_dw, between):
-    """Any positive per-channel scale, on any pair `conv_pairs` accepts (a group-1 or depthwise
+    """Any positive per-channel scale, on any Conv pair `channel_pairs` accepts (a group-1 or depthwise
     Conv, then Relu / LeakyRelu / PRelu / MaxPool / AveragePool / Identity, then a group-1 or
     depthwise Conv; strided), computes the same outputs in onnxruntime."""
     rng = np.random.default_rng(seed)
@@ -80,19 +80,80 @@ def test_scaling_a_pair_keeps_the_float_function(seed, c, depthwise, relu, strid
               stride=stride, between=tuple(between), group1=c if first_dw else 1)
     if first_dw:  # a depthwise first Conv reads as many channels as it has filters
         m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = c
-    (a, b), = conv_pairs(m)
+    pair, = channel_pairs(m)
     inits = {t.name: t for t in m.graph.initializer}
     s = np.exp(rng.uniform(-spread, spread, c))
     x = rng.normal(0, 1, (2, c if first_dw else 2, 12, 12)).astype(np.float32)
     ref = _run(m, x)
-    scale_pair(inits, a, b, s)
+    scale_pair(inits, pair, s)
     np.testing.assert_allclose(_run(m, x), ref, rtol=1e-4, atol=1e-5 * float(np.abs(ref).max()))
     eq, n = equalize(m)
     assert n == 1
     np.testing.assert_allclose(_run(eq, x), ref, rtol=1e-4, atol=1e-5 * float(np.abs(ref).max()))
     # the balance itself: both layers' per-channel ranges meet, so a second step changes nothing
-    q = {t.name: numpy_helper.to_array(t) for t in eq.graph.initializer}
-    np.testing.assert_allclose(balance_scales(q["w1"], q["w2"], c if depthwise else 1), 1.0, rtol=1e-3)
+    pair, = channel_pairs(eq)
+    np.testing.assert_allclose(balance_scales(*pair_weights({t.name: t for t in eq.graph.initializer}, pair)), 1.0,
+                               rtol=1e-3)
+
+
+def _linear_pair(rng, c, *, first, second, bias, trans1, trans2, between, rank3):
+    """x -> MatMul(w1) [+ b1] / Gemm(w1, b1, transB) -> `between` -> MatMul(w2) / Gemm(w2, transB)."""
+    d_in, d_out = 5, 3
+    w1 = rng.normal(0, 0.4, (c, d_in) if trans1 else (d_in, c)).astype(np.float32)
+    w2 = rng.normal(0, 0.4, (d_out, c) if trans2 else (c, d_out)).astype(np.float32)
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+             numpy_helper.from_array(rng.normal(0, 0.2, c).astype(np.float32), "b1")]
+    if first == "Gemm":
+        nodes = [helper.make_node("Gemm", ["x", "w1", "b1"] if bias else ["x", "w1"], ["h"], name="first",
+                                  transB=int(trans1), alpha=0.7)]
+    else:
+        nodes = [helper.make_node("MatMul", ["x", "w1"], ["h0"], name="first")]
+        nodes.append(helper.make_node("Add", ["h0", "b1"] if bias else ["h0", "zero"], ["h"], name="bias"))
+        if not bias:
+            inits.append(numpy_helper.from_array(np.float32(0.0), "zero"))  # shared scalar: not a bias
+    mid = "h"
+    for k, op in enumerate(between):
+        ins = [mid]
+        if op == "PRelu":
+            inits.append(numpy_helper.from_array(rng.uniform(0.05, 0.3, c).astype(np.float32), f"slope{k}"))
+            ins.append(f"slope{k}")
+        nodes.append(helper.make_node(op, ins, [f"m{k}"], name=f"between{k}", **({"alpha": 0.2} if op == "LeakyRelu" else {})))
+        mid = f"m{k}"
+    if second == "Gemm":
+        nodes.append(helper.make_node("Gemm", [mid, "w2"], ["y"], name="second", transB=int(trans2), beta=0.5))
+    else:
+        nodes.append(helper.make_node("MatMul", [mid, "w2" if not trans2 else "w2t"], ["y"], name="second"))
+        if trans2:
+            inits[1] = numpy_helper.from_array(w2.T.copy(), "w2t")
+    shape = ["N", 4, d_in] if rank3 and first == "MatMul" and second == "MatMul" else ["N", d_in]
+    g = helper.make_graph(nodes, "lin", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), shape
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**16), c=st.integers(1, 9), first=st.sampled_from(["MatMul", "Gemm"]),
+       second=st.sampled_from(["MatMul", "Gemm"]), bias=st.booleans(), trans1=st.booleans(), trans2=st.booleans(),
+       rank3=st.booleans(), spread=st.floats(0.0, 4.0),
+       between=st.lists(st.sampled_from(["Relu", "LeakyRelu", "PRelu", "Identity"]), max_size=2))
+def test_scaling_a_linear_pair_keeps_the_float_function(seed, c, first, second, bias, trans1, trans2, rank3, spread,
+                                                        between):
+    """The same for MatMul / Gemm pairs (channels on the last axis): a MatMul's bias as an Add of
+    one value per column, a Gemm's own (alpha, transB), element-wise ops between, a MatMul over
+    a sequence (rank 3). A MatMul's Add of a shared scalar is no bias: that pair is not taken."""
+    rng = np.random.default_rng(seed)
+    trans1 = trans1 and first == "Gemm"
+    m, shape = _linear_pair(rng, c, first=first, second=second, bias=bias, trans1=trans1, trans2=trans2,
+                            between=between, rank3=rank3)
+    pairs = channel_pairs(m)
+    if first == "MatMul" and not bias:
+        assert pairs == []
+        return
+    pair, = pairs
+    x = rng.normal(0, 1, [2 if d == "N" else d for d in shape]).astype(np.float32)
+    ref = _run(m, x)
+    scale_pair({t.name: t for t in m.graph.initializer}, pair, np.exp(rng.uniform(-spread, spread, c)))
+    np.testing.assert_allclose(_run(m, x), ref, rtol=1e-4, atol=1e-5 * float(np.abs(ref).max()))
 
 
 def test_only_pairs_that_need_it_are_balanced():
@@ -101,8 +162,7 @@ def test_only_pairs_that_need_it_are_balanced():
     rng = np.random.default_rng(0)
     plain = _pair(rng.normal(0, 0.2, (8, 3, 3, 3)).astype(np.float32), np.zeros(8, np.float32),
                   rng.normal(0, 0.1, (6, 8, 3, 3)).astype(np.float32), np.zeros(6, np.float32))
-    w1, w2 = (numpy_helper.to_array(t) for t in plain.graph.initializer if t.name in ("w1", "w2"))
-    assert pair_sqnr_db(w1, w2, 1) > EQUALIZE_BELOW_DB
+    assert pair_sqnr_db(*pair_weights({t.name: t for t in plain.graph.initializer}, channel_pairs(plain)[0])) > 30
     before = plain.SerializeToString()
     res = PassResult("equalize")
     assert equalize_imbalanced(plain, res) == [] and plain.SerializeToString() == before and not res.notes
@@ -112,7 +172,7 @@ def test_only_pairs_that_need_it_are_balanced():
     ref = _run(m, x)
     done = equalize_imbalanced(m, res)
     assert len(done) == 1 and done[0].before_db < 0 < EQUALIZE_BELOW_DB < done[0].after_db, done
-    assert res.changed == 1 and "equalized" in res.notes[0] and "first -> second" in res.notes[0]
+    assert res.changed == 1 and "pair(s) equalized" in res.notes[0] and "first -> second" in res.notes[0]
     np.testing.assert_allclose(_run(m, x), ref, rtol=1e-4, atol=1e-5 * float(np.abs(ref).max()))
 
 
@@ -142,11 +202,11 @@ def test_shared_or_external_weights_are_not_touched():
     m = _imbalanced(rng)
     m.graph.node.append(helper.make_node("Identity", ["w2"], ["w2_out"]))
     m.graph.output.append(helper.make_tensor_value_info("w2_out", TensorProto.FLOAT, None))
-    assert conv_pairs(m) == []
+    assert channel_pairs(m) == []
     m2 = _imbalanced(rng)
     w = next(t for t in m2.graph.initializer if t.name == "w1")
     w.data_location = onnx.TensorProto.EXTERNAL
-    assert conv_pairs(m2) == []
+    assert channel_pairs(m2) == []
 
 
 def test_the_option_and_the_documented_vocabulary_turn_it_off(tmp_path, capsys):
@@ -165,7 +225,7 @@ def test_the_option_and_the_documented_vocabulary_turn_it_off(tmp_path, capsys):
     for flags, equalized in (([], True), (["--no-equalize"], False)):
         out = tmp_path / f"q{len(flags)}.onnx"
         assert cli_main(["quantize", str(src), str(out), "--calib", str(tmp_path / "calib.npy"), *flags]) == 0
-        assert ("Conv pair(s) equalized" in capsys.readouterr().out) == equalized
+        assert ("pair(s) equalized" in capsys.readouterr().out) == equalized
     off = mixq.quantize(m, mixq.get_default_config("A8W8").with_options(equalize=False), feeds, check_kernels=False)
     assert off.prepare.pairs_equalized == 0
     qc = QuantizationConfig(activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, include_cle=False)

@@ -636,7 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=None, help="quantize every planned tensor even where a uniform grid "
                    "breaks it (masks, Log/Reciprocal inputs, cancellation); see docs/ACCURACY.md")
     q.add_argument("--no-equalize", dest="equalize", action="store_false", default=None,
-                   help="leave every Conv pair as it is, even where its channels' ranges are too far "
+                   help="leave every layer pair as it is, even where its channels' ranges are too far "
                    "apart for one activation grid (see docs/ACCURACY.md)")
     _add_data_args(q, calib=True)
     _add_parallel_args(q)

@@ -1,15 +1,15 @@
-"""Cross-layer equalization: rescale a Conv's output channels by 1/s and the next Conv's
-matching input channels by s, so that both layers' per-channel weight ranges meet at
-sqrt(r1 * r2) (the "max" balance of data-free quantization). Relu(x / s) = Relu(x) / s for
-s > 0: the float model computes the same function.
+"""Cross-layer equalization: rescale a layer's output channels by 1/s and the next layer's
+matching input channels by s (Conv, MatMul and Gemm pairs), so that both layers' per-channel
+weight ranges meet at sqrt(r1 * r2) (the "max" balance of data-free quantization). Relu(x / s)
+= Relu(x) / s for s > 0: the float model computes the same function.
 
-Two users: `equalize` (the vendor's `include_cle`, every pair, run by
+Two users: `equalize` (the vendor's `include_cle`, every Conv pair, run by
 `mixq.compat.ModelQuantizer`) and `equalize_imbalanced`, a preparation pass that balances only
 the pairs whose channel imbalance a per-tensor activation grid cannot hold: a network trained
 without normalization, or one whose BatchNorm fold left channels 1000x apart, puts its quiet
 channels on one or two codes of the loud ones' grid (A8W8 3 dB, BFP16 1.5 dB on such a pair,
 `python -m bench.class_sweep --models conv_imbalance`). The choice is data-free, from the
-weights: a predicted SQNR of the second Conv's output (`pair_sqnr_db`) before and after.
+weights: a predicted SQNR of the second layer's output (`pair_sqnr_db`) before and after.
 """
 from __future__ import annotations
 
@@ -48,12 +48,41 @@ def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
     return default
 
 
-def conv_pairs(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
-    """(first Conv, second Conv) pairs that can be equalized: a Conv (any group: output channel
-    i is filter i's alone) whose output, read by nothing else and no graph output, goes through
-    at most `_MAX_BETWEEN` `HOMOGENEOUS` ops, each read alone, to a Conv (group 1 or depthwise);
-    both with weights (and biases) of their own in the file (a MaxPool's indices output unused;
-    a PRelu's slope, of any shape, multiplies x and x / s alike)."""
+#: Ops that act on each element alone: between a MatMul / Gemm pair (channels on the last
+#: axis, where a pool would mix them), only these.
+_ELEMENTWISE = ("Relu", "LeakyRelu", "PRelu", "Identity")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two layers joined by channels: `first` (Conv, MatMul or Gemm) computes channel i with the
+    slice i of weight `w1` along `out_axis` (plus `biases`, each holding one value per channel);
+    `second` reads it with the slice i of `w2` along `in_axis` (a depthwise Conv: its output i
+    alone). Scaling both by 1/s and s leaves what `second` computes unchanged."""
+
+    first: onnx.NodeProto
+    second: onnx.NodeProto
+    w1: str
+    out_axis: int
+    biases: tuple[str, ...]
+    w2: str
+    in_axis: int
+    depthwise: bool = False
+
+    @property
+    def where(self) -> str:
+        return f"{self.first.name or self.first.output[0]} -> {self.second.name or self.second.output[0]}"
+
+
+def channel_pairs(model: onnx.ModelProto) -> list[Pair]:
+    """The pairs that can be equalized: a Conv (any group: output channel i is filter i's
+    alone), a MatMul with a 2-D weight (its bias an Add of one value per column) or a Gemm,
+    whose output, read by nothing else and no graph output, goes through at most
+    `_MAX_BETWEEN` ops that commute with a positive channel scale (`HOMOGENEOUS` after a Conv,
+    `_ELEMENTWISE` after a MatMul / Gemm), each read alone, to a Conv (group 1 or depthwise), a
+    MatMul or a Gemm reading it as its data operand. Every weight and bias is a float32
+    initializer of its own in the file (a MaxPool's indices output unused; a PRelu's slope,
+    of any shape, multiplies x and x / s alike)."""
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -71,48 +100,109 @@ def conv_pairs(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodePr
         return (t is not None and len(consumers.get(name, [])) == 1
                 and t.data_location != onnx.TensorProto.EXTERNAL and t.data_type == onnx.TensorProto.FLOAT)
 
-    def weight_ok(n: onnx.NodeProto) -> bool:
-        return (n.op_type == "Conv" and n.domain in ("", "ai.onnx") and len(n.input) >= 2 and own(n.input[1])
-                and (len(n.input) < 3 or not n.input[2] or own(n.input[2])))
+    def dims(name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in inits[name].dims)
 
-    def between_ok(n: onnx.NodeProto) -> bool:
-        return n.op_type in HOMOGENEOUS and n.domain in ("", "ai.onnx") and len([o for o in n.output if o]) == 1
+    def per_channel(name: str, c: int) -> bool:  # (c,) or (1, ..., 1, c): one value per channel
+        d = dims(name)
+        return own(name) and len(d) >= 1 and d[-1] == c and all(x == 1 for x in d[:-1])
+
+    def std(n: onnx.NodeProto, op: str) -> bool:
+        return n.op_type == op and n.domain in ("", "ai.onnx")
+
+    def first_of(n: onnx.NodeProto) -> tuple[str, int, tuple[str, ...], str, bool] | None:
+        """(weight, output axis, biases, output tensor, channels last) of a producing layer."""
+        if std(n, "Conv") and len(n.input) >= 2 and own(n.input[1]):
+            c = dims(n.input[1])[0]
+            bias = n.input[2] if len(n.input) > 2 and n.input[2] else ""
+            if bias and not per_channel(bias, c):
+                return None
+            return n.input[1], 0, (bias,) if bias else (), n.output[0], False
+        if std(n, "Gemm") and len(n.input) >= 2 and own(n.input[1]) and len(dims(n.input[1])) == 2 \
+                and not _attr(n, "transA", 0):
+            axis = 0 if _attr(n, "transB", 0) else 1
+            c = dims(n.input[1])[axis]
+            bias = n.input[2] if len(n.input) > 2 and n.input[2] else ""
+            if bias and not per_channel(bias, c):
+                return None
+            return n.input[1], axis, (bias,) if bias else (), n.output[0], True
+        if std(n, "MatMul") and own(n.input[1]) and len(dims(n.input[1])) == 2:
+            c = dims(n.input[1])[1]
+            nxt = single(n.output[0])
+            if nxt is not None and std(nxt, "Add") and n.output[0] in nxt.input:
+                other = nxt.input[1] if nxt.input[0] == n.output[0] else nxt.input[0]
+                if other in inits:
+                    return (n.input[1], 1, (other,), nxt.output[0], True) if per_channel(other, c) else None
+            return n.input[1], 1, (), n.output[0], True
+        return None
+
+    def second_of(n: onnx.NodeProto, t: str, c: int, last: bool) -> tuple[str, int, bool] | None:
+        """(weight, input axis, depthwise) of a layer reading tensor `t` of `c` channels."""
+        if len(n.input) < 2 or n.input[0] != t or not own(n.input[1]):
+            return None
+        d = dims(n.input[1])
+        if std(n, "Conv") and not last:
+            group = _attr(n, "group", 1)
+            if group == 1 and len(d) > 2 and d[1] == c:
+                return n.input[1], 1, False
+            if group == c and len(d) > 2 and d[0] == c and d[1] == 1:
+                return n.input[1], 0, True
+            return None
+        if std(n, "MatMul") and last and len(d) == 2 and d[0] == c:
+            return n.input[1], 0, False
+        if std(n, "Gemm") and last and len(d) == 2 and not _attr(n, "transA", 0):
+            axis = 1 if _attr(n, "transB", 0) else 0
+            return (n.input[1], axis, False) if d[axis] == c else None
+        return None
 
     out = []
     for a in g.node:
-        if not weight_ok(a):
+        got = first_of(a)
+        if got is None:
             continue
-        nxt = single(a.output[0])
+        w1, out_axis, biases, t, last = got
+        c = dims(w1)[out_axis]
+        allowed = _ELEMENTWISE if last else HOMOGENEOUS
+        nxt = single(t)
         for _ in range(_MAX_BETWEEN):
-            if nxt is None or not between_ok(nxt):
+            if nxt is None or not (nxt.op_type in allowed and nxt.domain in ("", "ai.onnx")
+                                   and len([o for o in nxt.output if o]) == 1 and nxt.input[0] == t):
                 break
-            nxt = single(nxt.output[0])
-        if nxt is not None and weight_ok(nxt) and nxt.input[0] != a.input[0]:
-            out.append((a, nxt))
+            t = nxt.output[0]
+            nxt = single(t)
+        if nxt is None or nxt.input[0] == a.input[0]:
+            continue
+        sec = second_of(nxt, t, c, last)
+        if sec is not None:
+            out.append(Pair(a, nxt, w1, out_axis, biases, sec[0], sec[1], sec[2]))
     return out
 
 
-def _by_input_channel(w2: np.ndarray, c: int, group: int) -> np.ndarray | None:
-    """The second Conv's weights as (input channel, output channel, rest) with zeros where a
-    depthwise Conv's output does not read the channel; None for other groupings."""
-    if group == 1 and w2.shape[1] == c:
-        return np.moveaxis(w2, 1, 0).reshape(c, w2.shape[0], -1)
-    if group == c and w2.shape[0] == c and w2.shape[1] == 1:  # depthwise: output i reads input i
+def _by_input_channel(w2: np.ndarray, c: int, in_axis: int, depthwise: bool) -> np.ndarray:
+    """The second layer's weights as (input channel, output channel, rest), zeros where a
+    depthwise Conv's output does not read the channel."""
+    if depthwise:  # output i reads input i
         out = np.zeros((c, c, int(np.prod(w2.shape[2:], dtype=np.int64))))
         out[np.arange(c), np.arange(c)] = w2.reshape(c, -1)
         return out
-    return None
+    moved = np.moveaxis(w2, in_axis, 0)
+    return moved.reshape(c, moved.shape[1], -1)
 
 
-def balance_scales(w1: np.ndarray, w2: np.ndarray, group: int) -> np.ndarray | None:
-    """The per-channel s that brings the first Conv's output-channel range r1 and the second's
-    input-channel range r2 both to sqrt(r1 * r2) (1 where either is 0); None where the second
-    Conv's grouping is neither 1 nor depthwise."""
-    c = w1.shape[0]
-    w2c = _by_input_channel(w2, c, group)
-    if w2c is None:
-        return None
-    r1 = np.max(np.abs(w1.reshape(c, -1)), axis=1)
+def pair_weights(inits: dict[str, onnx.TensorProto], p: Pair) -> tuple[np.ndarray, np.ndarray]:
+    """The pair's weights as `balance_scales` and `pair_sqnr_db` read them: the first as
+    (channel, rest), the second as (input channel, output channel, rest); float64."""
+    w1 = numpy_helper.to_array(inits[p.w1]).astype(np.float64)
+    c = w1.shape[p.out_axis]
+    w1r = np.moveaxis(w1, p.out_axis, 0).reshape(c, -1)
+    return w1r, _by_input_channel(numpy_helper.to_array(inits[p.w2]).astype(np.float64), c, p.in_axis, p.depthwise)
+
+
+def balance_scales(w1r: np.ndarray, w2c: np.ndarray) -> np.ndarray:
+    """The per-channel s that brings the first layer's channel range r1 (over `w1r`'s rows) and
+    the second's r2 (over `w2c`'s first axis) both to sqrt(r1 * r2); 1 where either is 0."""
+    c = w1r.shape[0]
+    r1 = np.max(np.abs(w1r), axis=1)
     r2 = np.max(np.abs(w2c.reshape(c, -1)), axis=1)
     ok = (r1 > 0) & (r2 > 0)
     s = np.ones(c)
@@ -120,17 +210,14 @@ def balance_scales(w1: np.ndarray, w2: np.ndarray, group: int) -> np.ndarray | N
     return s
 
 
-def pair_sqnr_db(w1: np.ndarray, w2: np.ndarray, group: int, s: np.ndarray | None = None) -> float:
-    """The SQNR the second Conv's output keeps with its input on one int8 grid and its weights on
-    per-output-channel int8 grids, predicted from the weights alone (after scaling channel i by
-    1 / s[i] when `s` is given): channel i's activations spread as the L2 norm of the first
-    Conv's filter i (inputs alike for every channel), the grid spans the loudest channel's
-    4 standard deviations, and each output sums its input channels' contributions."""
-    c = w1.shape[0]
-    w2c = _by_input_channel(w2.astype(np.float64), c, group)
-    if w2c is None:
-        return math.inf
-    act = np.linalg.norm(w1.reshape(c, -1).astype(np.float64), axis=1)
+def pair_sqnr_db(w1r: np.ndarray, w2c: np.ndarray, s: np.ndarray | None = None) -> float:
+    """The SQNR the second layer's output keeps with its input on one int8 grid and its weights
+    on per-output-channel int8 grids, predicted from the weights alone (`w1r`, `w2c` as
+    `balance_scales` reads them; after scaling channel i by 1 / s[i] when `s` is given):
+    channel i's activations spread as the L2 norm of the first layer's row i (inputs alike for
+    every channel), the grid spans the loudest channel's 4 standard deviations, and each output
+    sums its input channels' contributions."""
+    act = np.linalg.norm(w1r, axis=1)
     if s is not None:
         act = act / s
         w2c = w2c * s[:, None, None]
@@ -148,37 +235,36 @@ def pair_sqnr_db(w1: np.ndarray, w2: np.ndarray, group: int, s: np.ndarray | Non
     return 10.0 * math.log10(signal / max(noise, 1e-300))
 
 
-def scale_pair(inits: dict[str, onnx.TensorProto], a: onnx.NodeProto, b: onnx.NodeProto, s: np.ndarray) -> None:
-    """Divide the first Conv's output channels (weights and bias) by `s`, multiply the second's
+def scale_pair(inits: dict[str, onnx.TensorProto], p: Pair, s: np.ndarray) -> None:
+    """Divide the first layer's channels (weights and biases) by `s`, multiply the second's
     matching input channels by it; in place, in the initializers' own dtype."""
-    w1 = numpy_helper.to_array(inits[a.input[1]])
-    w2 = numpy_helper.to_array(inits[b.input[1]])
-    c, dt = w1.shape[0], w1.dtype
-    new1 = w1.astype(np.float64) / s.reshape((c,) + (1,) * (w1.ndim - 1))
-    if _attr(b, "group", 1) == 1:
-        new2 = w2.astype(np.float64) * s.reshape((1, c) + (1,) * (w2.ndim - 2))
-    else:
-        new2 = w2.astype(np.float64) * s.reshape((c,) + (1,) * (w2.ndim - 1))
-    inits[a.input[1]].CopyFrom(numpy_helper.from_array(new1.astype(dt), a.input[1]))
-    inits[b.input[1]].CopyFrom(numpy_helper.from_array(new2.astype(dt), b.input[1]))
-    if len(a.input) >= 3 and a.input[2]:
-        b1 = numpy_helper.to_array(inits[a.input[2]]).astype(np.float64) / s
-        inits[a.input[2]].CopyFrom(numpy_helper.from_array(b1.astype(dt), a.input[2]))
+    def put(name: str, new: np.ndarray, dt: np.dtype) -> None:
+        inits[name].CopyFrom(numpy_helper.from_array(new.astype(dt), name))
+
+    w1 = numpy_helper.to_array(inits[p.w1])
+    c = w1.shape[p.out_axis]
+    shape1 = [1] * w1.ndim
+    shape1[p.out_axis] = c
+    put(p.w1, w1.astype(np.float64) / s.reshape(shape1), w1.dtype)
+    w2 = numpy_helper.to_array(inits[p.w2])
+    shape2 = [1] * w2.ndim
+    shape2[0 if p.depthwise else p.in_axis] = c
+    put(p.w2, w2.astype(np.float64) * s.reshape(shape2), w2.dtype)
+    for b in p.biases:
+        bias = numpy_helper.to_array(inits[b])
+        put(b, bias.astype(np.float64) / s.reshape(bias.shape), bias.dtype)
 
 
 def equalize(model: onnx.ModelProto, steps: int = 1) -> tuple[onnx.ModelProto, int]:
-    """A copy of `model` with every `conv_pairs` pair balanced (`steps` passes); returns the
-    copy and the number of pairs."""
+    """A copy of `model` with every Conv pair of `channel_pairs` balanced (`steps` passes; the
+    vendor's CLE is of Convs); returns the copy and the number of pairs."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     inits = {t.name: t for t in m.graph.initializer}
-    pairs = conv_pairs(m)
+    pairs = [p for p in channel_pairs(m) if p.first.op_type == p.second.op_type == "Conv"]
     for _ in range(steps):
-        for a, b in pairs:
-            s = balance_scales(numpy_helper.to_array(inits[a.input[1]]),
-                               numpy_helper.to_array(inits[b.input[1]]), _attr(b, "group", 1))
-            if s is not None:
-                scale_pair(inits, a, b, s)
+        for p in pairs:
+            scale_pair(inits, p, balance_scales(*pair_weights(inits, p)))
     return m, len(pairs)
 
 
@@ -193,33 +279,29 @@ class Balanced:
 
 
 def equalize_imbalanced(model: onnx.ModelProto, result: PassResult | None = None) -> list[Balanced]:
-    """Balance, in place, the `conv_pairs` whose `pair_sqnr_db` is under `EQUALIZE_BELOW_DB`
+    """Balance, in place, the `channel_pairs` whose `pair_sqnr_db` is under `EQUALIZE_BELOW_DB`
     and gains at least `EQUALIZE_GAIN_DB` by it; the others are declined in `result` where
     they are imbalanced at all (a predicted gain over 1 dB), with why."""
     inits = {t.name: t for t in model.graph.initializer}
     done: list[Balanced] = []
-    for a, b in conv_pairs(model):
-        w1 = numpy_helper.to_array(inits[a.input[1]])
-        w2 = numpy_helper.to_array(inits[b.input[1]])
-        group = _attr(b, "group", 1)
-        s = balance_scales(w1, w2, group)
-        if s is None:
-            continue
-        before, after = pair_sqnr_db(w1, w2, group), pair_sqnr_db(w1, w2, group, s)
-        where = f"{a.name or a.output[0]} -> {b.name or b.output[0]}"
+    for p in channel_pairs(model):
+        w1r, w2c = pair_weights(inits, p)
+        s = balance_scales(w1r, w2c)
+        before, after = pair_sqnr_db(w1r, w2c), pair_sqnr_db(w1r, w2c, s)
         if before < EQUALIZE_BELOW_DB and after - before >= EQUALIZE_GAIN_DB:
-            scale_pair(inits, a, b, s)
-            done.append(Balanced(a.name or a.output[0], b.name or b.output[0], before, after))
+            scale_pair(inits, p, s)
+            done.append(Balanced(p.first.name or p.first.output[0], p.second.name or p.second.output[0],
+                                 before, after))
         elif result is not None and after - before > 1.0:
-            result.decline(where, f"predicted {before:.1f} dB unbalanced, {after:.1f} dB balanced: "
-                                  f"left as it is (balanced under {EQUALIZE_BELOW_DB:.0f} dB and a gain of "
-                                  f"{EQUALIZE_GAIN_DB:.0f} dB or more)")
+            result.decline(p.where, f"predicted {before:.1f} dB unbalanced, {after:.1f} dB balanced: left as "
+                                    f"it is (balanced under {EQUALIZE_BELOW_DB:.0f} dB and a gain of "
+                                    f"{EQUALIZE_GAIN_DB:.0f} dB or more)")
     if result is not None:
         result.changed += len(done)
         if done:
             worst = min(done, key=lambda d: d.before_db)
             result.notes.append(
-                f"{len(done)} Conv pair(s) equalized (cross-layer equalization; the float model computes the "
+                f"{len(done)} layer pair(s) equalized (cross-layer equalization; the float model computes the "
                 f"same function): their channels' ranges were too far apart for one activation grid (e.g. "
                 f"{worst.first} -> {worst.second}: a predicted {worst.before_db:.1f} dB on int8, "
                 f"{worst.after_db:.1f} dB balanced)")

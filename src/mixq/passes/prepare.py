@@ -821,7 +821,7 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     """Run every preparation pass on a copy of `model` (on `model` itself with copy=False,
     which saves a copy of every weight when the caller owns the model). `base_dir`: where the
     model's deferred initializers are read from (see mixq._io.load_model_deferred); they stay
-    deferred unless a fold rewrites them. `equalize`: balance the Conv pairs one activation
+    deferred unless a fold rewrites them. `equalize`: balance the layer pairs one activation
     grid cannot hold (mixq.passes.equalize.equalize_imbalanced)."""
     if copy:
         m = onnx.ModelProto()
@@ -881,7 +881,7 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     rep.pads_folded = counted("fold Pad into Conv", fold_pad_into_conv(m))
     # after the folds: a BatchNorm's scale is in the Conv's weights, whose ranges decide it
     if equalize:
-        eq = PassResult("equalize imbalanced Conv pairs")
+        eq = PassResult("equalize imbalanced layer pairs")
         rep.pairs_equalized = len(equalize_imbalanced(m, eq))
         rep.passes.append(eq)
         rep.notes += eq.notes
