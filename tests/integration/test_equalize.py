@@ -231,3 +231,26 @@ def test_the_option_and_the_documented_vocabulary_turn_it_off(tmp_path, capsys):
     qc = QuantizationConfig(activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, include_cle=False)
     assert qc.translate().config.equalize is False
     assert QuantizationConfig().translate().config.equalize is True  # the vendor's default: CLE on
+
+
+def test_a_bias_computed_at_run_time_is_no_pair():
+    """A Gemm whose C input is an activation (and a Conv whose bias is one) has no bias to scale:
+    the pair is not taken, and preparation does not fail on it (it raised KeyError on every
+    preset of the class sweep's odd_linear model)."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (4, 6)).astype(np.float32), n) for n in ("w1", "w2")]
+    inits[1] = numpy_helper.from_array(rng.normal(0, 0.3, (6, 3)).astype(np.float32), "w2")
+    nodes = [helper.make_node("Relu", ["c"], ["rc"]),
+             helper.make_node("Gemm", ["x", "w1", "rc"], ["h"], name="first"),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2"], ["y"], name="second")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+                                       helper.make_tensor_value_info("c", TensorProto.FLOAT, ["N", 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    assert channel_pairs(m) == []
+    rng2 = np.random.default_rng(5)
+    feeds = [{"x": rng2.normal(0, 1, (4, 4)).astype(np.float32), "c": rng2.normal(0, 1, (4, 6)).astype(np.float32)}
+             for _ in range(4)]
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    assert res.prepare.pairs_equalized == 0 and not res.fidelity.broken

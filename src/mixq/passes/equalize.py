@@ -104,15 +104,17 @@ def channel_pairs(model: onnx.ModelProto) -> list[Pair]:
         return tuple(int(d) for d in inits[name].dims)
 
     def per_channel(name: str, c: int) -> bool:  # (c,) or (1, ..., 1, c): one value per channel
+        if not own(name):  # a bias computed at run time, or shared: not ours to scale
+            return False
         d = dims(name)
-        return own(name) and len(d) >= 1 and d[-1] == c and all(x == 1 for x in d[:-1])
+        return len(d) >= 1 and d[-1] == c and all(x == 1 for x in d[:-1])
 
     def std(n: onnx.NodeProto, op: str) -> bool:
         return n.op_type == op and n.domain in ("", "ai.onnx")
 
     def first_of(n: onnx.NodeProto) -> tuple[str, int, tuple[str, ...], str, bool] | None:
         """(weight, output axis, biases, output tensor, channels last) of a producing layer."""
-        if std(n, "Conv") and len(n.input) >= 2 and own(n.input[1]):
+        if std(n, "Conv") and len(n.input) >= 2 and own(n.input[1]) and len(dims(n.input[1])) >= 3:
             c = dims(n.input[1])[0]
             bias = n.input[2] if len(n.input) > 2 and n.input[2] else ""
             if bias and not per_channel(bias, c):
