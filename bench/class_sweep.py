@@ -40,7 +40,9 @@ output, Softplus / Softsign / ThresholdedRelu / Shrink / Erf, Resize to a run-ti
 gates computed from activations, a growing residual stream, and a depthwise block with
 imbalanced channels. The ninth adds 7: an MLP with hidden units 1000x apart, a VQ codebook
 lookup, a cosine written out, a Gaussian NLL head, reversible instance normalization, NeRF's
-positional encoding, and raw int16 PCM as float. A run that raises is printed
+positional encoding, and raw int16 PCM as float. The tenth adds 7: squeeze-and-excitation,
+a WaveNet stack, ResNeXt's grouped Convs, a mask from a lengths input, capsule squash,
+BatchNormalization after an Add, and a grouped Conv with imbalanced channels. A run that raises is printed
 with its error; the sweep goes on.
 """
 from __future__ import annotations
@@ -1292,6 +1294,111 @@ def pcm_audio(seed=0):
     return b.model([vi("wav", T.FLOAT, ["N", 1, 4096])], [vi(y, T.FLOAT, ["N", 5])]), feeds
 
 
+def se_block(seed=0):
+    """Squeeze-and-excitation: GAP, 1x1 Conv, Relu, 1x1 Conv, Sigmoid gating the features."""
+    b = B(seed)
+    f = b.op("Relu", [b.conv(b.op("Relu", [b.conv("x", 3, 16)]), 16, 16)])
+    s = b.op("GlobalAveragePool", [f])
+    s = b.op("Sigmoid", [b.conv(b.op("Relu", [b.conv(s, 16, 4, k=1)]), 4, 16, k=1)])
+    g = b.op("Mul", [f, s])
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [b.conv(g, 16, 6)])])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 12, 12])], [vi(y, T.FLOAT, ["N", 6])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 12, 12)).astype(np.float32)}
+
+def wavenet(seed=0):
+    """A WaveNet / TCN stack: dilated causal Conv1d (left Pad), tanh * sigmoid gates, residual
+    and skip connections summed over 6 layers."""
+    b = B(seed, opset=18)
+    h = b.op("Conv", ["x", b.w(16, 1, 1), b.w(16, scale=0.01)])
+    skip = None
+    for i in range(6):
+        d = 2 ** i
+        p = b.op("Pad", [h, b.c(np.array([0, 0, 2 * d, 0, 0, 0], np.int64))])
+        a = b.op("Conv", [p, b.w(16, 16, 3), b.w(16, scale=0.01)], dilations=[d])
+        gte = b.op("Conv", [p, b.w(16, 16, 3), b.w(16, scale=0.01)], dilations=[d])
+        z = b.op("Mul", [b.op("Tanh", [a]), b.op("Sigmoid", [gte])])
+        h = b.op("Add", [h, b.op("Conv", [z, b.w(16, 16, 1), b.w(16, scale=0.01)])])
+        sk = b.op("Conv", [z, b.w(16, 16, 1), b.w(16, scale=0.01)])
+        skip = sk if skip is None else b.op("Add", [skip, sk])
+    y = b.op("Conv", [b.op("Relu", [skip]), b.w(8, 16, 1), b.w(8, scale=0.01)])
+    return b.model([vi("x", T.FLOAT, ["N", 1, 256])], [vi(y, T.FLOAT, ["N", 8, 256])]), \
+        lambda r, n: {"x": np.cumsum(r.standard_normal((n, 1, 256)) * 0.1, axis=2).astype(np.float32)}
+
+def resnext_group(seed=0):
+    """ResNeXt's grouped convolutions (group 4) between 1x1 Convs, a residual Add."""
+    b = B(seed)
+    x0 = b.op("Relu", [b.conv("x", 3, 16)])
+    a = b.op("Relu", [b.conv(x0, 16, 16, k=1)])
+    a = b.op("Relu", [b.op("Conv", [a, b.w(16, 4, 3, 3), b.w(16, scale=0.01)], pads=[1, 1, 1, 1], group=4)])
+    a = b.conv(a, 16, 16, k=1)
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [b.op("Relu", [b.op("Add", [x0, a])])])])
+    y = b.op("Gemm", [y, b.w(5, 16), b.w(5, scale=0.05)], transB=1)
+    return b.model([vi("x", T.FLOAT, ["N", 3, 12, 12])], [vi(y, T.FLOAT, ["N", 5])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 12, 12)).astype(np.float32)}
+
+def length_mask(seed=0):
+    """Sequences with a lengths input: the padding mask built in the graph (Range, Less), padded
+    steps zeroed, a masked mean over time (sum / length), a classifier."""
+    b = B(seed)
+    T_ = 20
+    steps = b.op("Range", [b.c(np.int64(0)), b.c(np.int64(T_)), b.c(np.int64(1))])
+    keep = b.op("Cast", [b.op("Less", [steps, b.op("Unsqueeze", ["lengths", b.c(np.array([1], np.int64))])])], to=T.FLOAT)
+    hdn = b.op("Relu", [b.lin("x", 8, 16)])
+    m = b.op("Mul", [hdn, b.op("Unsqueeze", [keep, b.c(np.array([2], np.int64))])])
+    tot = b.op("ReduceSum", [m, b.c(np.array([1], np.int64))], keepdims=0)
+    mean = b.op("Div", [tot, b.op("Unsqueeze", [b.op("Cast", ["lengths"], to=T.FLOAT), b.c(np.array([1], np.int64))])])
+    y = b.lin(mean, 16, 4)
+    def feeds(r, n):
+        return {"x": r.standard_normal((n, T_, 8)).astype(np.float32), "lengths": r.integers(1, T_ + 1, n).astype(np.int64)}
+    return b.model([vi("x", T.FLOAT, ["N", T_, 8]), vi("lengths", T.INT64, ["N"])], [vi(y, T.FLOAT, ["N", 4])]), feeds
+
+def capsule_squash(seed=0):
+    """Capsule networks' squash: v = |s|^2 / (1 + |s|^2) * s / |s| per capsule, then the
+    capsules' lengths as class scores."""
+    b = B(seed)
+    s = b.op("Reshape", [b.lin(b.op("Relu", [b.lin("x", 8, 32)]), 32, 40), b.c(np.array([0, 5, 8], np.int64))])
+    ax = b.c(np.array([2], np.int64))
+    n2 = b.op("ReduceSum", [b.op("Mul", [s, s]), ax], keepdims=1)
+    nrm = b.op("Sqrt", [b.op("Add", [n2, b.c(np.float32(1e-9))])])
+    v = b.op("Mul", [b.op("Div", [n2, b.op("Add", [n2, b.c(np.float32(1.0))])]), b.op("Div", [s, nrm])])
+    y = b.op("Sqrt", [b.op("ReduceSum", [b.op("Mul", [v, v]), ax], keepdims=0)])
+    return b.model([vi("x", T.FLOAT, ["N", 8])], [vi(y, T.FLOAT, ["N", 5])]), \
+        lambda r, n: {"x": r.standard_normal((n, 8)).astype(np.float32)}
+
+def bn_after_add(seed=0):
+    """BatchNormalization that no Conv precedes (after a residual Add, and on an input), with
+    running statistics far from 0 / 1, as pre-activation ResNets have."""
+    b = B(seed)
+    c = 8
+    def bn(t, shift):
+        return b.op("BatchNormalization", [t, b.c(b.rng.uniform(0.5, 2, c).astype(np.float32)),
+                                          b.c(b.rng.normal(0, 0.1, c).astype(np.float32)),
+                                          b.c((b.rng.normal(0, 1, c) + shift).astype(np.float32)),
+                                          b.c(b.rng.uniform(0.5, 4, c).astype(np.float32))])
+    x1 = b.op("Relu", [bn(b.conv("x", 3, c), 0.0)])
+    r = b.op("Add", [x1, b.conv(x1, c, c)])
+    r = b.op("Relu", [bn(r, 2.0)])
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [b.conv(r, c, 4)])])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 12, 12])], [vi(y, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 12, 12)).astype(np.float32)}
+
+def grouped_imbalance(seed=0):
+    """A grouped Conv (group 2) whose output channels differ 1000x, Relu, then a 1x1 Conv that
+    compensates: equalization of a grouped first layer."""
+    b = B(seed)
+    w = (b.rng.standard_normal((8, 2, 3, 3)) * 0.3).astype(np.float32)
+    w[:2] *= np.float32(30.0)
+    w[4:7] *= np.float32(0.03)
+    x0 = b.op("Relu", [b.conv("x", 3, 4)])
+    h = b.op("Relu", [b.op("Conv", [x0, b.w(arr=w), b.w(8, scale=0.01)], pads=[1, 1, 1, 1], group=2)])
+    w2 = (b.rng.standard_normal((6, 8, 1, 1)) * 0.3).astype(np.float32)
+    w2[:, :2] /= np.float32(30.0)
+    w2[:, 4:7] /= np.float32(0.03)
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [b.op("Conv", [h, b.w(arr=w2), b.w(6, scale=0.01)])])])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 12, 12])], [vi(y, T.FLOAT, ["N", 6])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 12, 12)).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -1329,7 +1436,10 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             nan_float_output, softplus_zoo, runtime_resize, act_gating, resid_growth, dw_imbalance,
                             # the ninth round
                             mlp_imbalance, vq_codebook, cosine_written, gaussian_nll, revin_forecast, nerf_encoding,
-                            pcm_audio)}
+                            pcm_audio,
+                            # the tenth round
+                            se_block, wavenet, resnext_group, length_mask, capsule_squash, bn_after_add,
+                            grouped_imbalance)}
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:
