@@ -268,24 +268,22 @@ def _sentinel_constants(v: _View, limit: float) -> list[str]:
 
 def find_underflow(g: onnx.GraphProto, fmt: str, target: str) -> list[FragileRegion]:
     """The nodes that read a constant (a scale of 1e-6, a LayerNorm epsilon of 1e-12) whose cast
-    to `fmt` keeps under `mixq.plan.numerics.CAST_MIN_DB` (`cast_sqnr_db`): below the target's
+    to `fmt` keeps under `mixq.plan.numerics.CAST_MIN_DB` (`underflow_db`): below the target's
     smallest normal value it rounds to subnormals or 0, a coherent error in everything the
     constant scales or shifts. The nodes stay float and read the exact constant; one region
     per constant, its reason naming it."""
-    from ..plan.numerics import CAST_MIN_DB, cast_sqnr_db, reaches_below_float32
+    from ..plan.numerics import reaches_below_float32, underflow_db
 
     if not reaches_below_float32(fmt):  # bf16: float32's exponents
         return []
     v = _View(g)
-    tiny32 = float(np.finfo(np.float32).tiny)  # float32's own denormals: flushed to 0 anyway
     regions = []
     for name, vals in _float_constants(v):
-        mag = np.abs(vals.astype(np.float64))
-        mag = mag[mag >= tiny32]
-        if not mag.size or name not in v.consumers:
+        if name not in v.consumers:
             continue
-        db = cast_sqnr_db(fmt, mag, np.ones_like(mag))
-        if db < CAST_MIN_DB:
+        mag = np.abs(vals.astype(np.float64))
+        db = underflow_db(fmt, mag, np.ones_like(mag))
+        if db is not None:
             regions.append(FragileRegion(set(v.consumers[name]), (
                 f"reads constant {name!r} (|x| up to {float(mag.max()):.3g}) under {target}'s smallest normal value: "
                 f"cast, it rounds to subnormals or 0 (a predicted {max(db, -99.0):.1f} dB); kept in float")))

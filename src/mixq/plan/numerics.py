@@ -156,16 +156,23 @@ def reaches_below_float32(fmt: str) -> bool:
     return float(getattr(get_format(fmt), "min_normal", 0.0)) > float(np.finfo(np.float32).tiny)
 
 
-def _underflow_reason(fmt: str, v: np.ndarray, cnt: np.ndarray, what: str) -> str | None:
-    """(g) Why `what` (magnitudes `v` counted `cnt` times) cannot be cast to `fmt`: its bulk
-    sits so far below the smallest normal that the cast keeps under `CAST_MIN_DB`. Values that
-    are denormal in float32 itself count for nothing: runtimes flush them to 0 (a pruned
-    weight's leftovers of 1e-39)."""
+def underflow_db(fmt: str, v: np.ndarray, cnt: np.ndarray) -> float | None:
+    """(g) The `cast_sqnr_db` of magnitudes `v` (counted `cnt` times) where it is under
+    `CAST_MIN_DB`, else None: their bulk sits so far below `fmt`'s smallest normal that the cast
+    loses them. Values that are denormal in float32 itself count for nothing: runtimes flush
+    them to 0 (a pruned weight's leftovers of 1e-39)."""
     keep = (v >= float(np.finfo(np.float32).tiny)) & np.isfinite(v)
     if not np.any(keep):
         return None
     db = cast_sqnr_db(fmt, v[keep], cnt[keep])
-    if db >= CAST_MIN_DB:
+    return db if db < CAST_MIN_DB else None
+
+
+def _underflow_reason(fmt: str, v: np.ndarray, cnt: np.ndarray, what: str) -> str | None:
+    """(g) Why `what` (magnitudes `v` counted `cnt` times) cannot be cast to `fmt` (`underflow_db`),
+    or None."""
+    db = underflow_db(fmt, v, cnt)
+    if db is None:
         return None
     tiny = float(getattr(get_format(fmt), "min_normal"))
     return (f"under {fmt}'s range: {what} sits below its smallest normal value {tiny:.3g}, where the cast "
