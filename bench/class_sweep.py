@@ -42,7 +42,13 @@ imbalanced channels. The ninth adds 7: an MLP with hidden units 1000x apart, a V
 lookup, a cosine written out, a Gaussian NLL head, reversible instance normalization, NeRF's
 positional encoding, and raw int16 PCM as float. The tenth adds 7: squeeze-and-excitation,
 a WaveNet stack, ResNeXt's grouped Convs, a mask from a lengths input, capsule squash,
-BatchNormalization after an Add, and a grouped Conv with imbalanced channels. A run that raises is printed
+BatchNormalization after an Add, and a grouped Conv with imbalanced channels. The eleventh adds 10:
+a BERT layer and a CNN as onnxruntime saves them optimized (com.microsoft Attention,
+SkipLayerNormalization, BiasGelu, FastGelu, FusedMatMul, FusedConv, FusedGemm), a ConvNeXt block
+(layer scale from 1e-6 to 1), T5's relative-position buckets computed in float, soft-argmax
+keypoints, a HiFi-GAN vocoder, a Mamba-style selective scan (a Sub of two running sums), an
+autoencoder's reconstruction error, opset-23 RMSNormalization / RotaryEmbedding / Attention, and
+int8 weights cast to float in the graph. A run that raises is printed
 with its error; the sweep goes on.
 """
 from __future__ import annotations
@@ -1399,6 +1405,190 @@ def grouped_imbalance(seed=0):
         lambda r, n: {"x": r.standard_normal((n, 3, 12, 12)).astype(np.float32)}
 
 
+def _ms(b, inputs, outputs):
+    m = b.model(inputs, outputs)
+    m.opset_import.append(h.make_opsetid("com.microsoft", 1))
+    return m
+
+def _msop(b, op_type, ins, n_out=1, **attrs):
+    b.k += 1
+    outs = [f"{op_type.lower()}_{b.k}_{i}" for i in range(n_out)]
+    b.nodes.append(h.make_node(op_type, ins, outs, name=f"{op_type}_{b.k}", domain="com.microsoft", **attrs))
+    return outs[0] if n_out == 1 else outs
+
+def ort_fused_bert(seed=0):
+    """A BERT layer as onnxruntime's transformer optimizer saves it: com.microsoft Attention (packed
+    QKV), SkipLayerNormalization, BiasGelu, FastGelu, FusedMatMul."""
+    b = B(seed, opset=17); D, S = 32, 8
+    x = b.op("Add", [b.op("MatMul", ["x", b.w(16, D)]), b.w(D, scale=0.05)])
+    a = _msop(b, "Attention", [x, b.w(D, 3 * D), b.w(3 * D, scale=0.05)], num_heads=2)
+    y = _msop(b, "SkipLayerNormalization", [b.op("MatMul", [a, b.w(D, D)]), x, b.c(np.ones(D, np.float32)),
+                                            b.c(np.zeros(D, np.float32)), b.w(D, scale=0.05)], epsilon=1e-12)
+    f = _msop(b, "BiasGelu", [b.op("MatMul", [y, b.w(D, 4 * D)]), b.w(4 * D, scale=0.05)])
+    f2 = _msop(b, "FastGelu", [_msop(b, "FusedMatMul", [f, b.w(4 * D, D)], alpha=1.0), b.w(D, scale=0.05)])
+    z = _msop(b, "SkipLayerNormalization", [f2, y, b.c(np.ones(D, np.float32)), b.c(np.zeros(D, np.float32))], epsilon=1e-12)
+    lg = b.op("MatMul", [b.op("ReduceMean", [z], axes=[1], keepdims=0), b.w(D, 4)])
+    return _ms(b, [vi("x", T.FLOAT, ["N", S, 16])], [vi(lg, T.FLOAT, ["N", 4])]), \
+        lambda r, n: {"x": r.standard_normal((n, S, 16)).astype(np.float32)}
+
+def ort_fused_cnn(seed=0):
+    """A CNN as onnxruntime saves it after its graph optimizations: com.microsoft FusedConv with Relu
+    and with Sigmoid, FusedGemm with LeakyRelu."""
+    b = B(seed, opset=17)
+    x = _msop(b, "FusedConv", ["x", b.w(16, 3, 3, 3), b.w(16, scale=0.05)], activation="Relu", pads=[1] * 4)
+    x = _msop(b, "FusedConv", [x, b.w(16, 16, 3, 3), b.w(16, scale=0.05)], activation="Sigmoid", pads=[1] * 4, strides=[2, 2])
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
+    y = _msop(b, "FusedGemm", [x, b.w(10, 16), b.w(10, scale=0.05)], transB=1, activation="LeakyRelu", activation_alpha=0.1)
+    return _ms(b, [vi("x", T.FLOAT, ["N", 3, 16, 16])], [vi(y, T.FLOAT, ["N", 10])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 16, 16)).astype(np.float32)}
+
+def convnext_block(seed=0):
+    """ConvNeXt: depthwise 7x7 Conv, NHWC LayerNormalization, 4x MLP with Gelu-20, layer scale
+    (gamma from 1e-6 to 1 across channels), residual."""
+    b = B(seed, opset=20); C = 16
+    x = b.conv("x", 3, C)
+    for _ in range(2):
+        d = b.op("Conv", [x, b.w(C, 1, 7, 7, scale=0.1), b.w(C, scale=0.05)], pads=[3] * 4, group=C)
+        t = b.op("Transpose", [d], perm=[0, 2, 3, 1])
+        ln = b.op("LayerNormalization", [t, b.c(np.ones(C, np.float32)), b.c(np.zeros(C, np.float32))], axis=-1, epsilon=1e-6)
+        m = b.lin(b.op("Gelu", [b.lin(ln, C, 4 * C)]), 4 * C, C)
+        gamma = (10.0 ** b.rng.uniform(-6, 0, C)).astype(np.float32)
+        m = b.op("Mul", [m, b.c(gamma)])
+        x = b.op("Add", [x, b.op("Transpose", [m], perm=[0, 3, 1, 2])])
+    y = b.op("Gemm", [b.op("Flatten", [b.op("GlobalAveragePool", [x])]), b.w(10, C), b.w(10, scale=0.05)], transB=1)
+    return b.model([vi("x", T.FLOAT, ["N", 3, 16, 16])], [vi(y, T.FLOAT, ["N", 10])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 16, 16)).astype(np.float32)}
+
+def t5_relbias(seed=0):
+    """T5: relative-position buckets computed in float at run time (Log of |i - j|, Cast to
+    int64), a Gather of the bias table added to unscaled scores, RMSNorm with Sqrt and Div."""
+    b = B(seed, opset=17); D, H, NB, MAXD = 32, 2, 16, 64
+    S = b.op("Gather", [b.op("Shape", ["x"]), b.c(np.array(1, np.int64))])
+    pos = b.op("Range", [b.c(np.array(0, np.int64)), S, b.c(np.array(1, np.int64))])
+    rel = b.op("Sub", [b.op("Unsqueeze", [pos, b.c(np.array([0], np.int64))]), b.op("Unsqueeze", [pos, b.c(np.array([1], np.int64))])])
+    n = b.op("Abs", [rel])
+    exact = NB // 2
+    is_small = b.op("Less", [n, b.c(np.array(exact, np.int64))])
+    nf = b.op("Cast", [n], to=T.FLOAT)
+    lg = b.op("Div", [b.op("Log", [b.op("Div", [nf, b.c(np.float32(exact))])]), b.c(np.float32(np.log(MAXD / exact)))])
+    large = b.op("Cast", [b.op("Mul", [lg, b.c(np.float32(NB - exact))])], to=T.INT64)
+    large = b.op("Min", [b.op("Add", [large, b.c(np.array(exact, np.int64))]), b.c(np.array(NB - 1, np.int64))])
+    bucket = b.op("Where", [is_small, n, large])
+    bias = b.op("Transpose", [b.op("Gather", [b.w(NB, H, scale=2.0), bucket])], perm=[2, 0, 1])  # H,S,S
+    def rms(x):
+        v = b.op("ReduceMean", [b.op("Pow", [x, b.c(np.float32(2))])], axes=[-1])
+        return b.op("Mul", [b.op("Div", [x, b.op("Sqrt", [b.op("Add", [v, b.c(np.float32(1e-6))])])]), b.c(np.ones(D, np.float32))])
+    x = b.op("MatMul", ["x", b.w(8, D)])
+    def heads(t):
+        return b.op("Transpose", [b.op("Reshape", [t, b.c(np.array([0, 0, H, D // H], np.int64))])], perm=[0, 2, 1, 3])
+    hn = rms(x)
+    q, k, v = (heads(b.op("MatMul", [hn, b.w(D, D)])) for _ in range(3))
+    s = b.op("Add", [b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])]), bias])
+    a = b.op("MatMul", [b.op("Softmax", [s], axis=-1), v])
+    a = b.op("Reshape", [b.op("Transpose", [a], perm=[0, 2, 1, 3]), b.c(np.array([0, 0, D], np.int64))])
+    x = b.op("Add", [x, b.op("MatMul", [a, b.w(D, D)])])
+    y = b.op("MatMul", [rms(x), b.w(D, 6)])
+    return b.model([vi("x", T.FLOAT, ["N", "S", 8])], [vi(y, T.FLOAT, ["N", "S", 6])]), \
+        lambda r, n: {"x": r.standard_normal((n, 40, 8)).astype(np.float32)}
+
+def soft_argmax(seed=0):
+    """Pose keypoints by soft-argmax: heatmaps (Conv) flattened, Softmax over 1024 positions with
+    a temperature of 20, MatMul with the pixel grid -> coordinates in pixels (0..31)."""
+    b = B(seed); K = 4
+    x = b.op("Relu", [b.conv("x", 3, 16)]); hm = b.conv(x, 16, K)
+    f = b.op("Mul", [b.op("Reshape", [hm, b.c(np.array([0, K, 1024], np.int64))]), b.c(np.float32(20.0))])
+    p = b.op("Softmax", [f], axis=-1)
+    yy, xx = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
+    grid = np.stack([xx.ravel(), yy.ravel()], 1).astype(np.float32)
+    y = b.op("MatMul", [p, b.c(grid)])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 32, 32])], [vi(y, T.FLOAT, ["N", K, 2])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 32, 32)).astype(np.float32)}
+
+def hifigan(seed=0):
+    """A HiFi-GAN-style vocoder: mel in, ConvTranspose upsampling x4 twice, LeakyRelu 0.1,
+    dilated residual Conv1d, Tanh waveform out."""
+    b = B(seed)
+    def c1(x, ci, co, k, d=1):
+        return b.op("Conv", [x, b.w(co, ci, k), b.w(co, scale=0.05)], pads=[d * (k // 2)] * 2, dilations=[d])
+    x = c1("mel", 20, 32, 7)
+    for ci, co in ((32, 16), (16, 8)):
+        x = b.op("ConvTranspose", [b.op("LeakyRelu", [x], alpha=0.1), b.w(ci, co, 8, scale=0.1), b.w(co, scale=0.05)],
+                 strides=[4], pads=[2, 2])
+        for d in (1, 3):
+            x = b.op("Add", [x, c1(b.op("LeakyRelu", [x], alpha=0.1), co, co, 3, d)])
+    y = b.op("Tanh", [c1(b.op("LeakyRelu", [x], alpha=0.1), 8, 1, 7)])
+    return b.model([vi("mel", T.FLOAT, ["N", 20, 16])], [vi(y, T.FLOAT, None)]), \
+        lambda r, n: {"mel": r.normal(-5, 2, (n, 20, 16)).astype(np.float32)}
+
+def selective_scan(seed=0):
+    """A Mamba-style selective scan in parallel form: dt = Softplus(x W), log-decays dt * A (A from
+    -1 to -16) summed over time by CumSum, decay exp(L_t - L_s) between every two steps (a Sub of
+    two running sums), masked causal, times B_s x_s."""
+    b = B(seed, opset=17); D, N, Tn = 8, 4, 24
+    dt = b.op("Softplus", [b.lin("x", D, N)])                          # B,T,N
+    A = -np.linspace(1, 16, N).astype(np.float32)
+    L = b.op("CumSum", [b.op("Mul", [dt, b.c(A)]), b.c(np.array(1, np.int64))])  # B,T,N
+    Lt = b.op("Transpose", [L], perm=[0, 2, 1])                         # B,N,T
+    diff = b.op("Sub", [b.op("Unsqueeze", [Lt, b.c(np.array([3], np.int64))]), b.op("Unsqueeze", [Lt, b.c(np.array([2], np.int64))])])
+    mask = np.tril(np.ones((Tn, Tn), np.float32))
+    dec = b.op("Mul", [b.op("Exp", [b.op("Min", [diff, b.c(np.float32(0))])]), b.c(mask)])   # B,N,T,T
+    u = b.op("Transpose", [b.op("Mul", [b.lin("x", D, N), b.lin("x", D, N)]), ], perm=[0, 2, 1])  # B,N,T
+    hs = b.op("MatMul", [dec, b.op("Unsqueeze", [u, b.c(np.array([3], np.int64))])])  # B,N,T,1
+    hs = b.op("Transpose", [b.op("Squeeze", [hs, b.c(np.array([3], np.int64))])], perm=[0, 2, 1])  # B,T,N
+    y = b.lin(hs, N, D)
+    return b.model([vi("x", T.FLOAT, ["N", Tn, D])], [vi(y, T.FLOAT, ["N", Tn, D])]), \
+        lambda r, n: {"x": r.standard_normal((n, Tn, D)).astype(np.float32)}
+
+def recon_error(seed=0):
+    """An anomaly detector: an autoencoder's reconstruction and the per-sample mean squared error
+    between input and reconstruction (close to each other) as the score output."""
+    b = B(seed); D = 32
+    W = b.rng.standard_normal((D, 8)).astype(np.float32) / np.sqrt(D)
+    Q, _ = np.linalg.qr(W)
+    z = b.op("MatMul", ["x", b.c(Q.astype(np.float32))])
+    rec = b.op("MatMul", [z, b.c(Q.T.astype(np.float32).copy())])
+    err = b.op("ReduceMean", [b.op("Pow", [b.op("Sub", ["x", rec]), b.c(np.float32(2))]), b.c(np.array([1], np.int64))], keepdims=0)
+    def f(r, n):
+        lat = r.standard_normal((n, 8)).astype(np.float32)
+        return {"x": (lat @ Q.T + 0.05 * r.standard_normal((n, D))).astype(np.float32)}
+    return b.model([vi("x", T.FLOAT, ["N", D])], [vi(err, T.FLOAT, ["N"]), vi(rec, T.FLOAT, ["N", D])]), f
+
+def opset23_ops(seed=0):
+    """A recent exporter's opset-23 ops: RMSNormalization, RotaryEmbedding and Attention."""
+    b = B(seed, opset=23); D, H, hd, S = 32, 2, 16, 8
+    x = b.op("MatMul", ["x", b.w(8, D)])
+    hn = b.op("RMSNormalization", [x, b.c(np.ones(D, np.float32))], axis=-1)
+    def heads(t):
+        return b.op("Transpose", [b.op("Reshape", [t, b.c(np.array([0, 0, H, hd], np.int64))])], perm=[0, 2, 1, 3])
+    q, k, v = (heads(b.op("MatMul", [hn, b.w(D, D)])) for _ in range(3))
+    ang = np.arange(S)[:, None] * (1.0 / 10000 ** (np.arange(hd // 2) / (hd // 2)))[None]
+    cos, sin = b.c(np.cos(ang).astype(np.float32)), b.c(np.sin(ang).astype(np.float32))
+    pid = b.c(np.arange(S, dtype=np.int64)[None].repeat(1, 0))
+    q = b.op("RotaryEmbedding", [q, cos, sin, "pos"])
+    k = b.op("RotaryEmbedding", [k, cos, sin, "pos"])
+    a = b.op("Attention", [q, k, v], is_causal=1)
+    a = b.op("Reshape", [b.op("Transpose", [a], perm=[0, 2, 1, 3]), b.c(np.array([0, 0, D], np.int64))])
+    x = b.op("Add", [x, b.op("MatMul", [a, b.w(D, D)])])
+    y = b.op("MatMul", [b.op("RMSNormalization", [x, b.c(np.ones(D, np.float32))], axis=-1), b.w(D, 6)])
+    return b.model([vi("x", T.FLOAT, ["N", S, 8]), vi("pos", T.INT64, ["N", S])], [vi(y, T.FLOAT, ["N", S, 6])]), \
+        lambda r, n: {"x": r.standard_normal((n, S, 8)).astype(np.float32),
+                      "pos": np.tile(np.arange(S, dtype=np.int64), (n, 1))}
+
+def int_weight_cast(seed=0):
+    """Weight-only compressed export: int8 weights stored as int8 initializers, Cast to float and
+    multiplied by a per-column scale before each MatMul."""
+    b = B(seed)
+    def lin(x, di, do):
+        w = b.rng.standard_normal((di, do)) / np.sqrt(di)
+        s = (np.abs(w).max(0) / 127).astype(np.float32)
+        q = np.round(w / s).astype(np.int8)
+        wf = b.op("Mul", [b.op("Cast", [b.c(q)], to=T.FLOAT), b.c(s)])
+        return b.op("Add", [b.op("MatMul", [x, wf]), b.w(do, scale=0.05)])
+    y = lin(b.op("Relu", [lin("x", 16, 64)]), 64, 10)
+    return b.model([vi("x", T.FLOAT, ["N", 16])], [vi(y, T.FLOAT, ["N", 10])]), \
+        lambda r, n: {"x": r.standard_normal((n, 16)).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -1439,7 +1629,10 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             pcm_audio,
                             # the tenth round
                             se_block, wavenet, resnext_group, length_mask, capsule_squash, bn_after_add,
-                            grouped_imbalance)}
+                            grouped_imbalance,
+                            # the eleventh round
+                            ort_fused_bert, ort_fused_cnn, convnext_block, t5_relbias, soft_argmax, hifigan,
+                            selective_scan, recon_error, opset23_ops, int_weight_cast)}
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -282,6 +282,9 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     warnings += [f"{why}; the quantized model runs only where that library is registered"
                  for why in custom_ops]
     warnings += [f"prepare: {n}" for n in pipe.prepare_report.notes if "shape inference failed" in n]
+    unknown_layers = _unknown_layers(pipe.model, the_plan, cfg.name)
+    if unknown_layers is not None:
+        warnings.insert(0, unknown_layers)
     if not (rew.activations_quantized or rew.weights_quantized):
         warnings.insert(0, _nothing_quantized(the_plan, cfg.name))
     if constant_data is not None:
@@ -342,11 +345,39 @@ def _nonfinite_warning(inputs: dict[str, tuple[int, int, int]], numerics: list[A
             "input is such a mask, this is a data error: remove those samples and quantize again.")
 
 
+#: onnxruntime's layout-specific domain: what `optimized_model_filepath` writes at ORT_ENABLE_ALL.
+_NCHWC_DOMAIN = "com.microsoft.nchwc"
+
+
+def _unknown_layers(model: onnx.ModelProto, plan: PrecisionPlan, preset: str) -> str | None:
+    """The warning for layers left float because mixq does not know their op: custom-domain
+    nodes (a runtime's or a tool's own ops, which a standard op's reason does not explain) that
+    read a weight (an initializer of rank 2 or more), so that part of the model is not `preset`
+    whatever the summary's counts say; None when there is none."""
+    from collections import Counter
+
+    weights = {t.name for t in model.graph.initializer if len(t.dims) >= 2}
+    ops = Counter(f"{n.domain}.{n.op_type}" for n in model.graph.node
+                  if n.domain not in ("", "ai.onnx", "ai.onnx.ml") and n.name in plan.float_nodes
+                  and "not in mixq's op table" in plan.float_nodes[n.name] and any(i in weights for i in n.input))
+    if not ops:
+        return None
+    listed = ", ".join(f"{op} x {k}" for op, k in ops.most_common(4))
+    hint = (" The model was saved by onnxruntime at ORT_ENABLE_ALL: its NCHWc ops hold weights in a "
+            "layout tied to one CPU's vector width. Quantize the model as exported, or one saved at "
+            "ORT_ENABLE_EXTENDED (whose fused ops mixq expands)."
+            if any(op.startswith(_NCHWC_DOMAIN + ".") for op in ops) else
+            " Quantize the model as exported, before a tool replaced its layers with its own ops; the "
+            "summary's notes say why an onnxruntime fused op was kept.")
+    return (f"WARNING: {sum(ops.values())} layer(s) with weights stayed float: mixq does not know their "
+            f"op ({listed}), so that part of the model is not {preset}.{hint}")
+
+
 def _nothing_quantized(plan: PrecisionPlan, preset: str) -> str:
     """The warning for an output that computes what its input did: no tensor took a format."""
     from collections import Counter
 
-    why = Counter(r.split(":")[0] for r in plan.skipped.values())
+    why = Counter(r.split(":")[0].split(" (")[0] for r in plan.skipped.values())
     top = "; ".join(f"{n} x {r}" for r, n in why.most_common(3))
     return (f"WARNING: nothing was quantized: the output computes exactly what the float model does, "
             f"not {preset}" + (f" ({len(plan.skipped)} float tensors not planned, mostly: {top}; "
@@ -419,6 +450,8 @@ def _round_weights(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cfg: Quan
     was missing); the report, or None (nearest as asked)."""
     from .passes.gptq import WeightRoundingReport, gptq_round
 
+    if why is None and tap is not None and not tap.targets:
+        return None  # no layer's weight is on an integer grid here: nothing to round
     if why is None and tap is not None and not tap.complete:
         # calibration ran no float pass: only where onnxruntime cannot run the model here
         why = "no float pass of the model ran here (it has ops onnxruntime cannot run)"

@@ -290,15 +290,24 @@ def test_unsupported_op_left_float_with_reason(op):
 
 
 @pytest.mark.parametrize("preset", ["A8W8", "BF16", "MXFP4"])
-@pytest.mark.parametrize("builder,node,why", [
-    (M.contrib_op_model, "ms_gelu", "custom-domain"),
-    (M.custom_function_model, "custom", "custom-domain"),
-])
-def test_custom_domain_ops_left_float(builder, node, why, preset):
-    m = builder()
+def test_custom_domain_ops_left_float(preset):
+    m = M.custom_function_model()
     fd = M.feeds(m, 3)
     res = outcome(lambda: mixq.quantize(m, preset, fd), feed=fd[0])
-    assert why in res.plan.float_nodes[node]
+    assert "custom-domain" in res.plan.float_nodes["custom"]
+    assert res.rewrite.weights_quantized == 2
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "BF16", "MXFP4"])
+def test_an_onnxruntime_contrib_op_is_expanded(preset):
+    """com.microsoft.Gelu between two MatMuls is the standard Gelu once prepared
+    (mixq.passes.unfuse): planned like any op, not left float as a custom-domain one."""
+    m = M.contrib_op_model()
+    fd = M.feeds(m, 3)
+    res = outcome(lambda: mixq.quantize(m, preset, fd), feed=fd[0])
+    assert "ms_gelu" not in res.plan.float_nodes
+    assert not [n for n in res.model.graph.node if n.domain == "com.microsoft"]
+    assert res.prepare.ort_ops_expanded == 1
     assert res.rewrite.weights_quantized == 2
 
 

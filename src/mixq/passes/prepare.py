@@ -23,6 +23,7 @@ from .equalize import equalize_imbalanced
 from .float16 import compute_float16_in_float32
 from .function_ops import expand_function_ops
 from .recognize import RecognizeReport, recognize
+from .unfuse import unfuse
 
 #: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
 TARGET_OPSET = 21
@@ -39,6 +40,7 @@ class PrepareReport:
     batchnorms_folded: int = 0
     pads_folded: int = 0
     pairs_equalized: int = 0
+    ort_ops_expanded: int = 0
     nodes_folded: int = 0
     notes: list[str] = field(default_factory=list)
     passes: list[PassResult] = field(default_factory=list)
@@ -872,6 +874,11 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     if rep.opset_to < rep.opset_from:
         rep.notes.append(f"opset {rep.opset_from} converted down to {rep.opset_to}, the newest "
                          "onnxruntime runs")
+    # before the folds and the equalization: a FusedConv is a Conv to them once expanded
+    fused = PassResult("expand onnxruntime fused ops")
+    rep.ort_ops_expanded = unfuse(m, fused)
+    rep.passes.append(fused)
+    rep.notes += fused.notes + [f"{where}: {why}" for where, why in fused.declined]
     if fold_bn:
         bn = PassResult("fold BatchNorm")
         rep.batchnorms_folded = bn.changed = fold_batchnorm(m, base_dir, bn)

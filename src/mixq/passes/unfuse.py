@@ -1,0 +1,311 @@
+"""Expand onnxruntime's fused contrib ops (domain com.microsoft) into the standard ops they
+compute.
+
+Why: a model saved by onnxruntime after its graph optimizations (`optimized_model_filepath` at
+the extended level) or by its transformer optimizer holds FusedConv, FusedGemm, FusedMatMul,
+BiasGelu, SkipLayerNormalization, Attention...: ops no quantizer's op table knows, so every
+layer in them stays float and the "quantized" model is the float one. Expanded, each layer is a
+Conv, Gemm or MatMul again, quantized like any other, and onnxruntime fuses the quantized
+pattern back at session creation.
+
+Each rule is pattern / check / rewrite: it returns the standard nodes that write the fused
+node's outputs under their own names, or a reason it declines (an input, attribute or output
+the expansion would not reproduce exactly), which the pass reports. The pass works in place.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..graph import NameAllocator, PassResult
+
+MS_DOMAIN = "com.microsoft"
+
+
+class _Emit:
+    """Standard nodes for one fused node, named after it; constants become initializers."""
+
+    def __init__(self, node: onnx.NodeProto, names: NameAllocator, opset: int) -> None:
+        self.node = node
+        self.names = names
+        self.opset = opset
+        self.base = node.name or (node.output[0] if node.output else node.op_type)
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+
+    def op(self, op_type: str, ins: list[str], out: str | None = None, **attrs: Any) -> str:
+        """Emit `op_type`; its output is `out` (a name the fused node wrote) or a fresh one."""
+        name = out if out else self.names.value(self.base, op_type.lower())
+        self.nodes.append(helper.make_node(op_type, ins, [name], name=self.names.value(self.base, op_type),
+                                           **attrs))
+        return name
+
+    def const(self, value: np.ndarray, what: str) -> str:
+        name = self.names.value(self.base, what)
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def axes(self, *axes: int) -> str:
+        return self.const(np.array(axes, np.int64), "axes")
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _input(node: onnx.NodeProto, i: int) -> str:
+    """Input `i`, or "" when absent (ONNX's empty name for an optional input)."""
+    return node.input[i] if len(node.input) > i else ""
+
+
+def _output(node: onnx.NodeProto, i: int) -> str:
+    return node.output[i] if len(node.output) > i else ""
+
+
+def _activation(e: _Emit, kind: str, params: list[float], x: str, out: str) -> str | None:
+    """`kind` (onnxruntime's fused-activation names) applied to `x`, written to `out`; a reason
+    when the kind or its parameters are not ones the standard ops reproduce."""
+    n = {"LeakyRelu": 1, "Clip": 2, "HardSigmoid": 2}.get(kind, 0)
+    if len(params) < n:
+        return f"activation {kind} needs {n} parameters, the node gives {len(params)}"
+    if kind in ("Relu", "Tanh", "Sigmoid"):
+        e.op(kind, [x], out)
+    elif kind == "LeakyRelu":
+        e.op("LeakyRelu", [x], out, alpha=float(params[0]))
+    elif kind == "HardSigmoid":
+        e.op("HardSigmoid", [x], out, alpha=float(params[0]), beta=float(params[1]))
+    elif kind == "Clip":
+        e.op("Clip", [x, e.const(np.float32(params[0]), "min"), e.const(np.float32(params[1]), "max")], out)
+    else:
+        return f"fused activation {kind!r} has no standard-op expansion here"
+    return None
+
+
+def _fused_conv(e: _Emit) -> str | None:
+    a = _attrs(e.node)
+    kind = _text(a.pop("activation", ""))
+    params = [float(p) for p in a.pop("activation_params", [])]
+    a.pop("alpha", None)  # the mobile schema's LeakyRelu alpha
+    ins = [i for i in list(e.node.input[:3])]
+    while ins and not ins[-1]:
+        ins.pop()
+    z = _input(e.node, 3)
+    out = e.node.output[0]
+    y = e.op("Conv", ins, None if (kind or z) else out, **a)
+    if z:
+        y = e.op("Add", [y, z], None if kind else out)
+    return _activation(e, kind, params, y, out) if kind else None
+
+
+def _fused_gemm(e: _Emit) -> str | None:
+    a = _attrs(e.node)
+    kind = _text(a.pop("activation", ""))
+    alpha, beta = a.pop("activation_alpha", None), a.pop("activation_beta", None)
+    a.pop("activation_gamma", None)
+    params = [float(p) for p in (alpha, beta) if p is not None]
+    if kind == "LeakyRelu" and not params:
+        params = [0.01]  # the LeakyRelu default
+    out = e.node.output[0]
+    y = e.op("Gemm", list(e.node.input), None if kind else out, **a)
+    return _activation(e, kind, params, y, out) if kind else None
+
+
+def _fused_matmul(e: _Emit, rank_of: Callable[[str], int | None]) -> str | None:
+    a = _attrs(e.node)
+    if a.get("transBatchA") or a.get("transBatchB"):
+        return "transBatchA / transBatchB move the batch axes, which a Transpose would have to follow"
+    ins = []
+    for x, flag in zip(e.node.input[:2], ("transA", "transB")):
+        if a.get(flag):
+            r = rank_of(x)
+            if r is None or r < 2:
+                return f"{flag}=1 on {x!r}, whose rank is not known here"
+            x = e.op("Transpose", [x], perm=list(range(r - 2)) + [r - 1, r - 2])
+        ins.append(x)
+    alpha = float(a.get("alpha", 1.0))
+    out = e.node.output[0]
+    y = e.op("MatMul", ins, None if alpha != 1.0 else out)
+    if alpha != 1.0:
+        e.op("Mul", [y, e.const(np.float32(alpha), "alpha")], out)
+    return None
+
+
+def _gelu(e: _Emit, approximate: str, with_bias: bool) -> str | None:
+    if e.opset < 20:
+        return f"Gelu needs opset 20, the model is at {e.opset}"
+    x, bias = _input(e.node, 0), _input(e.node, 1) if with_bias else ""
+    if bias:
+        x = e.op("Add", [x, bias])
+    e.op("Gelu", [x], e.node.output[0], **({"approximate": approximate} if approximate != "none" else {}))
+    return None
+
+
+def _quick_gelu(e: _Emit) -> str | None:
+    alpha = float(_attrs(e.node).get("alpha", 1.702))
+    x = e.node.input[0]
+    e.op("Mul", [x, e.op("Sigmoid", [e.op("Mul", [x, e.const(np.float32(alpha), "alpha")])])], e.node.output[0])
+    return None
+
+
+def _skip_sum(e: _Emit, out_index: int, bias_index: int | None) -> str:
+    """input + skip (+ bias): the residual sum, written to the node's sum output when it has one."""
+    x, skip = e.node.input[:2]
+    bias = _input(e.node, bias_index) if bias_index is not None else ""
+    out = _output(e.node, out_index)
+    s = e.op("Add", [x, skip], None if bias else (out or None))
+    return e.op("Add", [s, bias], out or None) if bias else s
+
+
+def _skip_layer_norm(e: _Emit) -> str | None:
+    if _output(e.node, 1) or _output(e.node, 2):
+        return "its mean / inverse-std-dev outputs are read (training outputs)"
+    eps = float(_attrs(e.node).get("epsilon", 1e-12))
+    s = _skip_sum(e, 3, 4)
+    ins = [s, e.node.input[2]] + ([_input(e.node, 3)] if _input(e.node, 3) else [])
+    e.op("LayerNormalization", ins, e.node.output[0], axis=-1, epsilon=eps)
+    return None
+
+
+def _skip_simplified_layer_norm(e: _Emit) -> str | None:
+    if _output(e.node, 1) or _output(e.node, 2):
+        return "its mean / inverse-std-dev outputs are read (training outputs)"
+    if _input(e.node, 3):
+        return "a bias input, which onnxruntime versions apply differently"
+    eps = float(_attrs(e.node).get("epsilon", 1e-12))
+    s = _skip_sum(e, 3, None)
+    gamma, out = e.node.input[2], e.node.output[0]
+    if e.opset >= 23:
+        e.op("RMSNormalization", [s, gamma], out, axis=-1, epsilon=eps)
+        return None
+    ms = e.op("ReduceMean", [e.op("Mul", [s, s]), e.axes(-1)], keepdims=1)
+    rms = e.op("Sqrt", [e.op("Add", [ms, e.const(np.float32(eps), "epsilon")])])
+    e.op("Mul", [e.op("Div", [s, rms]), gamma], out)
+    return None
+
+
+def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None]) -> str | None:
+    """onnxruntime's packed-QKV Attention without past state: x W + b split into Q, K, V, heads,
+    softmax(Q K^T * scale + mask) V; the mask from a 1-D valid-length or a 2-D 0/1 mask_index."""
+    a = _attrs(e.node)
+    heads = int(a.get("num_heads", 0))
+    unsupported = [k for k in ("unidirectional", "do_rotary", "past_present_share_buffer") if a.get(k)]
+    if a.get("qkv_hidden_sizes"):
+        sizes = [int(s) for s in a["qkv_hidden_sizes"]]
+        if len(set(sizes)) != 1:
+            unsupported.append("unequal qkv_hidden_sizes")
+    extra = [i for i in range(4, len(e.node.input)) if e.node.input[i]]  # past, attention_bias, ...
+    if unsupported or extra or _output(e.node, 1):
+        what = unsupported + [f"input {i}" for i in extra] + (["the present output"] if _output(e.node, 1) else [])
+        return f"{', '.join(what)}: only the encoder form (no past, no causal flag, no bias input) is expanded"
+    w_shape = shape_of(e.node.input[1])
+    cols = w_shape[1] if w_shape is not None and len(w_shape) == 2 else None
+    if heads <= 0 or not cols or cols % (3 * heads):
+        return "the packed weight's shape is not known, or num_heads does not divide it"
+    hidden = cols // 3
+    hd = hidden // heads
+    mask = _input(e.node, 3)
+    mrank = len(shape_of(mask) or ()) if mask else 0
+    if mask and mrank not in (1, 2):
+        return f"a mask_index of rank {mrank or 'unknown'}; only 1-D lengths and 2-D 0/1 masks are expanded"
+    x, w = e.node.input[:2]
+    qkv = e.op("MatMul", [x, w])
+    if _input(e.node, 2):
+        qkv = e.op("Add", [qkv, e.node.input[2]])
+    split = [e.names.value(e.base, n) for n in ("q", "k", "v")]
+    e.nodes.append(helper.make_node("Split", [qkv, e.const(np.array([hidden] * 3, np.int64), "split")], split,
+                                    name=e.names.value(e.base, "Split"), axis=-1))
+    shape4 = e.const(np.array([0, 0, heads, hd], np.int64), "heads")
+    q, k, v = (e.op("Reshape", [t, shape4]) for t in split)
+    q = e.op("Transpose", [q], perm=[0, 2, 1, 3])
+    k = e.op("Transpose", [k], perm=[0, 2, 3, 1])
+    v = e.op("Transpose", [v], perm=[0, 2, 1, 3])
+    scale = float(a.get("scale", 0.0) or 1.0 / math.sqrt(hd))
+    s = e.op("Mul", [e.op("MatMul", [q, k]), e.const(np.float32(scale), "scale")])
+    if mask:
+        fill = float(a.get("mask_filter_value", -10000.0))
+        if mrank == 1:  # valid lengths: key positions at or past the length are masked
+            seq = e.op("Gather", [e.op("Shape", [x]), e.const(np.array(1, np.int64), "seq_axis")], axis=0)
+            pos = e.op("Range", [e.const(np.array(0, np.int64), "zero"), seq, e.const(np.array(1, np.int64), "one")])
+            lengths = e.op("Unsqueeze", [e.op("Cast", [mask], to=onnx.TensorProto.INT64), e.axes(1)])
+            keep = e.op("Less", [e.op("Unsqueeze", [pos, e.axes(0)]), lengths])
+        else:
+            keep = e.op("Greater", [mask, e.const(np.array(0, np.int32), "zero_i32")])
+        add = e.op("Where", [keep, e.const(np.float32(0.0), "keep"), e.const(np.float32(fill), "fill")])
+        s = e.op("Add", [s, e.op("Unsqueeze", [add, e.axes(1, 2)])])
+    p = e.op("Softmax", [s], axis=-1)
+    o = e.op("Transpose", [e.op("MatMul", [p, v])], perm=[0, 2, 1, 3])
+    e.op("Reshape", [o, e.const(np.array([0, 0, hidden], np.int64), "hidden")], e.node.output[0])
+    return None
+
+
+#: The fused ops this pass expands; any other com.microsoft op is left as it is.
+EXPANDED_OPS = ("FusedConv", "FusedGemm", "FusedMatMul", "TransposeMatMul", "BiasGelu", "FastGelu", "Gelu",
+                "QuickGelu", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Attention")
+
+
+def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
+    """Expand every com.microsoft op of EXPANDED_OPS in `model`'s main graph into standard ops
+    (in place; the outputs keep their names). Returns how many were expanded; `result` gets a
+    declined entry for each fused node left as it was, with why."""
+    from ..graph import static_shape
+    from .prepare import model_opset
+
+    g = model.graph
+    if not any(n.domain == MS_DOMAIN and n.op_type in EXPANDED_OPS for n in g.node):
+        return 0
+    opset = model_opset(model)
+    names = NameAllocator.for_model(model)
+    inits = {t.name: t for t in g.initializer}
+    typed = {vi.name: vi.type for vi in list(g.input) + list(g.value_info) + list(g.output)}
+
+    def shape_of(name: str) -> tuple[int | None, ...] | None:
+        if name in inits:
+            return tuple(int(d) for d in inits[name].dims)
+        return static_shape(typed.get(name))
+
+    def rank_of(name: str) -> int | None:
+        s = shape_of(name)
+        return None if s is None else len(s)
+
+    rules: dict[str, Callable[[_Emit], str | None]] = {
+        "FusedConv": _fused_conv, "FusedGemm": _fused_gemm,
+        "FusedMatMul": lambda e: _fused_matmul(e, rank_of), "TransposeMatMul": lambda e: _fused_matmul(e, rank_of),
+        "BiasGelu": lambda e: _gelu(e, "none", True), "FastGelu": lambda e: _gelu(e, "tanh", True),
+        "Gelu": lambda e: _gelu(e, "none", False), "QuickGelu": _quick_gelu,
+        "SkipLayerNormalization": _skip_layer_norm, "SkipSimplifiedLayerNormalization": _skip_simplified_layer_norm,
+        "Attention": lambda e: _attention(e, shape_of),
+    }
+    out: list[onnx.NodeProto] = []
+    expanded = 0
+    for node in g.node:
+        rule = rules.get(node.op_type) if node.domain == MS_DOMAIN else None
+        if rule is None:
+            out.append(node)
+            continue
+        e = _Emit(node, names, opset)
+        why = rule(e)
+        if why is not None:
+            if result is not None:
+                result.decline(node.name or node.output[0], f"{MS_DOMAIN}.{node.op_type} kept: {why}")
+            out.append(node)
+            continue
+        out.extend(e.nodes)
+        g.initializer.extend(e.inits)
+        expanded += 1
+    del g.node[:]
+    g.node.extend(out)
+    if result is not None:
+        result.changed += expanded
+        if expanded:
+            result.notes.append(f"{expanded} onnxruntime fused ops (com.microsoft) expanded into the standard "
+                                "ops they compute, so their layers are quantized")
+    return expanded
