@@ -48,7 +48,10 @@ SkipLayerNormalization, BiasGelu, FastGelu, FusedMatMul, FusedConv, FusedGemm), 
 (layer scale from 1e-6 to 1), T5's relative-position buckets computed in float, soft-argmax
 keypoints, a HiFi-GAN vocoder, a Mamba-style selective scan (a Sub of two running sums), an
 autoencoder's reconstruction error, opset-23 RMSNormalization / RotaryEmbedding / Attention, and
-int8 weights cast to float in the graph. A run that raises is printed
+int8 weights cast to float in the graph. The twelfth adds 3: a second stage on the boxes a
+threshold keeps (none in some samples), a float16 model with float32 inputs and outputs
+(keep_io_types), and BERT's embeddings fused by onnxruntime (EmbedLayerNormalization, its
+mask_index into Attention). A run that raises is printed
 with its error; the sweep goes on.
 """
 from __future__ import annotations
@@ -1589,6 +1592,58 @@ def int_weight_cast(seed=0):
         lambda r, n: {"x": r.standard_normal((n, 16)).astype(np.float32)}
 
 
+def empty_boxes(seed=0):
+    """A two-stage head on the boxes a score threshold keeps: NonZero of scores > 0.9 (zero
+    boxes in some samples), Gather of their features, an MLP on the kept rows, ReduceMax of its
+    logits over the boxes (an empty tensor in between)."""
+    b = B(seed); D = 16
+    feat = b.op("Relu", [b.lin("x", 8, D)])                       # [K, D] boxes' features
+    score = b.op("Sigmoid", [b.op("Squeeze", [b.lin(feat, D, 1), b.c(np.array([1], np.int64))])])  # [K]
+    idx = b.op("Squeeze", [b.op("NonZero", [b.op("Greater", [score, b.c(np.float32(0.9))])]), b.c(np.array([0], np.int64))])
+    kept = b.op("Gather", [feat, idx], axis=0)                   # [k, D], k may be 0
+    lg = b.lin(b.op("Relu", [b.lin(kept, D, D)]), D, 4)
+    y = b.op("ReduceSum", [lg, b.c(np.array([0], np.int64))], keepdims=0)
+    return b.model([vi("x", T.FLOAT, ["K", 8])], [vi(y, T.FLOAT, [4]), vi(score, T.FLOAT, ["K"])]), \
+        lambda r, n: {"x": (r.standard_normal((6, 8)) + (2.0 if r.random() < 0.5 else -2.0)).astype(np.float32)}
+
+def fp16_keep_io(seed=0):
+    """A model converted to float16 with keep_io_types: float32 input Cast to float16, Conv /
+    Relu / Gemm in float16, Softmax kept float32 between Casts, float32 output."""
+    b = B(seed, opset=17)
+    def w16(*shape, scale=None):
+        fan = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+        arr = (b.rng.standard_normal(shape) * (scale or 1 / np.sqrt(fan))).astype(np.float16)
+        return b.c(arr)
+    x = b.op("Cast", ["x"], to=T.FLOAT16)
+    x = b.op("Relu", [b.op("Conv", [x, w16(16, 3, 3, 3), w16(16, scale=0.05)], pads=[1] * 4)])
+    x = b.op("Relu", [b.op("Conv", [x, w16(16, 16, 3, 3), w16(16, scale=0.05)], pads=[1] * 4, strides=[2, 2])])
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
+    lg = b.op("Gemm", [x, w16(10, 16), w16(10, scale=0.05)], transB=1)
+    p = b.op("Softmax", [b.op("Cast", [lg], to=T.FLOAT)], axis=-1)
+    return b.model([vi("x", T.FLOAT, ["N", 3, 16, 16])], [vi(p, T.FLOAT, ["N", 10])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 16, 16)).astype(np.float32)}
+
+def embed_layernorm(seed=0):
+    """BERT's embeddings as onnxruntime's transformer optimizer fuses them: com.microsoft
+    EmbedLayerNormalization (word, position and segment tables, LayerNorm, mask_index), then
+    Attention with the mask_index and a classifier."""
+    b = B(seed, opset=17); D, V, S = 32, 60, 8
+    emb, mi = _msop(b, "EmbedLayerNormalization", ["ids", "seg", b.w(V, D, scale=0.5), b.w(S, D, scale=0.1),
+                                                   b.w(2, D, scale=0.1), b.c(np.ones(D, np.float32)),
+                                                   b.c(np.zeros(D, np.float32)), "mask"], n_out=2, epsilon=1e-12)
+    a = _msop(b, "Attention", [emb, b.w(D, 3 * D), b.w(3 * D, scale=0.05), mi], num_heads=2)
+    y = _msop(b, "SkipLayerNormalization", [b.op("MatMul", [a, b.w(D, D)]), emb, b.c(np.ones(D, np.float32)),
+                                            b.c(np.zeros(D, np.float32))], epsilon=1e-12)
+    cls = b.op("Gather", [y, b.c(np.array(0, np.int64))], axis=1)
+    lg = b.op("Gemm", [cls, b.w(3, D), b.w(3, scale=0.05)], transB=1)
+    def f(r, n):
+        L = r.integers(3, S + 1, (n, 1))
+        return {"ids": r.integers(0, V, (n, S)).astype(np.int32), "seg": np.zeros((n, S), np.int32),
+                "mask": (np.arange(S)[None] < L).astype(np.int32)}
+    return _ms(b, [vi("ids", T.INT32, ["N", S]), vi("seg", T.INT32, ["N", S]), vi("mask", T.INT32, ["N", S])],
+               [vi(lg, T.FLOAT, ["N", 3])]), f
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -1632,7 +1687,9 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             grouped_imbalance,
                             # the eleventh round
                             ort_fused_bert, ort_fused_cnn, convnext_block, t5_relbias, soft_argmax, hifigan,
-                            selective_scan, recon_error, opset23_ops, int_weight_cast)}
+                            selective_scan, recon_error, opset23_ops, int_weight_cast,
+                            # the twelfth round
+                            empty_boxes, fp16_keep_io, embed_layernorm)}
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -57,6 +57,10 @@ x2 = r.standard_normal((6, 16)).astype(np.float32)
 wqkv = (r.standard_normal((16, 48)) * 0.3).astype(np.float32)
 bqkv = (r.standard_normal(48) * 0.1).astype(np.float32)
 conv = dict(pads=[1, 1, 1, 1])
+ids = r.integers(0, 30, (2, 5)).astype(np.int32)
+segs = r.integers(0, 2, (2, 5)).astype(np.int32)
+mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)
+word, pos, segt = (r.standard_normal((n, 16)).astype(np.float32) for n in (30, 5, 2))
 
 #: (case, node, graph inputs, initializers, outputs compared)
 CASES = [
@@ -96,6 +100,12 @@ CASES = [
      {"x": x3, "m": np.array([3, 5], np.int32)}, {"w": wqkv, "b": bqkv}, 1),
     ("Attention 2-D mask, scale", _ms("Attention", ["x", "w", "b", "m"], ["y"], num_heads=2, scale=0.3),
      {"x": x3, "m": np.array([[1, 1, 0, 1, 0], [1, 1, 1, 1, 1]], np.int32)}, {"w": wqkv, "b": bqkv}, 1),
+    ("EmbedLayerNormalization", _ms("EmbedLayerNormalization", ["ids", "seg", "word", "pos", "segt", "g", "beta", "m"],
+                                    ["y", "mi", "sum"], epsilon=1e-5),
+     {"ids": ids, "seg": segs, "m": mask}, {"word": word, "pos": pos, "segt": segt, "g": g16, "beta": v16}, 3),
+    ("EmbedLayerNormalization, no segments, no mask", _ms("EmbedLayerNormalization", ["ids", "", "word", "pos", "", "g",
+                                                           "beta"], ["y", "mi"]),
+     {"ids": ids}, {"word": word, "pos": pos, "g": g16, "beta": v16}, 2),
 ]
 
 
@@ -103,6 +113,8 @@ CASES = [
 def test_each_fused_op_expands_to_what_onnxruntime_computes(case):
     _, node, inputs, inits, n_out = case
     m = _model(node, inputs, inits, n_out)
+    if node.op_type == "EmbedLayerNormalization" and n_out > 1:  # mask_index is int32
+        m.graph.output[1].type.tensor_type.elem_type = TensorProto.INT32
     ref = _run(m, inputs)
     res = PassResult("unfuse")
     assert unfuse(m, res) == 1, res.declined
@@ -110,6 +122,7 @@ def test_each_fused_op_expands_to_what_onnxruntime_computes(case):
     onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=True)  # standard ops, well typed
     got = _run(m, inputs)
     for a, b in zip(ref, got):
+        assert a.dtype == b.dtype
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-5)
 
 
@@ -272,3 +285,23 @@ def test_a_model_saved_at_the_layout_specific_level_says_what_to_do(tmp_path):
                         check_kernels=False)
     warn = [w for w in res.warnings if "layer(s) with weights stayed float" in w]
     assert warn and "ORT_ENABLE_EXTENDED" in warn[0], res.warnings
+
+
+def test_an_attention_reading_an_expanded_embedding_mask_is_expanded_too():
+    """The transformer optimizer's BERT: EmbedLayerNormalization's mask_index (valid lengths)
+    feeds Attention. No shape inference knows a contrib op's output rank; the pass carries the
+    rank of what it expanded, so the Attention is expanded too (it was kept before)."""
+    nodes = [_ms("EmbedLayerNormalization", ["ids", "seg", "word", "pos", "segt", "g", "beta", "m"], ["e", "mi"]),
+             helper.make_node("Attention", ["e", "w", "b", "mi"], ["y"], name="attn", domain=MS_DOMAIN, num_heads=2)]
+    inputs = {"ids": ids, "seg": segs, "m": mask}
+    inits = {"word": word, "pos": pos, "segt": segt, "g": g16, "beta": v16, "w": wqkv, "b": bqkv}
+    g = helper.make_graph(nodes, "bert", [helper.make_tensor_value_info(k, TensorProto.INT32, list(v.shape))
+                                          for k, v in inputs.items()],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
+    m.ir_version = 10
+    ref = _run(m, inputs)
+    res = PassResult("unfuse")
+    assert unfuse(m, res) == 2, res.declined
+    np.testing.assert_allclose(_run(m, inputs)[0], ref[0], rtol=1e-4, atol=2e-5)

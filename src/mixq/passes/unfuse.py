@@ -3,7 +3,7 @@ compute.
 
 Why: a model saved by onnxruntime after its graph optimizations (`optimized_model_filepath` at
 the extended level) or by its transformer optimizer holds FusedConv, FusedGemm, FusedMatMul,
-BiasGelu, SkipLayerNormalization, Attention...: ops no quantizer's op table knows, so every
+BiasGelu, SkipLayerNormalization, EmbedLayerNormalization, Attention...: ops no quantizer's op table knows, so every
 layer in them stays float and the "quantized" model is the float one. Expanded, each layer is a
 Conv, Gemm or MatMul again, quantized like any other, and onnxruntime fuses the quantized
 pattern back at session creation.
@@ -37,6 +37,7 @@ class _Emit:
         self.base = node.name or (node.output[0] if node.output else node.op_type)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
+        self.ranks: dict[str, int] = {}  # ranks of the outputs it writes, which no inference knows yet
 
     def op(self, op_type: str, ins: list[str], out: str | None = None, **attrs: Any) -> str:
         """Emit `op_type`; its output is `out` (a name the fused node wrote) or a fresh one."""
@@ -247,9 +248,38 @@ def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None
     return None
 
 
+def _embed_layer_norm(e: _Emit) -> str | None:
+    """BERT's embeddings: word[ids] + position[0..S-1 or position_ids] (+ segment[segment_ids]),
+    LayerNormalization; the mask_index output is each row's count of mask ones."""
+    a = _attrs(e.node)
+    ids, seg, word, pos, seg_table, gamma, beta, mask, pos_ids = (_input(e.node, i) for i in range(9))
+    if bool(seg) != bool(seg_table):
+        return "segment ids without a segment table, or the reverse"
+    if _output(e.node, 1) and int(a.get("mask_index_type", 1)) != 1:
+        return f"mask_index_type={a.get('mask_index_type')}"
+    if not pos_ids:
+        seq = e.op("Gather", [e.op("Shape", [ids]), e.const(np.array(1, np.int64), "seq_axis")], axis=0)
+        pos_ids = e.op("Range", [e.const(np.array(0, np.int64), "zero"), seq, e.const(np.array(1, np.int64), "one")])
+    total = _output(e.node, 2)
+    s = e.op("Add", [e.op("Gather", [word, ids], axis=0), e.op("Gather", [pos, pos_ids], axis=0)],
+             None if seg else (total or None))
+    if seg:
+        s = e.op("Add", [s, e.op("Gather", [seg_table, seg], axis=0)], total or None)
+    eps = float(a.get("epsilon", 1e-12))
+    e.op("LayerNormalization", [s, gamma] + ([beta] if beta else []), e.node.output[0], axis=-1, epsilon=eps)
+    e.ranks[e.node.output[0]] = 3
+    if _output(e.node, 1):  # without a mask: zeros, one per row
+        rows = mask or e.op("Cast", [ids], to=onnx.TensorProto.INT32)
+        e.op("ReduceSum", [rows if mask else e.op("Mul", [rows, e.const(np.array(0, np.int32), "zero_i32")]),
+                           e.axes(1)], e.node.output[1], keepdims=0)
+        e.ranks[e.node.output[1]] = 1
+    return None
+
+
 #: The fused ops this pass expands; any other com.microsoft op is left as it is.
 EXPANDED_OPS = ("FusedConv", "FusedGemm", "FusedMatMul", "TransposeMatMul", "BiasGelu", "FastGelu", "Gelu",
-                "QuickGelu", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Attention")
+                "QuickGelu", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Attention",
+                "EmbedLayerNormalization")
 
 
 def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
@@ -267,9 +297,13 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
     inits = {t.name: t for t in g.initializer}
     typed = {vi.name: vi.type for vi in list(g.input) + list(g.value_info) + list(g.output)}
 
+    ranks: dict[str, int] = {}  # of values an earlier expansion wrote
+
     def shape_of(name: str) -> tuple[int | None, ...] | None:
         if name in inits:
             return tuple(int(d) for d in inits[name].dims)
+        if name in ranks:
+            return (None,) * ranks[name]
         return static_shape(typed.get(name))
 
     def rank_of(name: str) -> int | None:
@@ -282,7 +316,7 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
         "BiasGelu": lambda e: _gelu(e, "none", True), "FastGelu": lambda e: _gelu(e, "tanh", True),
         "Gelu": lambda e: _gelu(e, "none", False), "QuickGelu": _quick_gelu,
         "SkipLayerNormalization": _skip_layer_norm, "SkipSimplifiedLayerNormalization": _skip_simplified_layer_norm,
-        "Attention": lambda e: _attention(e, shape_of),
+        "Attention": lambda e: _attention(e, shape_of), "EmbedLayerNormalization": _embed_layer_norm,
     }
     out: list[onnx.NodeProto] = []
     expanded = 0
@@ -300,6 +334,7 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
             continue
         out.extend(e.nodes)
         g.initializer.extend(e.inits)
+        ranks.update(e.ranks)
         expanded += 1
     del g.node[:]
     g.node.extend(out)
