@@ -64,7 +64,17 @@ def _resolve_source(model: onnx.ModelProto, source: str, target: int) -> str:
 
 
 def _upgrade_opset(model: onnx.ModelProto, minimum: int, notes: list[str]) -> onnx.ModelProto:
+    from ..passes.unfuse import STANDARD_SINCE, hold_runtime_onnx_ops, unfuse
+
     opset = G.default_opset(model)
+    held = onnx.ModelProto()
+    held.CopyFrom(model)
+    # onnxruntime's own default-domain ops (its LayerNormalization before opset 17) leave the
+    # tensors after them untyped: held past the converter to the opset where they are standard
+    why = "bfloat16 Cast"
+    if hold_runtime_onnx_ops(held):
+        model, minimum = held, max(minimum, STANDARD_SINCE)
+        why = f"onnxruntime's LayerNormalization is standard from {STANDARD_SINCE}"
     if opset >= minimum:
         return model
     try:
@@ -72,13 +82,14 @@ def _upgrade_opset(model: onnx.ModelProto, minimum: int, notes: list[str]) -> on
 
         res = PassResult("opset")
         up = convert_opset(model, minimum, res)
+        unfuse(up, res)
         notes += res.notes
     except MixqError:
         raise
     except Exception as exc:
         raise ModelError(f"the model uses opset {opset}; bfloat16 Casts need opset >= {minimum} and the "
                          f"automatic upgrade failed ({exc}). Re-export the model with opset >= {minimum}.") from exc
-    notes.append(f"default opset upgraded from {opset} to {minimum} (bfloat16 Cast)")
+    notes.append(f"default opset upgraded from {opset} to {minimum} ({why})")
     return up
 
 

@@ -25,6 +25,14 @@ from onnx import helper, numpy_helper
 from ..graph import NameAllocator, PassResult
 
 MS_DOMAIN = "com.microsoft"
+#: Ops onnxruntime registers in the default ONNX domain where the standard has none (its graph
+#: optimizer writes them into the models it saves): op type -> the first opset whose standard
+#: op of that name computes the same (None: no standard op of that name).
+RUNTIME_ONNX_OPS: dict[str, int | None] = {"LayerNormalization": 17, "SimplifiedLayerNormalization": None}
+#: The opset from which every held op is a standard op or expands into standard ones.
+STANDARD_SINCE = max(v for v in RUNTIME_ONNX_OPS.values() if v is not None)
+#: Where such nodes wait while the ONNX checker and the opset converter run (neither knows them).
+HELD_DOMAIN = "com.mixq.held"
 
 
 class _Emit:
@@ -53,6 +61,14 @@ class _Emit:
 
     def axes(self, *axes: int) -> str:
         return self.const(np.array(axes, np.int64), "axes")
+
+    def rms(self, x: str, eps: float) -> str:
+        """sqrt(mean(x^2 over the last axis) + eps), kept dims (ReduceMean's axes are an input
+        from opset 18, an attribute before)."""
+        sq = self.op("Mul", [x, x])
+        ms = (self.op("ReduceMean", [sq, self.axes(-1)], keepdims=1) if self.opset >= 18
+              else self.op("ReduceMean", [sq], axes=[-1], keepdims=1))
+        return self.op("Sqrt", [self.op("Add", [ms, self.const(np.float32(eps), "epsilon")])])
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
@@ -187,9 +203,7 @@ def _skip_simplified_layer_norm(e: _Emit) -> str | None:
     if e.opset >= 23:
         e.op("RMSNormalization", [s, gamma], out, axis=-1, epsilon=eps)
         return None
-    ms = e.op("ReduceMean", [e.op("Mul", [s, s]), e.axes(-1)], keepdims=1)
-    rms = e.op("Sqrt", [e.op("Add", [ms, e.const(np.float32(eps), "epsilon")])])
-    e.op("Mul", [e.op("Div", [s, rms]), gamma], out)
+    e.op("Mul", [e.op("Div", [s, e.rms(s, eps)]), gamma], out)
     return None
 
 
@@ -276,10 +290,47 @@ def _embed_layer_norm(e: _Emit) -> str | None:
     return None
 
 
+def _simplified_layer_norm(e: _Emit, rank_of: Callable[[str], int | None]) -> str | None:
+    """onnxruntime's SimplifiedLayerNormalization (RMSNorm) over the last axis."""
+    a = _attrs(e.node)
+    axis, r = int(a.get("axis", -1)), rank_of(e.node.input[0])
+    if axis != -1 and (r is None or axis != r - 1):
+        return f"axis={axis}: only the last axis is expanded"
+    if _output(e.node, 1):
+        return "its inverse-std-dev output is read (a training output)"
+    eps = float(a.get("epsilon", 1e-5))
+    x, scale, out = e.node.input[0], e.node.input[1], e.node.output[0]
+    if e.opset >= 23:
+        e.op("RMSNormalization", [x, scale], out, axis=-1, epsilon=eps)
+        return None
+    e.op("Mul", [e.op("Div", [x, e.rms(x, eps)]), scale], out)
+    return None
+
+
+def hold_runtime_onnx_ops(model: onnx.ModelProto) -> int:
+    """Move the default-domain nodes that are onnxruntime's own ops at the model's opset
+    (RUNTIME_ONNX_OPS: a LayerNormalization before opset 17, a SimplifiedLayerNormalization)
+    to HELD_DOMAIN, so that the checker and the opset converter pass them; `unfuse` releases
+    them. A model onnxruntime saved optimized at opset 13 holds such a LayerNormalization, and
+    was refused as failing the checker. In place; returns how many were held."""
+    from .prepare import model_opset
+
+    opset = model_opset(model)
+    held = 0
+    for node in model.graph.node:
+        since = RUNTIME_ONNX_OPS.get(node.op_type, 0) if node.domain in ("", "ai.onnx") else 0
+        if since is None or (since and opset < since):
+            node.domain = HELD_DOMAIN
+            held += 1
+    if held and not any(o.domain == HELD_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(HELD_DOMAIN, 1))
+    return held
+
+
 #: The fused ops this pass expands; any other com.microsoft op is left as it is.
 EXPANDED_OPS = ("FusedConv", "FusedGemm", "FusedMatMul", "TransposeMatMul", "BiasGelu", "FastGelu", "Gelu",
                 "QuickGelu", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Attention",
-                "EmbedLayerNormalization")
+                "EmbedLayerNormalization")  # and the default-domain SimplifiedLayerNormalization (held)
 
 
 def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
@@ -290,7 +341,7 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
     from .prepare import model_opset
 
     g = model.graph
-    if not any(n.domain == MS_DOMAIN and n.op_type in EXPANDED_OPS for n in g.node):
+    if not any(n.domain == HELD_DOMAIN or (n.domain == MS_DOMAIN and n.op_type in EXPANDED_OPS) for n in g.node):
         return 0
     opset = model_opset(model)
     names = NameAllocator.for_model(model)
@@ -318,10 +369,15 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
         "SkipLayerNormalization": _skip_layer_norm, "SkipSimplifiedLayerNormalization": _skip_simplified_layer_norm,
         "Attention": lambda e: _attention(e, shape_of), "EmbedLayerNormalization": _embed_layer_norm,
     }
+    held_rules: dict[str, Callable[[_Emit], str | None]] = {
+        "SimplifiedLayerNormalization": lambda e: _simplified_layer_norm(e, rank_of)}
     out: list[onnx.NodeProto] = []
     expanded = 0
     for node in g.node:
-        rule = rules.get(node.op_type) if node.domain == MS_DOMAIN else None
+        held = node.domain == HELD_DOMAIN
+        rule = rules.get(node.op_type) if node.domain == MS_DOMAIN else held_rules.get(node.op_type) if held else None
+        if held:
+            node.domain = ""  # back where onnxruntime runs it (a standard op by now, or its own)
         if rule is None:
             out.append(node)
             continue
@@ -329,7 +385,7 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
         why = rule(e)
         if why is not None:
             if result is not None:
-                result.decline(node.name or node.output[0], f"{MS_DOMAIN}.{node.op_type} kept: {why}")
+                result.decline(node.name or node.output[0], f"{node.domain or 'onnxruntime'}.{node.op_type} kept: {why}")
             out.append(node)
             continue
         out.extend(e.nodes)
@@ -338,9 +394,13 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
         expanded += 1
     del g.node[:]
     g.node.extend(out)
+    kept = [o for o in model.opset_import if o.domain != HELD_DOMAIN]
+    if len(kept) != len(model.opset_import):
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
     if result is not None:
         result.changed += expanded
         if expanded:
-            result.notes.append(f"{expanded} onnxruntime fused ops (com.microsoft) expanded into the standard "
-                                "ops they compute, so their layers are quantized")
+            result.notes.append(f"{expanded} onnxruntime-specific op(s) (its fused com.microsoft ops, its own "
+                                "normalizations) expanded into the standard ops they compute")
     return expanded
