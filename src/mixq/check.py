@@ -20,6 +20,7 @@ from .errors import ModelError
 from .graph import subgraphs
 from .passes.prepare import (MAX_RUNTIME_OPSET, TARGET_OPSET, check_float_model, check_input_model, model_opset,
                              repair_output_shapes, undeclared_shapes)
+from .passes.unfuse import EXPANDED_OPS, MS_DOMAIN, hold_runtime_onnx_ops
 from .plan.ops import semantics, unsupported_reason
 
 __all__ = ["OpSupport", "SupportReport", "check_model_support", "custom_op_problems"]
@@ -108,6 +109,11 @@ class SupportReport:
 def _status(node: onnx.NodeProto) -> tuple[str, str]:
     if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
         return PASS_THROUGH, "becomes an initializer: quantized where a quantizable op reads it"
+    if node.domain == MS_DOMAIN and node.op_type in EXPANDED_OPS:
+        # what quantize does with it (most forms; a declined one is named in its summary)
+        return QUANTIZABLE, "onnxruntime fused op: expanded into the standard ops it computes, quantized as those"
+    if node.domain in ("", "ai.onnx") and node.op_type == "SimplifiedLayerNormalization":
+        return QUANTIZABLE, "onnxruntime's RMSNorm: written out in standard ops, quantized as those"
     sem = semantics(node)
     if sem is None:
         return LEFT_FLOAT, unsupported_reason(node)
@@ -154,6 +160,9 @@ def custom_op_problems(model: onnx.ModelProto) -> dict[str, str]:
             continue
         if (d, n.op_type) in local:
             out.setdefault(d, "model-local functions (onnxruntime inlines them; left float)")
+        elif d == MS_DOMAIN:
+            out.setdefault(d, f"{ORT_DOMAINS[d]}s (run by stock onnxruntime; its fused layer ops are expanded "
+                              "into standard ops and quantized, the others left float)")
         elif d in ORT_DOMAINS:
             out.setdefault(d, f"{ORT_DOMAINS[d]}s (run by stock onnxruntime; left float)")
         else:
@@ -261,6 +270,10 @@ def check_model_support(model: onnx.ModelProto | str | os.PathLike) -> SupportRe
             except Exception as exc:  # noqa: BLE001 - reported below
                 raise ModelError(f"the input model fails the ONNX checker: {exc}") from exc
         else:
+            held = onnx.ModelProto()
+            held.CopyFrom(model)
+            if hold_runtime_onnx_ops(held):  # onnxruntime's own ops, read as quantize reads them
+                model = held
             if any(kind == "output" for kind, _ in undeclared_shapes(model)):
                 # quantize declares the shapes inference computes; what is left is the problem
                 declared = onnx.ModelProto()

@@ -379,3 +379,19 @@ def test_the_bf16_tool_converts_an_opset_13_model_onnxruntime_saved(tmp_path, rm
     ort.InferenceSession(_norm_model(rms).SerializeToString(), so, providers=["CPUExecutionProvider"])
     out, rep = to_bf16(onnx.load(so.optimized_model_filepath), fmt)
     assert min(f.sqnr_db for f in rep.fidelity) > 35, rep.fidelity
+
+
+def test_mixq_check_says_what_quantize_does_with_them(tmp_path):
+    """`mixq check` agreed with nothing above: it called the fused layers left float, and the
+    opset-13 model one that fails the checker (so quantization would fail)."""
+    from mixq.check import QUANTIZABLE, check_model_support
+
+    for model, op in ((_cnn(), "FusedConv"), (_norm_model(rms=False), "LayerNormalization"),
+                      (_norm_model(rms=True), "SimplifiedLayerNormalization")):
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = os.fspath(tmp_path / "opt.onnx")
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        rep = check_model_support(onnx.load(so.optimized_model_filepath))
+        assert not rep.problems, rep.problems
+        assert [o.status for o in rep.ops if o.op_type == op] == [QUANTIZABLE]
