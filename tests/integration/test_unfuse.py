@@ -61,6 +61,7 @@ ids = r.integers(0, 30, (2, 5)).astype(np.int32)
 segs = r.integers(0, 2, (2, 5)).astype(np.int32)
 mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)
 word, pos, segt = (r.standard_normal((n, 16)).astype(np.float32) for n in (30, 5, 2))
+kv7 = r.standard_normal((2, 7, 16)).astype(np.float32)
 
 #: (case, node, graph inputs, initializers, outputs compared)
 CASES = [
@@ -100,6 +101,20 @@ CASES = [
      {"x": x3, "m": np.array([3, 5], np.int32)}, {"w": wqkv, "b": bqkv}, 1),
     ("Attention 2-D mask, scale", _ms("Attention", ["x", "w", "b", "m"], ["y"], num_heads=2, scale=0.3),
      {"x": x3, "m": np.array([[1, 1, 0, 1, 0], [1, 1, 1, 1, 1]], np.int32)}, {"w": wqkv, "b": bqkv}, 1),
+    ("Attention causal", _ms("Attention", ["x", "w", "b"], ["y"], num_heads=2, unidirectional=1), {"x": x3},
+     {"w": wqkv, "b": bqkv}, 1),
+    ("Attention causal, 2-D mask", _ms("Attention", ["x", "w", "b", "m"], ["y"], num_heads=2, unidirectional=1),
+     {"x": x3, "m": np.array([[1, 1, 0, 1, 0], [1, 1, 1, 1, 1]], np.int32)}, {"w": wqkv, "b": bqkv}, 1),
+    ("MultiHeadAttention", _ms("MultiHeadAttention", ["q", "k", "v"], ["y"], num_heads=2),
+     {"q": x3, "k": s3, "v": x3[::-1].copy()}, {}, 1),
+    ("MultiHeadAttention bias, 2-D key mask", _ms("MultiHeadAttention", ["q", "k", "v", "b", "m"], ["y"], num_heads=4),
+     {"q": x3, "k": s3, "v": x3[::-1].copy(), "m": np.array([[1, 1, 0, 1, 0], [1, 1, 1, 1, 1]], np.int32)},
+     {"b": bqkv}, 1),
+    ("MultiHeadAttention cross, 1-D lengths", _ms("MultiHeadAttention", ["q", "k", "v", "", "m"], ["y"], num_heads=2,
+                                                 scale=0.2),
+     {"q": x3, "k": kv7, "v": kv7[..., ::-1].copy(), "m": np.array([4, 7], np.int32)}, {}, 1),
+    ("MultiHeadAttention causal", _ms("MultiHeadAttention", ["q", "k", "v"], ["y"], num_heads=2, unidirectional=1),
+     {"q": x3, "k": s3, "v": x3[::-1].copy()}, {}, 1),
     ("EmbedLayerNormalization", _ms("EmbedLayerNormalization", ["ids", "seg", "word", "pos", "segt", "g", "beta", "m"],
                                     ["y", "mi", "sum"], epsilon=1e-5),
      {"ids": ids, "seg": segs, "m": mask}, {"word": word, "pos": pos, "segt": segt, "g": g16, "beta": v16}, 3),
@@ -127,12 +142,12 @@ def test_each_fused_op_expands_to_what_onnxruntime_computes(case):
 
 
 def test_a_form_the_expansion_would_not_reproduce_is_kept_with_why():
-    node = _ms("Attention", ["x", "w", "b"], ["y"], num_heads=2, unidirectional=1)
-    m = _model(node, {"x": x3}, {"w": wqkv, "b": bqkv})
+    node = _ms("Attention", ["x", "w", "b", "", "past"], ["y", "present"], num_heads=2)
+    m = _model(node, {"x": x3}, {"w": wqkv, "b": bqkv, "past": np.zeros((2, 2, 2, 0, 8), np.float32)})
     res = PassResult("unfuse")
     assert unfuse(m, res) == 0
     assert [n.op_type for n in m.graph.node] == ["Attention"]
-    assert "unidirectional" in res.declined[0][1]
+    assert "without past state" in res.declined[0][1]
 
 
 def _cnn() -> onnx.ModelProto:
@@ -259,7 +274,8 @@ def test_layers_left_float_for_an_unknown_op_warn():
     """A layer whose op mixq does not know (here a causal Attention the expansion declines) is
     float in the output whatever the preset: the result says so as a warning, not only in the
     left-float counts. Before, only "Left float: 1 x custom-domain op ..." said it."""
-    m = _model(_ms("Attention", ["x", "w", "b"], ["y"], num_heads=2, unidirectional=1), {"x": x3}, {"w": wqkv, "b": bqkv})
+    m = _model(_ms("Attention", ["x", "w", "b", "", "past"], ["y", "present"], num_heads=2), {"x": x3},
+               {"w": wqkv, "b": bqkv, "past": np.zeros((2, 2, 2, 0, 8), np.float32)})
     m.graph.node.extend([helper.make_node("MatMul", ["y", "w2"], ["z"], name="head")])
     m.graph.initializer.append(numpy_helper.from_array(w2, "w2"))
     del m.graph.output[:]
@@ -269,7 +285,7 @@ def test_layers_left_float_for_an_unknown_op_warn():
                         check_kernels=False)
     warn = [w for w in res.warnings if "layer(s) with weights stayed float" in w]
     assert warn and "com.microsoft.Attention x 1" in warn[0], res.warnings
-    assert "unidirectional" in res.summary()  # the expansion's reason for keeping it
+    assert "without past state" in res.summary()  # the expansion's reason for keeping it
 
 
 def test_a_model_saved_at_the_layout_specific_level_says_what_to_do(tmp_path):

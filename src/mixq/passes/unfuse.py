@@ -207,12 +207,68 @@ def _skip_simplified_layer_norm(e: _Emit) -> str | None:
     return None
 
 
+def _seq_len(e: _Emit, x: str) -> str:
+    """x.shape[1] as a 0-D int64."""
+    return e.op("Gather", [e.op("Shape", [x]), e.const(np.array(1, np.int64), "seq_axis")], axis=0)
+
+
+def _positions(e: _Emit, x: str) -> str:
+    """0 .. x.shape[1] - 1 (int64)."""
+    return e.op("Range", [e.const(np.array(0, np.int64), "zero"), _seq_len(e, x), e.const(np.array(1, np.int64), "one")])
+
+
+def _additive(e: _Emit, keep: str, fill: float) -> str:
+    """0 where `keep`, `fill` elsewhere (onnxruntime adds its mask_filter_value, not -inf)."""
+    return e.op("Where", [keep, e.const(np.float32(0.0), "keep"), e.const(np.float32(fill), "fill")])
+
+
+def _key_mask(e: _Emit, mask: str, rank: int, keys: str, fill: float) -> str:
+    """The additive [B, 1, 1, L] mask of a 1-D valid-length or a 2-D 0/1 key mask."""
+    if rank == 1:  # valid lengths: key positions at or past the length are masked
+        lengths = e.op("Unsqueeze", [e.op("Cast", [mask], to=onnx.TensorProto.INT64), e.axes(1)])
+        keep = e.op("Less", [e.op("Unsqueeze", [_positions(e, keys), e.axes(0)]), lengths])
+    else:
+        keep = e.op("Greater", [mask, e.const(np.array(0, np.int32), "zero_i32")])
+    return e.op("Unsqueeze", [_additive(e, keep, fill), e.axes(1, 2)])
+
+
+def _causal_mask(e: _Emit, x: str, fill: float) -> str:
+    """The additive [S, S] mask hiding the keys after each query."""
+    pos = _positions(e, x)
+    keep = e.op("LessOrEqual", [e.op("Unsqueeze", [pos, e.axes(0)]), e.op("Unsqueeze", [pos, e.axes(1)])])
+    return _additive(e, keep, fill)
+
+
+def _heads(e: _Emit, q: str, k: str, v: str, heads: int, head_size: int, scale: float, masks: list[str]) -> None:
+    """softmax(Q K^T * scale + masks) V over `heads` heads of [B, S, H * head_size] projections,
+    written to the node's first output as [B, S, H * head_size]."""
+    shape4 = e.const(np.array([0, 0, heads, head_size], np.int64), "heads")
+    q, k, v = (e.op("Reshape", [t, shape4]) for t in (q, k, v))
+    q = e.op("Transpose", [q], perm=[0, 2, 1, 3])
+    k = e.op("Transpose", [k], perm=[0, 2, 3, 1])
+    v = e.op("Transpose", [v], perm=[0, 2, 1, 3])
+    s = e.op("Mul", [e.op("MatMul", [q, k]), e.const(np.float32(scale), "scale")])
+    for m in masks:
+        s = e.op("Add", [s, m])
+    o = e.op("Transpose", [e.op("MatMul", [e.op("Softmax", [s], axis=-1), v])], perm=[0, 2, 1, 3])
+    e.op("Reshape", [o, e.const(np.array([0, 0, heads * head_size], np.int64), "hidden")], e.node.output[0])
+
+
+def _mask_rank(e: _Emit, mask: str, shape_of: Callable[[str], tuple[int | None, ...] | None]) -> str | int:
+    """The rank of a key mask input (0: none), or why it is not one the expansion reproduces."""
+    r = len(shape_of(mask) or ()) if mask else 0
+    if mask and r not in (1, 2):
+        return f"a key mask of rank {r or 'unknown'}; only 1-D lengths and 2-D 0/1 masks are expanded"
+    return r
+
+
 def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None]) -> str | None:
     """onnxruntime's packed-QKV Attention without past state: x W + b split into Q, K, V, heads,
-    softmax(Q K^T * scale + mask) V; the mask from a 1-D valid-length or a 2-D 0/1 mask_index."""
+    softmax(Q K^T * scale + masks) V; the key mask from 1-D valid lengths or a 2-D 0/1
+    mask_index, a causal mask where unidirectional."""
     a = _attrs(e.node)
     heads = int(a.get("num_heads", 0))
-    unsupported = [k for k in ("unidirectional", "do_rotary", "past_present_share_buffer") if a.get(k)]
+    unsupported = [k for k in ("do_rotary", "past_present_share_buffer") if a.get(k)]
     if a.get("qkv_hidden_sizes"):
         sizes = [int(s) for s in a["qkv_hidden_sizes"]]
         if len(set(sizes)) != 1:
@@ -220,17 +276,16 @@ def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None
     extra = [i for i in range(4, len(e.node.input)) if e.node.input[i]]  # past, attention_bias, ...
     if unsupported or extra or _output(e.node, 1):
         what = unsupported + [f"input {i}" for i in extra] + (["the present output"] if _output(e.node, 1) else [])
-        return f"{', '.join(what)}: only the encoder form (no past, no causal flag, no bias input) is expanded"
+        return f"{', '.join(what)}: only the form without past state or a bias input is expanded"
     w_shape = shape_of(e.node.input[1])
     cols = w_shape[1] if w_shape is not None and len(w_shape) == 2 else None
     if heads <= 0 or not cols or cols % (3 * heads):
         return "the packed weight's shape is not known, or num_heads does not divide it"
     hidden = cols // 3
-    hd = hidden // heads
     mask = _input(e.node, 3)
-    mrank = len(shape_of(mask) or ()) if mask else 0
-    if mask and mrank not in (1, 2):
-        return f"a mask_index of rank {mrank or 'unknown'}; only 1-D lengths and 2-D 0/1 masks are expanded"
+    rank = _mask_rank(e, mask, shape_of)
+    if isinstance(rank, str):
+        return rank
     x, w = e.node.input[:2]
     qkv = e.op("MatMul", [x, w])
     if _input(e.node, 2):
@@ -238,27 +293,41 @@ def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None
     split = [e.names.value(e.base, n) for n in ("q", "k", "v")]
     e.nodes.append(helper.make_node("Split", [qkv, e.const(np.array([hidden] * 3, np.int64), "split")], split,
                                     name=e.names.value(e.base, "Split"), axis=-1))
-    shape4 = e.const(np.array([0, 0, heads, hd], np.int64), "heads")
-    q, k, v = (e.op("Reshape", [t, shape4]) for t in split)
-    q = e.op("Transpose", [q], perm=[0, 2, 1, 3])
-    k = e.op("Transpose", [k], perm=[0, 2, 3, 1])
-    v = e.op("Transpose", [v], perm=[0, 2, 1, 3])
-    scale = float(a.get("scale", 0.0) or 1.0 / math.sqrt(hd))
-    s = e.op("Mul", [e.op("MatMul", [q, k]), e.const(np.float32(scale), "scale")])
-    if mask:
-        fill = float(a.get("mask_filter_value", -10000.0))
-        if mrank == 1:  # valid lengths: key positions at or past the length are masked
-            seq = e.op("Gather", [e.op("Shape", [x]), e.const(np.array(1, np.int64), "seq_axis")], axis=0)
-            pos = e.op("Range", [e.const(np.array(0, np.int64), "zero"), seq, e.const(np.array(1, np.int64), "one")])
-            lengths = e.op("Unsqueeze", [e.op("Cast", [mask], to=onnx.TensorProto.INT64), e.axes(1)])
-            keep = e.op("Less", [e.op("Unsqueeze", [pos, e.axes(0)]), lengths])
-        else:
-            keep = e.op("Greater", [mask, e.const(np.array(0, np.int32), "zero_i32")])
-        add = e.op("Where", [keep, e.const(np.float32(0.0), "keep"), e.const(np.float32(fill), "fill")])
-        s = e.op("Add", [s, e.op("Unsqueeze", [add, e.axes(1, 2)])])
-    p = e.op("Softmax", [s], axis=-1)
-    o = e.op("Transpose", [e.op("MatMul", [p, v])], perm=[0, 2, 1, 3])
-    e.op("Reshape", [o, e.const(np.array([0, 0, hidden], np.int64), "hidden")], e.node.output[0])
+    fill = float(a.get("mask_filter_value", -10000.0))
+    masks = ([_key_mask(e, mask, rank, x, fill)] if mask else []) + \
+        ([_causal_mask(e, x, fill)] if a.get("unidirectional") else [])
+    _heads(e, *split, heads, hidden // heads, float(a.get("scale", 0.0) or 1.0 / math.sqrt(hidden // heads)), masks)
+    return None
+
+
+def _multi_head_attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None]) -> str | None:
+    """onnxruntime's MultiHeadAttention on projected [B, S, D] query, key and value (the
+    optional bias of 3D added to each), without past state or attention bias; key mask and
+    causal flag as in Attention."""
+    a = _attrs(e.node)
+    heads = int(a.get("num_heads", 0))
+    q, k, v, bias, mask = (_input(e.node, i) for i in range(5))
+    extra = [i for i in range(5, len(e.node.input)) if e.node.input[i]]
+    ranks = [len(shape_of(t) or ()) for t in (q, k, v)]
+    if extra or _output(e.node, 1) or _output(e.node, 2) or ranks != [3, 3, 3]:
+        return ("only 3-D query, key and value without past state, attention bias or present outputs are "
+                f"expanded (ranks {ranks}, inputs {extra})")
+    dims = shape_of(bias) if bias else shape_of(q)
+    width = (dims[0] // 3 if bias and dims and dims[0] else None) if bias else (dims[-1] if dims else None)
+    if heads <= 0 or not width or width % heads:
+        return "the hidden size is not known, or num_heads does not divide it"
+    rank = _mask_rank(e, mask, shape_of)
+    if isinstance(rank, str):
+        return rank
+    if bias:
+        parts = [e.names.value(e.base, n) for n in ("bias_q", "bias_k", "bias_v")]
+        e.nodes.append(helper.make_node("Split", [bias, e.const(np.array([width] * 3, np.int64), "split")], parts,
+                                        name=e.names.value(e.base, "Split"), axis=0))
+        q, k, v = (e.op("Add", [t, b]) for t, b in zip((q, k, v), parts))
+    fill = float(a.get("mask_filter_value", -10000.0))
+    masks = ([_key_mask(e, mask, rank, k, fill)] if mask else []) + \
+        ([_causal_mask(e, q, fill)] if a.get("unidirectional") else [])
+    _heads(e, q, k, v, heads, width // heads, float(a.get("scale", 0.0) or 1.0 / math.sqrt(width // heads)), masks)
     return None
 
 
@@ -272,8 +341,7 @@ def _embed_layer_norm(e: _Emit) -> str | None:
     if _output(e.node, 1) and int(a.get("mask_index_type", 1)) != 1:
         return f"mask_index_type={a.get('mask_index_type')}"
     if not pos_ids:
-        seq = e.op("Gather", [e.op("Shape", [ids]), e.const(np.array(1, np.int64), "seq_axis")], axis=0)
-        pos_ids = e.op("Range", [e.const(np.array(0, np.int64), "zero"), seq, e.const(np.array(1, np.int64), "one")])
+        pos_ids = _positions(e, ids)
     total = _output(e.node, 2)
     s = e.op("Add", [e.op("Gather", [word, ids], axis=0), e.op("Gather", [pos, pos_ids], axis=0)],
              None if seg else (total or None))
@@ -330,7 +398,7 @@ def hold_runtime_onnx_ops(model: onnx.ModelProto) -> int:
 #: The fused ops this pass expands; any other com.microsoft op is left as it is.
 EXPANDED_OPS = ("FusedConv", "FusedGemm", "FusedMatMul", "TransposeMatMul", "BiasGelu", "FastGelu", "Gelu",
                 "QuickGelu", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Attention",
-                "EmbedLayerNormalization")  # and the default-domain SimplifiedLayerNormalization (held)
+                "MultiHeadAttention", "EmbedLayerNormalization")  # and the default-domain SimplifiedLayerNormalization (held)
 
 
 def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
@@ -368,6 +436,7 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
         "Gelu": lambda e: _gelu(e, "none", False), "QuickGelu": _quick_gelu,
         "SkipLayerNormalization": _skip_layer_norm, "SkipSimplifiedLayerNormalization": _skip_simplified_layer_norm,
         "Attention": lambda e: _attention(e, shape_of), "EmbedLayerNormalization": _embed_layer_norm,
+        "MultiHeadAttention": lambda e: _multi_head_attention(e, shape_of),
     }
     held_rules: dict[str, Callable[[_Emit], str | None]] = {
         "SimplifiedLayerNormalization": lambda e: _simplified_layer_norm(e, rank_of)}
