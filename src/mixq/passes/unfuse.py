@@ -296,7 +296,8 @@ def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None
     fill = float(a.get("mask_filter_value", -10000.0))
     masks = ([_key_mask(e, mask, rank, x, fill)] if mask else []) + \
         ([_causal_mask(e, x, fill)] if a.get("unidirectional") else [])
-    _heads(e, *split, heads, hidden // heads, float(a.get("scale", 0.0) or 1.0 / math.sqrt(hidden // heads)), masks)
+    q, k, v = split
+    _heads(e, q, k, v, heads, hidden // heads, float(a.get("scale", 0.0) or 1.0 / math.sqrt(hidden // heads)), masks)
     return None
 
 
