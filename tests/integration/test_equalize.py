@@ -228,6 +228,12 @@ def test_the_option_and_the_documented_vocabulary_turn_it_off(tmp_path, capsys):
         assert ("pair(s) equalized" in capsys.readouterr().out) == equalized
     off = mixq.quantize(m, mixq.get_default_config("A8W8").with_options(equalize=False), feeds, check_kernels=False)
     assert off.prepare.pairs_equalized == 0
+    # never silently inert: the summary says what the option left (here the pair), or that it changed nothing
+    assert "1 layer pair(s) left imbalanced that it would balance (e.g. first -> second" in off.summary()
+    plain = _pair(*(rng.normal(0, 0.3, s).astype(np.float32) for s in ((4, 3, 3, 3), (4,), (2, 4, 3, 3), (2,))))
+    quiet = mixq.quantize(plain, mixq.get_default_config("A8W8").with_options(equalize=False), feeds,
+                          check_kernels=False)
+    assert "it changed nothing here" in quiet.summary()
     qc = QuantizationConfig(activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, include_cle=False)
     assert qc.translate().config.equalize is False
     assert QuantizationConfig().translate().config.equalize is True  # the vendor's default: CLE on

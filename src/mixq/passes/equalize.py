@@ -280,10 +280,12 @@ class Balanced:
     after_db: float
 
 
-def equalize_imbalanced(model: onnx.ModelProto, result: PassResult | None = None) -> list[Balanced]:
+def equalize_imbalanced(model: onnx.ModelProto, result: PassResult | None = None, *,
+                        apply: bool = True) -> list[Balanced]:
     """Balance, in place, the `channel_pairs` whose `pair_sqnr_db` is under `EQUALIZE_BELOW_DB`
     and gains at least `EQUALIZE_GAIN_DB` by it; the others are declined in `result` where
-    they are imbalanced at all (a predicted gain over 1 dB), with why."""
+    they are imbalanced at all (a predicted gain over 1 dB), with why. `apply=False`: only say
+    which pairs it would balance (the model is not touched)."""
     inits = {t.name: t for t in model.graph.initializer}
     done: list[Balanced] = []
     for p in channel_pairs(model):
@@ -291,7 +293,8 @@ def equalize_imbalanced(model: onnx.ModelProto, result: PassResult | None = None
         s = balance_scales(w1r, w2c)
         before, after = pair_sqnr_db(w1r, w2c), pair_sqnr_db(w1r, w2c, s)
         if before < EQUALIZE_BELOW_DB and after - before >= EQUALIZE_GAIN_DB:
-            scale_pair(inits, p, s)
+            if apply:
+                scale_pair(inits, p, s)
             done.append(Balanced(p.first.name or p.first.output[0], p.second.name or p.second.output[0],
                                  before, after))
         elif result is not None and after - before > 1.0:

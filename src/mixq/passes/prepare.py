@@ -897,6 +897,15 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
         rep.pairs_equalized = len(equalize_imbalanced(m, eq))
         rep.passes.append(eq)
         rep.notes += eq.notes
+    else:  # the option off: say what it changed, so that it is never silently inert
+        left = equalize_imbalanced(m, apply=False)
+        worst = min(left, key=lambda d: d.before_db) if left else None
+        rep.notes.append(
+            f"equalization off (equalize=False, or a documented config without CLE): {len(left)} layer pair(s) "
+            f"left imbalanced that it would balance (e.g. {worst.first} -> {worst.second}: a predicted "
+            f"{worst.before_db:.1f} dB on int8, {worst.after_db:.1f} dB balanced)" if worst is not None else
+            "equalization off (equalize=False, or a documented config without CLE): it changed nothing here, "
+            "no layer pair being imbalanced enough to be equalized")
     for r in (unknown_negative_dims(m), fit_ir_version(m)):
         rep.passes.append(r)
         rep.notes += r.notes
