@@ -39,6 +39,22 @@ def _run(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
+def _saved_optimized(model: onnx.ModelProto, tmp_path, level=ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+                     ) -> onnx.ModelProto:
+    """`model` as onnxruntime saves it after its graph optimizations at `level`
+    (`SessionOptions.optimized_model_filepath`)."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = level
+    so.optimized_model_filepath = os.fspath(tmp_path / "opt.onnx")
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return onnx.load(so.optimized_model_filepath)
+
+
+def _sqnr(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return float(10 * np.log10(np.sum(a64 ** 2) / np.sum((a64 - b64) ** 2)))
+
+
 def _ms(op: str, ins: list[str], outs: list[str], **attrs) -> onnx.NodeProto:
     return helper.make_node(op, ins, outs, name=op.lower(), domain=MS_DOMAIN, **attrs)
 
@@ -176,11 +192,7 @@ def test_a_model_onnxruntime_saved_optimized_is_quantized(tmp_path, preset):
     """What `SessionOptions.optimized_model_filepath` writes at the extended level: FusedConv and
     FusedGemm. Before the expansion nothing of it was quantized (the output was the float model,
     with a warning)."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    so.optimized_model_filepath = os.fspath(tmp_path / "opt.onnx")
-    ort.InferenceSession(_cnn().SerializeToString(), so, providers=["CPUExecutionProvider"])
-    m = onnx.load(so.optimized_model_filepath)
+    m = _saved_optimized(_cnn(), tmp_path)
     assert Counter(n.op_type for n in m.graph.node if n.domain == MS_DOMAIN) == {"FusedConv": 3, "FusedGemm": 1}
     rr = np.random.default_rng(2)
     calib = [{"x": rr.standard_normal((4, 3, 16, 16)).astype(np.float32)} for _ in range(8)]
@@ -194,7 +206,7 @@ def test_a_model_onnxruntime_saved_optimized_is_quantized(tmp_path, preset):
     feeds = {"x": rr.standard_normal((4, 3, 16, 16)).astype(np.float32)}
     a, = _run(m, feeds)
     b, = _run(res.model, feeds)
-    sqnr = 10 * np.log10(np.sum(a.astype(np.float64) ** 2) / np.sum((a - b).astype(np.float64) ** 2))
+    sqnr = _sqnr(a, b)
     assert sqnr > 20, sqnr
 
 
@@ -245,11 +257,7 @@ def _bert_layer() -> onnx.ModelProto:
 
 
 def test_a_transformer_onnxruntime_saved_optimized_is_quantized(tmp_path):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    so.optimized_model_filepath = os.fspath(tmp_path / "opt.onnx")
-    ort.InferenceSession(_bert_layer().SerializeToString(), so, providers=["CPUExecutionProvider"])
-    m = onnx.load(so.optimized_model_filepath)
+    m = _saved_optimized(_bert_layer(), tmp_path)
     fused = Counter(n.op_type for n in m.graph.node if n.domain == MS_DOMAIN)
     assert fused["SkipLayerNormalization"] == 2 and fused["BiasGelu"] == 1, fused
     rr = np.random.default_rng(4)
@@ -266,7 +274,7 @@ def test_a_transformer_onnxruntime_saved_optimized_is_quantized(tmp_path):
     f = feed()
     a, = _run(m, f)
     b, = _run(res.model, f)
-    sqnr = 10 * np.log10(np.sum(a.astype(np.float64) ** 2) / np.sum((a - b).astype(np.float64) ** 2))
+    sqnr = _sqnr(a, b)
     assert sqnr > 15, sqnr
 
 
@@ -289,11 +297,7 @@ def test_layers_left_float_for_an_unknown_op_warn():
 
 
 def test_a_model_saved_at_the_layout_specific_level_says_what_to_do(tmp_path):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.optimized_model_filepath = os.fspath(tmp_path / "opt.onnx")
-    ort.InferenceSession(_cnn().SerializeToString(), so, providers=["CPUExecutionProvider"])
-    m = onnx.load(so.optimized_model_filepath)
+    m = _saved_optimized(_cnn(), tmp_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     if not any(n.domain == "com.microsoft.nchwc" for n in m.graph.node):
         pytest.skip("onnxruntime wrote no NCHWc ops on this CPU")
     rr = np.random.default_rng(2)
@@ -361,11 +365,7 @@ def test_onnxruntime_default_domain_norms_of_an_opset_13_model(tmp_path, rms):
     defines those ops now, the prepared model computes the same, and it is quantized."""
     from mixq.passes.prepare import prepare
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    so.optimized_model_filepath = os.fspath(tmp_path / "opt.onnx")
-    ort.InferenceSession(_norm_model(rms).SerializeToString(), so, providers=["CPUExecutionProvider"])
-    m = onnx.load(so.optimized_model_filepath)
+    m = _saved_optimized(_norm_model(rms), tmp_path)
     op = "SimplifiedLayerNormalization" if rms else "LayerNormalization"
     assert [n.domain for n in m.graph.node if n.op_type == op] == [""]
     rr = np.random.default_rng(7)
@@ -376,7 +376,7 @@ def test_onnxruntime_default_domain_norms_of_an_opset_13_model(tmp_path, rms):
     res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
     a, = _run(m, feeds[0])
     b, = _run(res.model, feeds[0])
-    sqnr = 10 * np.log10(np.sum(a.astype(np.float64) ** 2) / np.sum((a - b).astype(np.float64) ** 2))
+    sqnr = _sqnr(a, b)
     assert sqnr > 20, sqnr
     assert res.rewrite.weights_quantized >= 2
 
@@ -389,11 +389,7 @@ def test_the_bf16_tool_converts_an_opset_13_model_onnxruntime_saved(tmp_path, rm
     untyped at opset 13."""
     from mixq.convert import to_bf16
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    so.optimized_model_filepath = os.fspath(tmp_path / "opt.onnx")
-    ort.InferenceSession(_norm_model(rms).SerializeToString(), so, providers=["CPUExecutionProvider"])
-    out, rep = to_bf16(onnx.load(so.optimized_model_filepath), fmt)
+    out, rep = to_bf16(_saved_optimized(_norm_model(rms), tmp_path), fmt)
     assert min(f.sqnr_db for f in rep.fidelity) > 35, rep.fidelity
 
 
@@ -404,10 +400,6 @@ def test_mixq_check_says_what_quantize_does_with_them(tmp_path):
 
     for model, op in ((_cnn(), "FusedConv"), (_norm_model(rms=False), "LayerNormalization"),
                       (_norm_model(rms=True), "SimplifiedLayerNormalization")):
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        so.optimized_model_filepath = os.fspath(tmp_path / "opt.onnx")
-        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        rep = check_model_support(onnx.load(so.optimized_model_filepath))
+        rep = check_model_support(_saved_optimized(model, tmp_path))
         assert not rep.problems, rep.problems
         assert [o.status for o in rep.ops if o.op_type == op] == [QUANTIZABLE]
