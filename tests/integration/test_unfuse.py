@@ -381,15 +381,16 @@ def test_onnxruntime_default_domain_norms_of_an_opset_13_model(tmp_path, rms):
     assert res.rewrite.weights_quantized >= 2
 
 
-@pytest.mark.parametrize("fmt", ["with_cast", "customqdq", "simulate_bf16", "bf16"])
+@pytest.mark.parametrize("fmt", ["with_cast", "customqdq", "simulate_bf16", "bf16", "fp16", "simulate_fp16"])
 @pytest.mark.parametrize("rms", [False, True], ids=["LayerNormalization", "SimplifiedLayerNormalization"])
-def test_the_bf16_tool_converts_an_opset_13_model_onnxruntime_saved(tmp_path, rms, fmt):
-    """The conversion tool on the same saved models: the `bf16` format failed to load ("MatMul
-    bound to different types"), the default-domain LayerNormalization leaving what follows it
-    untyped at opset 13."""
-    from mixq.convert import to_bf16
+def test_the_conversion_tool_converts_an_opset_13_model_onnxruntime_saved(tmp_path, rms, fmt):
+    """The conversion tool on the same saved models: the `bf16` and `fp16` formats failed to
+    load ("MatMul bound to different types"), the default-domain LayerNormalization leaving
+    what follows it untyped at opset 13."""
+    from mixq.convert import to_bf16, to_fp16
 
-    out, rep = to_bf16(_saved_optimized(_norm_model(rms), tmp_path), fmt)
+    convert = to_fp16 if "fp16" in fmt else to_bf16
+    out, rep = convert(_saved_optimized(_norm_model(rms), tmp_path), fmt)
     assert min(f.sqnr_db for f in rep.fidelity) > 35, rep.fidelity
 
 

@@ -144,6 +144,8 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
     work = original
     if target == TensorProto.BFLOAT16 and fmt != "simulate_bf16":
         work = _upgrade_opset(original, _MIN_OPSET_BF16, notes)
+    elif not fmt.startswith("simulate"):  # lifts only a model holding onnxruntime's own ops
+        work = _upgrade_opset(original, 0, notes)
     fragile = target == TensorProto.BFLOAT16  # 8 significant bits: see _fragile
     if fmt.startswith("simulate"):
         res = R.simulate(work, F, target, fragile=fragile)
