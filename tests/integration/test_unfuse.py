@@ -78,6 +78,7 @@ segs = r.integers(0, 2, (2, 5)).astype(np.int32)
 mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)
 word, pos, segt = (r.standard_normal((n, 16)).astype(np.float32) for n in (30, 5, 2))
 kv7 = r.standard_normal((2, 7, 16)).astype(np.float32)
+ab = (r.standard_normal((1, 2, 5, 5)) * 2).astype(np.float32)  # a relative position bias
 
 #: (case, node, graph inputs, initializers, outputs compared)
 CASES = [
@@ -129,6 +130,10 @@ CASES = [
     ("MultiHeadAttention cross, 1-D lengths", _ms("MultiHeadAttention", ["q", "k", "v", "", "m"], ["y"], num_heads=2,
                                                  scale=0.2),
      {"q": x3, "k": kv7, "v": kv7[..., ::-1].copy(), "m": np.array([4, 7], np.int32)}, {}, 1),
+    ("MultiHeadAttention attention_bias", _ms("MultiHeadAttention", ["q", "k", "v", "", "", "ab"], ["y"], num_heads=2),
+     {"q": x3, "k": s3, "v": x3[::-1].copy()}, {"ab": ab}, 1),
+    ("Attention attention_bias, 1-D lengths", _ms("Attention", ["x", "w", "b", "m", "", "ab"], ["y"], num_heads=2),
+     {"x": x3, "m": np.array([3, 5], np.int32)}, {"w": wqkv, "b": bqkv, "ab": ab}, 1),
     ("MultiHeadAttention causal", _ms("MultiHeadAttention", ["q", "k", "v"], ["y"], num_heads=2, unidirectional=1),
      {"q": x3, "k": s3, "v": x3[::-1].copy()}, {}, 1),
     ("EmbedLayerNormalization", _ms("EmbedLayerNormalization", ["ids", "seg", "word", "pos", "segt", "g", "beta", "m"],

@@ -265,7 +265,8 @@ def _mask_rank(e: _Emit, mask: str, shape_of: Callable[[str], tuple[int | None, 
 def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None]) -> str | None:
     """onnxruntime's packed-QKV Attention without past state: x W + b split into Q, K, V, heads,
     softmax(Q K^T * scale + masks) V; the key mask from 1-D valid lengths or a 2-D 0/1
-    mask_index, a causal mask where unidirectional."""
+    mask_index, a causal mask where unidirectional, and the attention_bias input (T5's relative
+    position bias) added to the scores."""
     a = _attrs(e.node)
     heads = int(a.get("num_heads", 0))
     unsupported = [k for k in ("do_rotary", "past_present_share_buffer") if a.get(k)]
@@ -273,10 +274,11 @@ def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None
         sizes = [int(s) for s in a["qkv_hidden_sizes"]]
         if len(set(sizes)) != 1:
             unsupported.append("unequal qkv_hidden_sizes")
-    extra = [i for i in range(4, len(e.node.input)) if e.node.input[i]]  # past, attention_bias, ...
+    # inputs: 4 past, 5 attention_bias (added to the scores), 6 past_sequence_length
+    extra = [i for i in range(4, len(e.node.input)) if e.node.input[i] and i != 5]
     if unsupported or extra or _output(e.node, 1):
         what = unsupported + [f"input {i}" for i in extra] + (["the present output"] if _output(e.node, 1) else [])
-        return f"{', '.join(what)}: only the form without past state or a bias input is expanded"
+        return f"{', '.join(what)}: only the form without past state is expanded"
     w_shape = shape_of(e.node.input[1])
     cols = w_shape[1] if w_shape is not None and len(w_shape) == 2 else None
     if heads <= 0 or not cols or cols % (3 * heads):
@@ -295,7 +297,8 @@ def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None
                                     name=e.names.value(e.base, "Split"), axis=-1))
     fill = float(a.get("mask_filter_value", -10000.0))
     masks = ([_key_mask(e, mask, rank, x, fill)] if mask else []) + \
-        ([_causal_mask(e, x, fill)] if a.get("unidirectional") else [])
+        ([_causal_mask(e, x, fill)] if a.get("unidirectional") else []) + \
+        ([_input(e.node, 5)] if _input(e.node, 5) else [])
     q, k, v = split
     _heads(e, q, k, v, heads, hidden // heads, float(a.get("scale", 0.0) or 1.0 / math.sqrt(hidden // heads)), masks)
     return None
@@ -303,15 +306,15 @@ def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None
 
 def _multi_head_attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None]) -> str | None:
     """onnxruntime's MultiHeadAttention on projected [B, S, D] query, key and value (the
-    optional bias of 3D added to each), without past state or attention bias; key mask and
-    causal flag as in Attention."""
+    optional bias of 3D added to each), without past state; key mask, causal flag and attention
+    bias as in Attention."""
     a = _attrs(e.node)
     heads = int(a.get("num_heads", 0))
-    q, k, v, bias, mask = (_input(e.node, i) for i in range(5))
-    extra = [i for i in range(5, len(e.node.input)) if e.node.input[i]]
+    q, k, v, bias, mask, attention_bias = (_input(e.node, i) for i in range(6))
+    extra = [i for i in range(6, len(e.node.input)) if e.node.input[i]]  # past key / value ...
     ranks = [len(shape_of(t) or ()) for t in (q, k, v)]
     if extra or _output(e.node, 1) or _output(e.node, 2) or ranks != [3, 3, 3]:
-        return ("only 3-D query, key and value without past state, attention bias or present outputs are "
+        return ("only 3-D query, key and value without past state or present outputs are "
                 f"expanded (ranks {ranks}, inputs {extra})")
     dims = shape_of(bias) if bias else shape_of(q)
     width = (dims[0] // 3 if bias and dims and dims[0] else None) if bias else (dims[-1] if dims else None)
@@ -327,7 +330,7 @@ def _multi_head_attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, 
         q, k, v = (e.op("Add", [t, b]) for t, b in zip((q, k, v), parts))
     fill = float(a.get("mask_filter_value", -10000.0))
     masks = ([_key_mask(e, mask, rank, k, fill)] if mask else []) + \
-        ([_causal_mask(e, q, fill)] if a.get("unidirectional") else [])
+        ([_causal_mask(e, q, fill)] if a.get("unidirectional") else []) + ([attention_bias] if attention_bias else [])
     _heads(e, q, k, v, heads, width // heads, float(a.get("scale", 0.0) or 1.0 / math.sqrt(width // heads)), masks)
     return None
 
