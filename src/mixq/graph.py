@@ -21,7 +21,7 @@ import onnx
 import onnx.helper
 
 __all__ = ["GraphIndex", "NameAllocator", "subgraphs", "walk_graphs", "outer_scope_reads",
-           "all_names", "tensor_type", "static_shape", "is_float_type", "with_outputs", "with_weights",
+           "all_names", "model_opset", "tensor_type", "static_shape", "is_float_type", "with_outputs", "with_weights",
            "PassResult"]
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
@@ -134,6 +134,14 @@ class NameAllocator:
 
     def __contains__(self, name: object) -> bool:
         return name in self._taken
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain ('' / 'ai.onnx') opset version; 0 when it imports none."""
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 0
 
 
 def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:

@@ -18,7 +18,7 @@ from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import MixqError, ModelError
 from ..evaluate import onnxruntime_max_ir_version
 from ..formats.base import MIXQ_DOMAIN
-from ..graph import GraphIndex, NameAllocator, PassResult, walk_graphs
+from ..graph import GraphIndex, NameAllocator, PassResult, model_opset, walk_graphs
 from .equalize import equalize_imbalanced
 from .float16 import compute_float16_in_float32
 from .function_ops import expand_function_ops
@@ -45,13 +45,6 @@ class PrepareReport:
     notes: list[str] = field(default_factory=list)
     passes: list[PassResult] = field(default_factory=list)
     recognized: RecognizeReport = field(default_factory=RecognizeReport)  # written-out ops fused
-
-
-def model_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return int(imp.version)
-    return 0
 
 
 def constants_to_initializers(model: onnx.ModelProto) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..graph import NameAllocator, PassResult
+from ..graph import NameAllocator, PassResult, model_opset, static_shape
 
 MS_DOMAIN = "com.microsoft"
 #: Ops onnxruntime registers in the default ONNX domain where the standard has none (its graph
@@ -385,8 +385,6 @@ def hold_runtime_onnx_ops(model: onnx.ModelProto) -> int:
     to HELD_DOMAIN, so that the checker and the opset converter pass them; `unfuse` releases
     them. A model onnxruntime saved optimized at opset 13 holds such a LayerNormalization, and
     was refused as failing the checker. In place; returns how many were held."""
-    from .prepare import model_opset
-
     opset = model_opset(model)
     held = 0
     for node in model.graph.node:
@@ -409,9 +407,6 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
     """Expand every com.microsoft op of EXPANDED_OPS in `model`'s main graph into standard ops
     (in place; the outputs keep their names). Returns how many were expanded; `result` gets a
     declined entry for each fused node left as it was, with why."""
-    from ..graph import static_shape
-    from .prepare import model_opset
-
     g = model.graph
     if not any(n.domain == HELD_DOMAIN or (n.domain == MS_DOMAIN and n.op_type in EXPANDED_OPS) for n in g.node):
         return 0
