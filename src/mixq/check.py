@@ -20,7 +20,7 @@ from .errors import ModelError
 from .graph import subgraphs
 from .passes.prepare import (MAX_RUNTIME_OPSET, TARGET_OPSET, check_float_model, check_input_model, model_opset,
                              repair_output_shapes, undeclared_shapes)
-from .passes.unfuse import EXPANDED_OPS, MS_DOMAIN, hold_runtime_onnx_ops
+from .passes.unfuse import EXPANDED_OPS, MS_DOMAIN, hold_runtime_onnx_ops, runtime_onnx_ops
 from .plan.ops import semantics, unsupported_reason
 
 __all__ = ["OpSupport", "SupportReport", "check_model_support", "custom_op_problems"]
@@ -270,9 +270,10 @@ def check_model_support(model: onnx.ModelProto | str | os.PathLike) -> SupportRe
             except Exception as exc:  # noqa: BLE001 - reported below
                 raise ModelError(f"the input model fails the ONNX checker: {exc}") from exc
         else:
-            held = onnx.ModelProto()
-            held.CopyFrom(model)
-            if hold_runtime_onnx_ops(held):  # onnxruntime's own ops, read as quantize reads them
+            if runtime_onnx_ops(model):  # onnxruntime's own ops, read as quantize reads them
+                held = onnx.ModelProto()
+                held.CopyFrom(model)
+                hold_runtime_onnx_ops(held)
                 model = held
             if any(kind == "output" for kind, _ in undeclared_shapes(model)):
                 # quantize declares the shapes inference computes; what is left is the problem

@@ -64,15 +64,16 @@ def _resolve_source(model: onnx.ModelProto, source: str, target: int) -> str:
 
 
 def _upgrade_opset(model: onnx.ModelProto, minimum: int, notes: list[str]) -> onnx.ModelProto:
-    from ..passes.unfuse import STANDARD_SINCE, hold_runtime_onnx_ops, unfuse
+    from ..passes.unfuse import STANDARD_SINCE, hold_runtime_onnx_ops, runtime_onnx_ops, unfuse
 
     opset = G.default_opset(model)
-    held = onnx.ModelProto()
-    held.CopyFrom(model)
-    # onnxruntime's own default-domain ops (its LayerNormalization before opset 17) leave the
-    # tensors after them untyped: held past the converter to the opset where they are standard
     why = "bfloat16 Cast"
-    if hold_runtime_onnx_ops(held):
+    if runtime_onnx_ops(model):
+        # onnxruntime's own default-domain ops (its LayerNormalization before opset 17) leave the
+        # tensors after them untyped: held past the converter to the opset where they are standard
+        held = onnx.ModelProto()
+        held.CopyFrom(model)
+        hold_runtime_onnx_ops(held)
         model, minimum = held, max(minimum, STANDARD_SINCE)
         why = f"onnxruntime's LayerNormalization is standard from {STANDARD_SINCE}"
     if opset >= minimum:

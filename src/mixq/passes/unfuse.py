@@ -3,10 +3,12 @@ compute.
 
 Why: a model saved by onnxruntime after its graph optimizations (`optimized_model_filepath` at
 the extended level) or by its transformer optimizer holds FusedConv, FusedGemm, FusedMatMul,
-BiasGelu, SkipLayerNormalization, EmbedLayerNormalization, Attention...: ops no quantizer's op table knows, so every
-layer in them stays float and the "quantized" model is the float one. Expanded, each layer is a
-Conv, Gemm or MatMul again, quantized like any other, and onnxruntime fuses the quantized
-pattern back at session creation.
+BiasGelu, SkipLayerNormalization, EmbedLayerNormalization, Attention...: ops no quantizer's op
+table knows, so every layer in them stays float and the "quantized" model is the float one.
+Expanded, each layer is a Conv, Gemm or MatMul again, quantized like any other, and onnxruntime
+fuses the quantized pattern back at session creation. onnxruntime also writes two ops of its own
+into the default domain (RUNTIME_ONNX_OPS); `hold_runtime_onnx_ops` keeps them from the checker
+and the opset converter, and this pass releases them.
 
 Each rule is pattern / check / rewrite: it returns the standard nodes that write the fused
 node's outputs under their own names, or a reason it declines (an input, attribute or output
@@ -62,13 +64,18 @@ class _Emit:
     def axes(self, *axes: int) -> str:
         return self.const(np.array(axes, np.int64), "axes")
 
-    def rms(self, x: str, eps: float) -> str:
-        """sqrt(mean(x^2 over the last axis) + eps), kept dims (ReduceMean's axes are an input
-        from opset 18, an attribute before)."""
+    def rms_norm(self, x: str, scale: str, eps: float, out: str) -> None:
+        """x / sqrt(mean(x^2 over the last axis) + eps) * scale into `out`: the standard op from
+        opset 23, written out before (ReduceMean's axes an input from opset 18, an attribute
+        before)."""
+        if self.opset >= 23:
+            self.op("RMSNormalization", [x, scale], out, axis=-1, epsilon=eps)
+            return
         sq = self.op("Mul", [x, x])
         ms = (self.op("ReduceMean", [sq, self.axes(-1)], keepdims=1) if self.opset >= 18
               else self.op("ReduceMean", [sq], axes=[-1], keepdims=1))
-        return self.op("Sqrt", [self.op("Add", [ms, self.const(np.float32(eps), "epsilon")])])
+        rms = self.op("Sqrt", [self.op("Add", [ms, self.const(np.float32(eps), "epsilon")])])
+        self.op("Mul", [self.op("Div", [x, rms]), scale], out)
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
@@ -112,7 +119,7 @@ def _fused_conv(e: _Emit) -> str | None:
     kind = _text(a.pop("activation", ""))
     params = [float(p) for p in a.pop("activation_params", [])]
     a.pop("alpha", None)  # the mobile schema's LeakyRelu alpha
-    ins = [i for i in list(e.node.input[:3])]
+    ins = list(e.node.input[:3])
     while ins and not ins[-1]:
         ins.pop()
     z = _input(e.node, 3)
@@ -198,12 +205,7 @@ def _skip_simplified_layer_norm(e: _Emit) -> str | None:
     if _input(e.node, 3):
         return "a bias input, which onnxruntime versions apply differently"
     eps = float(_attrs(e.node).get("epsilon", 1e-12))
-    s = _skip_sum(e, 3, None)
-    gamma, out = e.node.input[2], e.node.output[0]
-    if e.opset >= 23:
-        e.op("RMSNormalization", [s, gamma], out, axis=-1, epsilon=eps)
-        return None
-    e.op("Mul", [e.op("Div", [s, e.rms(s, eps)]), gamma], out)
+    e.rms_norm(_skip_sum(e, 3, None), e.node.input[2], eps, e.node.output[0])
     return None
 
 
@@ -214,7 +216,8 @@ def _seq_len(e: _Emit, x: str) -> str:
 
 def _positions(e: _Emit, x: str) -> str:
     """0 .. x.shape[1] - 1 (int64)."""
-    return e.op("Range", [e.const(np.array(0, np.int64), "zero"), _seq_len(e, x), e.const(np.array(1, np.int64), "one")])
+    zero, one = e.const(np.array(0, np.int64), "zero"), e.const(np.array(1, np.int64), "one")
+    return e.op("Range", [zero, _seq_len(e, x), one])
 
 
 def _additive(e: _Emit, keep: str, fill: float) -> str:
@@ -254,7 +257,7 @@ def _heads(e: _Emit, q: str, k: str, v: str, heads: int, head_size: int, scale: 
     e.op("Reshape", [o, e.const(np.array([0, 0, heads * head_size], np.int64), "hidden")], e.node.output[0])
 
 
-def _mask_rank(e: _Emit, mask: str, shape_of: Callable[[str], tuple[int | None, ...] | None]) -> str | int:
+def _mask_rank(mask: str, shape_of: Callable[[str], tuple[int | None, ...] | None]) -> str | int:
     """The rank of a key mask input (0: none), or why it is not one the expansion reproduces."""
     r = len(shape_of(mask) or ()) if mask else 0
     if mask and r not in (1, 2):
@@ -285,7 +288,7 @@ def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None
         return "the packed weight's shape is not known, or num_heads does not divide it"
     hidden = cols // 3
     mask = _input(e.node, 3)
-    rank = _mask_rank(e, mask, shape_of)
+    rank = _mask_rank(mask, shape_of)
     if isinstance(rank, str):
         return rank
     x, w = e.node.input[:2]
@@ -320,7 +323,7 @@ def _multi_head_attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, 
     width = (dims[0] // 3 if bias and dims and dims[0] else None) if bias else (dims[-1] if dims else None)
     if heads <= 0 or not width or width % heads:
         return "the hidden size is not known, or num_heads does not divide it"
-    rank = _mask_rank(e, mask, shape_of)
+    rank = _mask_rank(mask, shape_of)
     if isinstance(rank, str):
         return rank
     if bias:
@@ -354,10 +357,10 @@ def _embed_layer_norm(e: _Emit) -> str | None:
     eps = float(a.get("epsilon", 1e-12))
     e.op("LayerNormalization", [s, gamma] + ([beta] if beta else []), e.node.output[0], axis=-1, epsilon=eps)
     e.ranks[e.node.output[0]] = 3
-    if _output(e.node, 1):  # without a mask: zeros, one per row
-        rows = mask or e.op("Cast", [ids], to=onnx.TensorProto.INT32)
-        e.op("ReduceSum", [rows if mask else e.op("Mul", [rows, e.const(np.array(0, np.int32), "zero_i32")]),
-                           e.axes(1)], e.node.output[1], keepdims=0)
+    if _output(e.node, 1):  # each row's count of ones; without a mask, zeros
+        ones = mask or e.op("Mul", [e.op("Cast", [ids], to=onnx.TensorProto.INT32),
+                                    e.const(np.array(0, np.int32), "zero_i32")])
+        e.op("ReduceSum", [ones, e.axes(1)], e.node.output[1], keepdims=0)
         e.ranks[e.node.output[1]] = 1
     return None
 
@@ -370,37 +373,40 @@ def _simplified_layer_norm(e: _Emit, rank_of: Callable[[str], int | None]) -> st
         return f"axis={axis}: only the last axis is expanded"
     if _output(e.node, 1):
         return "its inverse-std-dev output is read (a training output)"
-    eps = float(a.get("epsilon", 1e-5))
-    x, scale, out = e.node.input[0], e.node.input[1], e.node.output[0]
-    if e.opset >= 23:
-        e.op("RMSNormalization", [x, scale], out, axis=-1, epsilon=eps)
-        return None
-    e.op("Mul", [e.op("Div", [x, e.rms(x, eps)]), scale], out)
+    e.rms_norm(e.node.input[0], e.node.input[1], float(a.get("epsilon", 1e-5)), e.node.output[0])
     return None
 
 
-def hold_runtime_onnx_ops(model: onnx.ModelProto) -> int:
-    """Move the default-domain nodes that are onnxruntime's own ops at the model's opset
-    (RUNTIME_ONNX_OPS: a LayerNormalization before opset 17, a SimplifiedLayerNormalization)
-    to HELD_DOMAIN, so that the checker and the opset converter pass them; `unfuse` releases
-    them. A model onnxruntime saved optimized at opset 13 holds such a LayerNormalization, and
-    was refused as failing the checker. In place; returns how many were held."""
+def runtime_onnx_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The default-domain nodes of the main graph that are onnxruntime's own ops at the
+    model's opset (RUNTIME_ONNX_OPS: a LayerNormalization before opset 17, any
+    SimplifiedLayerNormalization)."""
     opset = model_opset(model)
-    held = 0
+    out = []
     for node in model.graph.node:
         since = RUNTIME_ONNX_OPS.get(node.op_type, 0) if node.domain in ("", "ai.onnx") else 0
         if since is None or (since and opset < since):
-            node.domain = HELD_DOMAIN
-            held += 1
-    if held and not any(o.domain == HELD_DOMAIN for o in model.opset_import):
+            out.append(node)
+    return out
+
+
+def hold_runtime_onnx_ops(model: onnx.ModelProto) -> int:
+    """Move `runtime_onnx_ops` to HELD_DOMAIN, so that the checker and the opset converter
+    pass them; `unfuse` releases them. A model onnxruntime saved optimized at opset 13 holds
+    such a LayerNormalization, and was refused as failing the checker. In place; returns how
+    many were held."""
+    nodes = runtime_onnx_ops(model)
+    for node in nodes:
+        node.domain = HELD_DOMAIN
+    if nodes and not any(o.domain == HELD_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(HELD_DOMAIN, 1))
-    return held
+    return len(nodes)
 
 
 #: The fused ops this pass expands; any other com.microsoft op is left as it is.
 EXPANDED_OPS = ("FusedConv", "FusedGemm", "FusedMatMul", "TransposeMatMul", "BiasGelu", "FastGelu", "Gelu",
                 "QuickGelu", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Attention",
-                "MultiHeadAttention", "EmbedLayerNormalization")  # and the default-domain SimplifiedLayerNormalization (held)
+                "MultiHeadAttention", "EmbedLayerNormalization")  # and, held, SimplifiedLayerNormalization
 
 
 def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
@@ -453,7 +459,8 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
         why = rule(e)
         if why is not None:
             if result is not None:
-                result.decline(node.name or node.output[0], f"{node.domain or 'onnxruntime'}.{node.op_type} kept: {why}")
+                where = f"{node.domain or 'onnxruntime'}.{node.op_type}"
+                result.decline(node.name or node.output[0], f"{where} kept: {why}")
             out.append(node)
             continue
         out.extend(e.nodes)
