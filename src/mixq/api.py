@@ -345,28 +345,33 @@ def _nonfinite_warning(inputs: dict[str, tuple[int, int, int]], numerics: list[A
             "input is such a mask, this is a data error: remove those samples and quantize again.")
 
 
-#: onnxruntime's layout-specific domain: what `optimized_model_filepath` writes at ORT_ENABLE_ALL.
-_NCHWC_DOMAIN = "com.microsoft.nchwc"
-
-
 def _unknown_layers(model: onnx.ModelProto, plan: PrecisionPlan, preset: str) -> str | None:
     """The warning for layers left float because mixq does not know their op: custom-domain
     nodes (a runtime's or a tool's own ops, which a standard op's reason does not explain) that
-    read a weight (an initializer of rank 2 or more), so that part of the model is not `preset`
-    whatever the summary's counts say; None when there is none."""
+    hold a layer's weights, so that part of the model is not `preset` whatever the summary's
+    counts say; None when there is none. onnxruntime's ops count where they are layers
+    (`ORT_LAYER_OPS`); another library's where they read an initializer of rank 2 or more."""
     from collections import Counter
 
+    from .passes.unfuse import MS_DOMAIN, NCHWC_DOMAIN, ORT_LAYER_OPS
+
     weights = {t.name for t in model.graph.initializer if len(t.dims) >= 2}
+
+    def layer(n: onnx.NodeProto) -> bool:
+        if n.domain in (MS_DOMAIN, NCHWC_DOMAIN):
+            return (n.domain, n.op_type) in ORT_LAYER_OPS
+        return any(i in weights for i in n.input)
+
     ops = Counter(f"{n.domain}.{n.op_type}" for n in model.graph.node
                   if n.domain not in ("", "ai.onnx", "ai.onnx.ml") and n.name in plan.float_nodes
-                  and "not in mixq's op table" in plan.float_nodes[n.name] and any(i in weights for i in n.input))
+                  and "not in mixq's op table" in plan.float_nodes[n.name] and layer(n))
     if not ops:
         return None
     listed = ", ".join(f"{op} x {k}" for op, k in ops.most_common(4))
     hint = (" The model was saved by onnxruntime at ORT_ENABLE_ALL: its NCHWc ops hold weights in a "
             "layout tied to one CPU's vector width. Quantize the model as exported, or one saved at "
             "ORT_ENABLE_EXTENDED (whose fused ops mixq expands)."
-            if any(op.startswith(_NCHWC_DOMAIN + ".") for op in ops) else
+            if any(op.startswith(NCHWC_DOMAIN + ".") for op in ops) else
             " Quantize the model as exported, before a tool replaced its layers with its own ops; the "
             "summary's notes say why an onnxruntime fused op was kept.")
     return (f"WARNING: {sum(ops.values())} layer(s) with weights stayed float: mixq does not know their "

@@ -301,6 +301,31 @@ def test_layers_left_float_for_an_unknown_op_warn():
     assert "without past state" in res.summary()  # the expansion's reason for keeping it
 
 
+def test_an_onnxruntime_op_that_is_no_layer_does_not_warn():
+    """RotaryEmbedding (com.microsoft) reads cos / sin caches of rank 2: constants, no layer's
+    weights; the two MatMuls around it are quantized, and no layer stayed float."""
+    S, heads, hd = 8, 2, 16
+    ang = np.arange(S)[:, None] * (1.0 / 10000 ** (np.arange(hd // 2) / (hd // 2)))[None]
+    inits = {"cos": np.cos(ang).astype(np.float32), "sin": np.sin(ang).astype(np.float32),
+             "w1": (r.standard_normal((8, heads * hd)) / 3).astype(np.float32),
+             "w2": (r.standard_normal((heads * hd, 4)) / 6).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["q"]),
+             _ms("RotaryEmbedding", ["q", "pos", "cos", "sin"], ["qr"], num_heads=heads),
+             helper.make_node("MatMul", ["qr", "w2"], ["y"])]
+    g = helper.make_graph(nodes, "rope", [helper.make_tensor_value_info("x", F, ["N", S, 8]),
+                                          helper.make_tensor_value_info("pos", TensorProto.INT64, ["N", S])],
+                          [helper.make_tensor_value_info("y", F, ["N", S, 4])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
+    m.ir_version = 10
+    rr = np.random.default_rng(8)
+    feeds = [{"x": rr.standard_normal((2, S, 8)).astype(np.float32), "pos": np.tile(np.arange(S), (2, 1))}
+             for _ in range(4)]
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    assert res.rewrite.weights_quantized == 2
+    assert not [w for w in res.warnings if "layer(s) with weights stayed float" in w], res.warnings
+
+
 def test_a_model_saved_at_the_layout_specific_level_says_what_to_do(tmp_path):
     m = _saved_optimized(_cnn(), tmp_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     if not any(n.domain == "com.microsoft.nchwc" for n in m.graph.node):

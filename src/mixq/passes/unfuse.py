@@ -33,6 +33,15 @@ MS_DOMAIN = "com.microsoft"
 RUNTIME_ONNX_OPS: dict[str, int | None] = {"LayerNormalization": 17, "SimplifiedLayerNormalization": None}
 #: The opset from which every held op is a standard op or expands into standard ones.
 STANDARD_SINCE = max(v for v in RUNTIME_ONNX_OPS.values() if v is not None)
+#: onnxruntime's layout-specific domain: what `optimized_model_filepath` writes at ORT_ENABLE_ALL.
+NCHWC_DOMAIN = "com.microsoft.nchwc"
+#: onnxruntime's ops that are layers (they hold a layer's weights): one left float leaves that
+#: layer float. Its other ops read constants that are no layer's weights (RotaryEmbedding's
+#: cos / sin caches).
+ORT_LAYER_OPS = frozenset({(MS_DOMAIN, op) for op in (
+    "FusedConv", "FusedGemm", "FusedMatMul", "TransposeMatMul", "Attention", "EmbedLayerNormalization", "NhwcConv",
+    "ConvTransposeWithDynamicPads", "DecoderAttention", "LongformerAttention", "WordConvEmbedding")}
+    | {(NCHWC_DOMAIN, "Conv")})
 #: Where such nodes wait while the ONNX checker and the opset converter run (neither knows them).
 HELD_DOMAIN = "com.mixq.held"
 
