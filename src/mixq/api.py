@@ -349,18 +349,17 @@ def _unknown_layers(model: onnx.ModelProto, plan: PrecisionPlan, preset: str) ->
     """The warning for layers left float because mixq does not know their op: custom-domain
     nodes (a runtime's or a tool's own ops, which a standard op's reason does not explain) that
     hold a layer's weights, so that part of the model is not `preset` whatever the summary's
-    counts say; None when there is none. onnxruntime's ops count where they are layers
-    (`ORT_LAYER_OPS`); another library's where they read an initializer of rank 2 or more."""
+    counts say; None when there is none. A node counts where it reads an initializer of rank 2
+    or more, and, for onnxruntime's own ops, is a layer op (`ORT_LAYER_OPS`)."""
     from collections import Counter
 
     from .passes.unfuse import MS_DOMAIN, NCHWC_DOMAIN, ORT_LAYER_OPS
 
     weights = {t.name for t in model.graph.initializer if len(t.dims) >= 2}
 
-    def layer(n: onnx.NodeProto) -> bool:
-        if n.domain in (MS_DOMAIN, NCHWC_DOMAIN):
-            return (n.domain, n.op_type) in ORT_LAYER_OPS
-        return any(i in weights for i in n.input)
+    def layer(n: onnx.NodeProto) -> bool:  # reads a weight (a FusedMatMul of two activations does not)
+        known = n.domain not in (MS_DOMAIN, NCHWC_DOMAIN) or (n.domain, n.op_type) in ORT_LAYER_OPS
+        return known and any(i in weights for i in n.input)
 
     ops = Counter(f"{n.domain}.{n.op_type}" for n in model.graph.node
                   if n.domain not in ("", "ai.onnx", "ai.onnx.ml") and n.name in plan.float_nodes

@@ -326,6 +326,28 @@ def test_an_onnxruntime_op_that_is_no_layer_does_not_warn():
     assert not [w for w in res.warnings if "layer(s) with weights stayed float" in w], res.warnings
 
 
+def test_a_kept_matmul_of_two_activations_does_not_warn():
+    """A FusedMatMul with transBatchB (declined) multiplies two activations: no layer's weights
+    stay float with it, so no warning (the layer ops' rule also asks for a weight input)."""
+    inits = {"w1": (r.standard_normal((16, 16)) / 4).astype(np.float32),
+             "w2": (r.standard_normal((5, 4)) / 2).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Transpose", ["h"], ["ht"], perm=[2, 0, 1]),
+             _ms("FusedMatMul", ["h", "ht"], ["s"], transBatchB=1),
+             helper.make_node("MatMul", ["s", "w2"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 5, 16])],
+                          [helper.make_tensor_value_info("y", F, [2, 5, 4])],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
+    m.ir_version = 10
+    rr = np.random.default_rng(9)
+    res = mixq.quantize(m, "A8W8", [{"x": rr.standard_normal((2, 5, 16)).astype(np.float32)} for _ in range(4)],
+                        check_kernels=False)
+    assert "transBatch" in res.summary()  # kept, with why
+    assert res.rewrite.weights_quantized == 2
+    assert not [w for w in res.warnings if "layer(s) with weights stayed float" in w], res.warnings
+
+
 def test_a_model_saved_at_the_layout_specific_level_says_what_to_do(tmp_path):
     m = _saved_optimized(_cnn(), tmp_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     if not any(n.domain == "com.microsoft.nchwc" for n in m.graph.node):
