@@ -171,6 +171,16 @@ def test_a_form_the_expansion_would_not_reproduce_is_kept_with_why():
     assert "without past state" in res.declined[0][1]
 
 
+def test_a_malformed_fused_node_is_kept_as_written():
+    """A FusedConv without its weight input: kept, so that onnxruntime's error names the user's
+    node (the expansion's Conv would have been named instead)."""
+    m = _model(_ms("FusedConv", ["x"], ["y"], activation="Relu"), {"x": x4}, {})
+    res = PassResult("unfuse")
+    assert unfuse(m, res) == 0
+    assert [(n.domain, n.op_type) for n in m.graph.node] == [(MS_DOMAIN, "FusedConv")]
+    assert "fewer than the op takes" in res.declined[0][1]
+
+
 def _cnn() -> onnx.ModelProto:
     rr = np.random.default_rng(1)
     inits, nodes, x = [], [], "x"

@@ -412,6 +412,11 @@ def hold_runtime_onnx_ops(model: onnx.ModelProto) -> int:
     return len(nodes)
 
 
+#: The inputs each expanded op requires (the others take one).
+_MIN_INPUTS = {"FusedConv": 2, "FusedGemm": 2, "FusedMatMul": 2, "TransposeMatMul": 2, "BiasGelu": 2,
+               "SkipLayerNormalization": 3, "SkipSimplifiedLayerNormalization": 3, "Attention": 2,
+               "EmbedLayerNormalization": 4, "SimplifiedLayerNormalization": 2}
+
 #: The fused ops this pass expands; any other com.microsoft op is left as it is.
 EXPANDED_OPS = ("FusedConv", "FusedGemm", "FusedMatMul", "TransposeMatMul", "BiasGelu", "FastGelu", "Gelu",
                 "QuickGelu", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "Attention",
@@ -457,6 +462,15 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
     out: list[onnx.NodeProto] = []
     expanded = 0
     for node in g.node:
+        given = sum(1 for i in node.input if i)
+        if node.domain in (MS_DOMAIN, HELD_DOMAIN) and given < _MIN_INPUTS.get(node.op_type, 1):
+            # malformed: kept as written, so that onnxruntime's error names the user's node
+            node.domain = MS_DOMAIN if node.domain == MS_DOMAIN else ""
+            if result is not None:
+                result.decline(node.name or node.output[0],
+                               f"{node.op_type} kept: {given} inputs, fewer than the op takes")
+            out.append(node)
+            continue
         held = node.domain == HELD_DOMAIN
         rule = rules.get(node.op_type) if node.domain == MS_DOMAIN else held_rules.get(node.op_type) if held else None
         if held:
