@@ -462,15 +462,6 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
     out: list[onnx.NodeProto] = []
     expanded = 0
     for node in g.node:
-        given = sum(1 for i in node.input if i)
-        if node.domain in (MS_DOMAIN, HELD_DOMAIN) and given < _MIN_INPUTS.get(node.op_type, 1):
-            # malformed: kept as written, so that onnxruntime's error names the user's node
-            node.domain = MS_DOMAIN if node.domain == MS_DOMAIN else ""
-            if result is not None:
-                result.decline(node.name or node.output[0],
-                               f"{node.op_type} kept: {given} inputs, fewer than the op takes")
-            out.append(node)
-            continue
         held = node.domain == HELD_DOMAIN
         rule = rules.get(node.op_type) if node.domain == MS_DOMAIN else held_rules.get(node.op_type) if held else None
         if held:
@@ -479,7 +470,10 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
             out.append(node)
             continue
         e = _Emit(node, names, opset)
-        why = rule(e)
+        given = sum(1 for i in node.input if i)
+        # a malformed node is kept as written, so that onnxruntime's error names the user's node
+        why = (f"{given} inputs, fewer than the op takes" if given < _MIN_INPUTS.get(node.op_type, 1)
+               else rule(e))
         if why is not None:
             if result is not None:
                 where = f"{node.domain or 'onnxruntime'}.{node.op_type}"
