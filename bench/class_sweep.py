@@ -48,10 +48,11 @@ SkipLayerNormalization, BiasGelu, FastGelu, FusedMatMul, FusedConv, FusedGemm), 
 (layer scale from 1e-6 to 1), T5's relative-position buckets computed in float, soft-argmax
 keypoints, a HiFi-GAN vocoder, a Mamba-style selective scan (a Sub of two running sums), an
 autoencoder's reconstruction error, opset-23 RMSNormalization / RotaryEmbedding / Attention, and
-int8 weights cast to float in the graph. The twelfth adds 3: a second stage on the boxes a
+int8 weights cast to float in the graph. The twelfth adds 4: a second stage on the boxes a
 threshold keeps (none in some samples), a float16 model with float32 inputs and outputs
-(keep_io_types), and BERT's embeddings fused by onnxruntime (EmbedLayerNormalization, its
-mask_index into Attention). A run that raises is printed
+(keep_io_types), BERT's embeddings fused by onnxruntime (EmbedLayerNormalization, its
+mask_index into Attention), and a GPT-2 block as its transformer optimizer writes it (Attention
+with a past state). A run that raises is printed
 with its error; the sweep goes on.
 """
 from __future__ import annotations
@@ -1644,6 +1645,30 @@ def embed_layernorm(seed=0):
                [vi(lg, T.FLOAT, ["N", 3])]), f
 
 
+def ort_gpt2_past(seed=0):
+    """A GPT-2 block as onnxruntime's transformer optimizer writes it: com.microsoft Attention
+    with a causal flag, a stacked past input and present output (a decoder step with a KV
+    cache, past length 0 in some feeds), FastGelu MLP, SkipLayerNormalization."""
+    b = B(seed, opset=17); D, H = 32, 2
+    x = b.op("LayerNormalization", ["x", b.c(np.ones(D, np.float32)), b.c(np.zeros(D, np.float32))], axis=-1)
+    b.k += 1
+    a = f"attention_{b.k}_0"
+    b.nodes.append(h.make_node("Attention", [x, b.w(D, 3 * D), b.w(3 * D, scale=0.05), "", "past"], [a, "present"],
+                               name=f"Attention_{b.k}", domain="com.microsoft", num_heads=H, unidirectional=1))
+    y = _msop(b, "SkipLayerNormalization", [b.op("MatMul", [a, b.w(D, D)]), "x", b.c(np.ones(D, np.float32)),
+                                            b.c(np.zeros(D, np.float32)), b.w(D, scale=0.05)], epsilon=1e-5)
+    f = _msop(b, "FastGelu", [b.op("MatMul", [y, b.w(D, 4 * D)]), b.w(4 * D, scale=0.05)])
+    z = b.op("Add", [b.op("MatMul", [f, b.w(4 * D, D)]), y])
+    lg = b.op("MatMul", [z, b.w(D, 50)])
+    m = _ms(b, [vi("x", T.FLOAT, ["N", "S", D]), vi("past", T.FLOAT, [2, "N", H, "P", D // H])],
+            [vi(lg, T.FLOAT, ["N", "S", 50]), vi("present", T.FLOAT, [2, "N", H, "T", D // H])])
+    def f_(r, n):
+        P = int(r.integers(0, 6)); S = 1 if P else int(r.integers(2, 6))
+        return {"x": r.standard_normal((n, S, D)).astype(np.float32),
+                "past": r.standard_normal((2, n, H, P, D // H)).astype(np.float32)}
+    return m, f_
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -1689,7 +1714,7 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             ort_fused_bert, ort_fused_cnn, convnext_block, t5_relbias, soft_argmax, hifigan,
                             selective_scan, recon_error, opset23_ops, int_weight_cast,
                             # the twelfth round
-                            empty_boxes, fp16_keep_io, embed_layernorm)}
+                            empty_boxes, fp16_keep_io, embed_layernorm, ort_gpt2_past)}
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -1,4 +1,4 @@
-"""Every graph of `python -m bench.class_sweep` (109 model classes) through preparation, with and
+"""Every graph of `python -m bench.class_sweep` (110 model classes) through preparation, with and
 without the equalization pass: nothing raises but the documented refusal of an already
 quantized model, and the prepared models compute what the originals do in onnxruntime. (The
 sweep found the pass raising KeyError on a Gemm whose bias is computed at run time.)"""

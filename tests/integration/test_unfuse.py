@@ -79,6 +79,7 @@ mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)
 word, pos, segt = (r.standard_normal((n, 16)).astype(np.float32) for n in (30, 5, 2))
 kv7 = r.standard_normal((2, 7, 16)).astype(np.float32)
 ab = (r.standard_normal((1, 2, 5, 5)) * 2).astype(np.float32)  # a relative position bias
+past = r.standard_normal((2, 2, 2, 5, 8)).astype(np.float32)  # [K/V, B, H, P, head size]
 
 #: (case, node, graph inputs, initializers, outputs compared)
 CASES = [
@@ -134,6 +135,13 @@ CASES = [
      {"q": x3, "k": s3, "v": x3[::-1].copy()}, {"ab": ab}, 1),
     ("Attention attention_bias, 1-D lengths", _ms("Attention", ["x", "w", "b", "m", "", "ab"], ["y"], num_heads=2),
      {"x": x3, "m": np.array([3, 5], np.int32)}, {"w": wqkv, "b": bqkv, "ab": ab}, 1),
+    ("Attention past, present, causal, 2-D mask",
+     _ms("Attention", ["x", "w", "b", "m", "past"], ["y", "present"], num_heads=2, unidirectional=1),
+     {"x": x3, "m": np.array([[1] * 10, [0, 0] + [1] * 8], np.int32), "past": past}, {"w": wqkv, "b": bqkv}, 2),
+    ("MultiHeadAttention past, present, causal",
+     _ms("MultiHeadAttention", ["q", "k", "v", "", "", "", "pk", "pv"], ["y", "pres_k", "pres_v"], num_heads=2,
+         unidirectional=1),
+     {"q": x3, "k": s3, "v": x3[::-1].copy(), "pk": past[0], "pv": past[1]}, {}, 3),
     ("MultiHeadAttention causal", _ms("MultiHeadAttention", ["q", "k", "v"], ["y"], num_heads=2, unidirectional=1),
      {"q": x3, "k": s3, "v": x3[::-1].copy()}, {}, 1),
     ("EmbedLayerNormalization", _ms("EmbedLayerNormalization", ["ids", "seg", "word", "pos", "segt", "g", "beta", "m"],
@@ -162,13 +170,21 @@ def test_each_fused_op_expands_to_what_onnxruntime_computes(case):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-5)
 
 
+def _wide_v_attention() -> onnx.ModelProto:
+    """An Attention whose values are wider than its queries and keys (qkv_hidden_sizes 16, 16,
+    32): a form the expansion declines."""
+    w = np.concatenate([wqkv, wqkv[:, 32:]], axis=1)
+    b = np.concatenate([bqkv, bqkv[32:]])
+    return _model(_ms("Attention", ["x", "w", "b"], ["y"], num_heads=2, qkv_hidden_sizes=[16, 16, 32]), {"x": x3},
+                  {"w": w, "b": b})
+
+
 def test_a_form_the_expansion_would_not_reproduce_is_kept_with_why():
-    node = _ms("Attention", ["x", "w", "b", "", "past"], ["y", "present"], num_heads=2)
-    m = _model(node, {"x": x3}, {"w": wqkv, "b": bqkv, "past": np.zeros((2, 2, 2, 0, 8), np.float32)})
+    m = _wide_v_attention()
     res = PassResult("unfuse")
     assert unfuse(m, res) == 0
     assert [n.op_type for n in m.graph.node] == ["Attention"]
-    assert "without past state" in res.declined[0][1]
+    assert "unequal qkv_hidden_sizes" in res.declined[0][1]
 
 
 def test_a_malformed_fused_node_is_kept_as_written():
@@ -294,13 +310,12 @@ def test_a_transformer_onnxruntime_saved_optimized_is_quantized(tmp_path):
 
 
 def test_layers_left_float_for_an_unknown_op_warn():
-    """A layer whose op mixq does not know (here a causal Attention the expansion declines) is
-    float in the output whatever the preset: the result says so as a warning, not only in the
+    """A layer whose op mixq does not know (here an Attention the expansion declines) is float
+    in the output whatever the preset: the result says so as a warning, not only in the
     left-float counts. Before, only "Left float: 1 x custom-domain op ..." said it."""
-    m = _model(_ms("Attention", ["x", "w", "b", "", "past"], ["y", "present"], num_heads=2), {"x": x3},
-               {"w": wqkv, "b": bqkv, "past": np.zeros((2, 2, 2, 0, 8), np.float32)})
-    m.graph.node.extend([helper.make_node("MatMul", ["y", "w2"], ["z"], name="head")])
-    m.graph.initializer.append(numpy_helper.from_array(w2, "w2"))
+    m = _wide_v_attention()
+    m.graph.node.extend([helper.make_node("MatMul", ["y", "w3"], ["z"], name="head")])
+    m.graph.initializer.append(numpy_helper.from_array((r.standard_normal((32, 8)) / 6).astype(np.float32), "w3"))
     del m.graph.output[:]
     m.graph.output.append(helper.make_tensor_value_info("z", F, [2, 5, 8]))
     rr = np.random.default_rng(5)
@@ -308,7 +323,7 @@ def test_layers_left_float_for_an_unknown_op_warn():
                         check_kernels=False)
     warn = [w for w in res.warnings if "layer(s) with weights stayed float" in w]
     assert warn and "com.microsoft.Attention x 1" in warn[0], res.warnings
-    assert "without past state" in res.summary()  # the expansion's reason for keeping it
+    assert "unequal qkv_hidden_sizes" in res.summary()  # the expansion's reason for keeping it
 
 
 def test_an_onnxruntime_op_that_is_no_layer_does_not_warn():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -218,15 +219,20 @@ def _skip_simplified_layer_norm(e: _Emit) -> str | None:
     return None
 
 
-def _seq_len(e: _Emit, x: str) -> str:
-    """x.shape[1] as a 0-D int64."""
-    return e.op("Gather", [e.op("Shape", [x]), e.const(np.array(1, np.int64), "seq_axis")], axis=0)
+def _seq_len(e: _Emit, x: str, axis: int = 1) -> str:
+    """x.shape[axis] as a 0-D int64."""
+    return e.op("Gather", [e.op("Shape", [x]), e.const(np.array(axis, np.int64), "seq_axis")], axis=0)
+
+
+def _range(e: _Emit, start: str | None, stop: str) -> str:
+    """start (0 when None) .. stop - 1, int64 0-D bounds."""
+    zero, one = e.const(np.array(0, np.int64), "zero"), e.const(np.array(1, np.int64), "one")
+    return e.op("Range", [start or zero, stop, one])
 
 
 def _positions(e: _Emit, x: str) -> str:
     """0 .. x.shape[1] - 1 (int64)."""
-    zero, one = e.const(np.array(0, np.int64), "zero"), e.const(np.array(1, np.int64), "one")
-    return e.op("Range", [zero, _seq_len(e, x), one])
+    return _range(e, None, _seq_len(e, x))
 
 
 def _additive(e: _Emit, keep: str, fill: float) -> str:
@@ -234,36 +240,63 @@ def _additive(e: _Emit, keep: str, fill: float) -> str:
     return e.op("Where", [keep, e.const(np.float32(0.0), "keep"), e.const(np.float32(fill), "fill")])
 
 
-def _key_mask(e: _Emit, mask: str, rank: int, keys: str, fill: float) -> str:
-    """The additive [B, 1, 1, L] mask of a 1-D valid-length or a 2-D 0/1 key mask."""
+def _key_mask(e: _Emit, mask: str, rank: int, key_len: str, fill: float) -> str:
+    """The additive [B, 1, 1, L] mask of a 1-D valid-length or a 2-D 0/1 key mask over the
+    `key_len` (0-D int64) keys."""
     if rank == 1:  # valid lengths: key positions at or past the length are masked
         lengths = e.op("Unsqueeze", [e.op("Cast", [mask], to=onnx.TensorProto.INT64), e.axes(1)])
-        keep = e.op("Less", [e.op("Unsqueeze", [_positions(e, keys), e.axes(0)]), lengths])
+        keep = e.op("Less", [e.op("Unsqueeze", [_range(e, None, key_len), e.axes(0)]), lengths])
     else:
         keep = e.op("Greater", [mask, e.const(np.array(0, np.int32), "zero_i32")])
     return e.op("Unsqueeze", [_additive(e, keep, fill), e.axes(1, 2)])
 
 
-def _causal_mask(e: _Emit, x: str, fill: float) -> str:
-    """The additive [S, S] mask hiding the keys after each query."""
-    pos = _positions(e, x)
-    keep = e.op("LessOrEqual", [e.op("Unsqueeze", [pos, e.axes(0)]), e.op("Unsqueeze", [pos, e.axes(1)])])
+def _causal_mask(e: _Emit, q_len: str, k_len: str, fill: float) -> str:
+    """The additive [S, L] mask hiding from query i the keys after it: the queries are the last
+    `q_len` of the `k_len` positions (a past state before them)."""
+    queries = _range(e, e.op("Sub", [k_len, q_len]), k_len)
+    keep = e.op("LessOrEqual", [e.op("Unsqueeze", [_range(e, None, k_len), e.axes(0)]),
+                                e.op("Unsqueeze", [queries, e.axes(1)])])
     return _additive(e, keep, fill)
 
 
-def _heads(e: _Emit, q: str, k: str, v: str, heads: int, head_size: int, scale: float, masks: list[str]) -> None:
-    """softmax(Q K^T * scale + masks) V over `heads` heads of [B, S, H * head_size] projections,
-    written to the node's first output as [B, S, H * head_size]."""
-    shape4 = e.const(np.array([0, 0, heads, head_size], np.int64), "heads")
-    q, k, v = (e.op("Reshape", [t, shape4]) for t in (q, k, v))
-    q = e.op("Transpose", [q], perm=[0, 2, 1, 3])
-    k = e.op("Transpose", [k], perm=[0, 2, 3, 1])
-    v = e.op("Transpose", [v], perm=[0, 2, 1, 3])
-    s = e.op("Mul", [e.op("MatMul", [q, k]), e.const(np.float32(scale), "scale")])
-    for m in masks:
-        s = e.op("Add", [s, m])
-    o = e.op("Transpose", [e.op("MatMul", [e.op("Softmax", [s], axis=-1), v])], perm=[0, 2, 1, 3])
-    e.op("Reshape", [o, e.const(np.array([0, 0, heads * head_size], np.int64), "hidden")], e.node.output[0])
+@dataclass
+class _Heads:
+    """Multi-head attention over [B, S, H * head_size] projections: the heads, the scale, the
+    past keys and values ([B, H, P, head_size]) before the new ones, and where the keys and
+    values with the past go (present outputs: separate, or stacked [2, B, H, P + S, hd])."""
+
+    heads: int
+    head_size: int
+    scale: float
+    past_k: str = ""
+    past_v: str = ""
+    present_k: str = ""
+    present_v: str = ""
+    present: str = ""
+
+    def keys(self, e: _Emit, k: str, v: str) -> tuple[str, str]:
+        """The [B, H, L, hd] keys and values: `k`, `v` split into heads after the past ones."""
+        shape4 = e.const(np.array([0, 0, self.heads, self.head_size], np.int64), "heads")
+        k, v = (e.op("Transpose", [e.op("Reshape", [t, shape4])], perm=[0, 2, 1, 3]) for t in (k, v))
+        if self.past_k:
+            k = e.op("Concat", [self.past_k, k], self.present_k or None, axis=2)
+            v = e.op("Concat", [self.past_v, v], self.present_v or None, axis=2)
+        if self.present:
+            e.op("Concat", [e.op("Unsqueeze", [t, e.axes(0)]) for t in (k, v)], self.present, axis=0)
+        return k, v
+
+    def attend(self, e: _Emit, q: str, k: str, v: str, masks: list[str]) -> None:
+        """softmax(Q K^T * scale + masks) V into the node's first output, [B, S, H * hd]."""
+        shape4 = e.const(np.array([0, 0, self.heads, self.head_size], np.int64), "heads")
+        q = e.op("Transpose", [e.op("Reshape", [q, shape4])], perm=[0, 2, 1, 3])
+        s = e.op("MatMul", [q, e.op("Transpose", [k], perm=[0, 1, 3, 2])])
+        s = e.op("Mul", [s, e.const(np.float32(self.scale), "scale")])
+        for m in masks:
+            s = e.op("Add", [s, m])
+        o = e.op("Transpose", [e.op("MatMul", [e.op("Softmax", [s], axis=-1), v])], perm=[0, 2, 1, 3])
+        hidden = e.const(np.array([0, 0, self.heads * self.head_size], np.int64), "hidden")
+        e.op("Reshape", [o, hidden], e.node.output[0])
 
 
 def _mask_rank(mask: str, shape_of: Callable[[str], tuple[int | None, ...] | None]) -> str | int:
@@ -275,8 +308,9 @@ def _mask_rank(mask: str, shape_of: Callable[[str], tuple[int | None, ...] | Non
 
 
 def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None]) -> str | None:
-    """onnxruntime's packed-QKV Attention without past state: x W + b split into Q, K, V, heads,
-    softmax(Q K^T * scale + masks) V; the key mask from 1-D valid lengths or a 2-D 0/1
+    """onnxruntime's packed-QKV Attention: x W + b split into Q, K, V, heads, the past keys and
+    values before the new ones (a [2, B, H, P, hd] past input; the present output stacks them
+    alike), softmax(Q K^T * scale + masks) V; the key mask from 1-D valid lengths or a 2-D 0/1
     mask_index, a causal mask where unidirectional, and the attention_bias input (T5's relative
     position bias) added to the scores."""
     a = _attrs(e.node)
@@ -286,11 +320,10 @@ def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None
         sizes = [int(s) for s in a["qkv_hidden_sizes"]]
         if len(set(sizes)) != 1:
             unsupported.append("unequal qkv_hidden_sizes")
-    # inputs: 4 past, 5 attention_bias (added to the scores), 6 past_sequence_length
-    extra = [i for i in range(4, len(e.node.input)) if e.node.input[i] and i != 5]
-    if unsupported or extra or _output(e.node, 1):
-        what = unsupported + [f"input {i}" for i in extra] + (["the present output"] if _output(e.node, 1) else [])
-        return f"{', '.join(what)}: only the form without past state is expanded"
+    # inputs: 4 past ([2, B, H, P, hd]), 5 attention_bias (added to the scores), 6 and on: a shared buffer's
+    extra = [i for i in range(6, len(e.node.input)) if e.node.input[i]]
+    if unsupported or extra:
+        return f"{', '.join(unsupported + [f'input {i}' for i in extra])}: not expanded"
     w_shape = shape_of(e.node.input[1])
     cols = w_shape[1] if w_shape is not None and len(w_shape) == 2 else None
     if heads <= 0 or not cols or cols % (3 * heads):
@@ -307,27 +340,34 @@ def _attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None
     split = [e.names.value(e.base, n) for n in ("q", "k", "v")]
     e.nodes.append(helper.make_node("Split", [qkv, e.const(np.array([hidden] * 3, np.int64), "split")], split,
                                     name=e.names.value(e.base, "Split"), axis=-1))
-    fill = float(a.get("mask_filter_value", -10000.0))
-    masks = ([_key_mask(e, mask, rank, x, fill)] if mask else []) + \
-        ([_causal_mask(e, x, fill)] if a.get("unidirectional") else []) + \
-        ([_input(e.node, 5)] if _input(e.node, 5) else [])
+    past = _input(e.node, 4)
+    spec = _Heads(heads, hidden // heads, float(a.get("scale", 0.0) or 1.0 / math.sqrt(hidden // heads)),
+                  present=_output(e.node, 1))
+    if past:
+        spec.past_k, spec.past_v = (e.op("Gather", [past, e.const(np.array(i, np.int64), "kv")], axis=0)
+                                    for i in (0, 1))
     q, k, v = split
-    _heads(e, q, k, v, heads, hidden // heads, float(a.get("scale", 0.0) or 1.0 / math.sqrt(hidden // heads)), masks)
+    k, v = spec.keys(e, k, v)
+    fill = float(a.get("mask_filter_value", -10000.0))
+    key_len = _seq_len(e, k, 2)
+    masks = ([_key_mask(e, mask, rank, key_len, fill)] if mask else []) + \
+        ([_causal_mask(e, _seq_len(e, x), key_len, fill)] if a.get("unidirectional") else []) + \
+        ([_input(e.node, 5)] if _input(e.node, 5) else [])
+    spec.attend(e, q, k, v, masks)
     return None
 
 
 def _multi_head_attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, ...] | None]) -> str | None:
     """onnxruntime's MultiHeadAttention on projected [B, S, D] query, key and value (the
-    optional bias of 3D added to each), without past state; key mask, causal flag and attention
-    bias as in Attention."""
+    optional bias of 3D added to each), past key / value before the new ones (and the present
+    outputs); key mask, causal flag and attention bias as in Attention."""
     a = _attrs(e.node)
     heads = int(a.get("num_heads", 0))
-    q, k, v, bias, mask, attention_bias = (_input(e.node, i) for i in range(6))
-    extra = [i for i in range(6, len(e.node.input)) if e.node.input[i]]  # past key / value ...
+    q, k, v, bias, mask, attention_bias, past_k, past_v = (_input(e.node, i) for i in range(8))
+    extra = [i for i in range(8, len(e.node.input)) if e.node.input[i]]  # a shared buffer's, a beam's
     ranks = [len(shape_of(t) or ()) for t in (q, k, v)]
-    if extra or _output(e.node, 1) or _output(e.node, 2) or ranks != [3, 3, 3]:
-        return ("only 3-D query, key and value without past state or present outputs are "
-                f"expanded (ranks {ranks}, inputs {extra})")
+    if extra or ranks != [3, 3, 3] or bool(past_k) != bool(past_v):
+        return f"only 3-D query, key and value (and past keys with past values) are expanded (ranks {ranks})"
     dims = shape_of(bias) if bias else shape_of(q)
     width = (dims[0] // 3 if bias and dims and dims[0] else None) if bias else (dims[-1] if dims else None)
     if heads <= 0 or not width or width % heads:
@@ -340,10 +380,16 @@ def _multi_head_attention(e: _Emit, shape_of: Callable[[str], tuple[int | None, 
         e.nodes.append(helper.make_node("Split", [bias, e.const(np.array([width] * 3, np.int64), "split")], parts,
                                         name=e.names.value(e.base, "Split"), axis=0))
         q, k, v = (e.op("Add", [t, b]) for t, b in zip((q, k, v), parts))
+    spec = _Heads(heads, width // heads, float(a.get("scale", 0.0) or 1.0 / math.sqrt(width // heads)),
+                  past_k, past_v, _output(e.node, 1), _output(e.node, 2))
+    q_len = _seq_len(e, q)
+    k, v = spec.keys(e, k, v)
     fill = float(a.get("mask_filter_value", -10000.0))
-    masks = ([_key_mask(e, mask, rank, k, fill)] if mask else []) + \
-        ([_causal_mask(e, q, fill)] if a.get("unidirectional") else []) + ([attention_bias] if attention_bias else [])
-    _heads(e, q, k, v, heads, width // heads, float(a.get("scale", 0.0) or 1.0 / math.sqrt(width // heads)), masks)
+    key_len = _seq_len(e, k, 2)
+    masks = ([_key_mask(e, mask, rank, key_len, fill)] if mask else []) + \
+        ([_causal_mask(e, q_len, key_len, fill)] if a.get("unidirectional") else []) + \
+        ([attention_bias] if attention_bias else [])
+    spec.attend(e, q, k, v, masks)
     return None
 
 
