@@ -282,6 +282,10 @@ class _Heads:
         if self.past_k:
             k = e.op("Concat", [self.past_k, k], self.present_k or None, axis=2)
             v = e.op("Concat", [self.past_v, v], self.present_v or None, axis=2)
+        else:  # presents without a past: the new keys and values themselves
+            for t, present in ((k, self.present_k), (v, self.present_v)):
+                if present:
+                    e.op("Identity", [t], present)
         if self.present:
             e.op("Concat", [e.op("Unsqueeze", [t, e.axes(0)]) for t in (k, v)], self.present, axis=0)
         return k, v
