@@ -200,6 +200,17 @@ def test_a_malformed_fused_node_is_kept_as_written():
     assert "fewer than the op takes" in res.declined[0][1]
 
 
+def test_a_fused_node_with_an_output_the_expansion_does_not_write_is_kept():
+    """An output the rule does not compute (here a second output on a FusedConv, as a newer
+    schema could add one) would be left a dangling name: the node is kept instead."""
+    m = _model(_ms("FusedConv", ["x", "w", "b"], ["y", "extra"], activation="Relu", **conv), {"x": x4},
+               {"w": w4, "b": b4})
+    res = PassResult("unfuse")
+    assert unfuse(m, res) == 0
+    assert [n.op_type for n in m.graph.node] == ["FusedConv"]
+    assert "'extra' is not one the expansion computes" in res.declined[0][1]
+
+
 def _cnn() -> onnx.ModelProto:
     rr = np.random.default_rng(1)
     inits, nodes, x = [], [], "x"

@@ -524,6 +524,10 @@ def unfuse(model: onnx.ModelProto, result: PassResult | None = None) -> int:
         # a malformed node is kept as written, so that onnxruntime's error names the user's node
         why = (f"{given} inputs, fewer than the op takes" if given < _MIN_INPUTS.get(node.op_type, 1)
                else rule(e))
+        written = {o for n in e.nodes for o in n.output}
+        unwritten = [o for o in node.output if o and o not in written]
+        if why is None and unwritten:  # an output the expansion does not compute: never a dangling name
+            why = f"its output {unwritten[0]!r} is not one the expansion computes"
         if why is not None:
             if result is not None:
                 where = f"{node.domain or 'onnxruntime'}.{node.op_type}"
