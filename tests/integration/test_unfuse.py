@@ -495,3 +495,67 @@ def test_mixq_check_says_what_quantize_does_with_them(tmp_path):
         rep = check_model_support(_saved_optimized(model, tmp_path))
         assert not rep.problems, rep.problems
         assert [o.status for o in rep.ops if o.op_type == op] == [QUANTIZABLE]
+
+
+# the TorchScript exporter on purpose: the transformer optimizer's patterns are written for its graphs
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_what_the_transformer_optimizer_writes_for_a_pytorch_bert_is_quantized(tmp_path):
+    """A BERT layer written in PyTorch (embeddings, attention with a padding mask, GELU, two
+    LayerNorms), exported by torch.onnx at opset 14 and given to onnxruntime's transformer
+    optimizer (`onnxruntime.transformers.optimizer`, model_type='bert'): it writes
+    EmbedLayerNormalization, Attention, SkipLayerNormalization and BiasGelu. Every one is
+    expanded and every linear layer quantized; the output follows the optimized float model.
+    The model the optimizer returns in memory imports no com.microsoft opset (it adds one when
+    saving); that failed the checker, and is declared now."""
+    torch = pytest.importorskip("torch")
+    from onnxruntime.transformers import optimizer
+
+    D, H, V, S = 32, 2, 100, 8
+
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.pos, self.tok = (torch.nn.Embedding(n, D) for n in (V, 16, 2))
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(D, D) for _ in range(4))
+            self.f1, self.f2, self.cls = torch.nn.Linear(D, 4 * D), torch.nn.Linear(4 * D, D), torch.nn.Linear(D, 3)
+            self.ln0, self.ln1, self.ln2 = (torch.nn.LayerNorm(D) for _ in range(3))
+
+        def heads(self, t):
+            return t.view(t.shape[0], t.shape[1], H, D // H).permute(0, 2, 1, 3)
+
+        def forward(self, ids, mask, types):
+            x = self.ln0(self.emb(ids) + self.pos(torch.arange(ids.shape[1]).unsqueeze(0)) + self.tok(types))
+            add = (1.0 - mask[:, None, None, :].to(torch.float32)) * -10000.0
+            q, k, v = self.heads(self.q(x)), self.heads(self.k(x)), self.heads(self.v(x))
+            a = torch.softmax(q @ k.transpose(-1, -2) / (D // H) ** 0.5 + add, -1) @ v
+            x = self.ln1(self.o(a.permute(0, 2, 1, 3).reshape(x.shape)) + x)
+            x = self.ln2(self.f2(torch.nn.functional.gelu(self.f1(x))) + x)
+            return self.cls(x[:, 0])
+
+    torch.manual_seed(0)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    example = (torch.randint(0, V, (2, S)), torch.ones(2, S, dtype=torch.int64), torch.zeros(2, S, dtype=torch.int64))
+    torch.onnx.export(Layer().eval(), example, tmp_path / "bert.onnx", input_names=names, output_names=["logits"],
+                      dynamic_axes={n: {0: "B", 1: "S"} for n in names}, opset_version=14, dynamo=False)
+    opt = optimizer.optimize_model(str(tmp_path / "bert.onnx"), model_type="bert", num_heads=H, hidden_size=D,
+                                   opt_level=0)
+    m = opt.model
+    fused = Counter(n.op_type for n in m.graph.node if n.domain == MS_DOMAIN)
+    assert {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization"} <= set(fused), fused
+    rr = np.random.default_rng(10)
+
+    def feed() -> dict[str, np.ndarray]:
+        lengths = rr.integers(3, S + 1, (4, 1))
+        return {"input_ids": rr.integers(0, V, (4, S)).astype(np.int64),
+                "attention_mask": (np.arange(S)[None] < lengths).astype(np.int64),
+                "token_type_ids": np.zeros((4, S), np.int64)}
+
+    assert not any(o.domain == MS_DOMAIN for o in m.opset_import)
+    res = mixq.quantize(m, "A8W8", [feed() for _ in range(8)], check_kernels=False)
+    assert "its opset 1 declared" in res.summary()
+    assert res.prepare.ort_ops_expanded == sum(fused.values())
+    assert not [n for n in res.model.graph.node if n.domain == MS_DOMAIN]
+    assert res.rewrite.weights_quantized >= 6  # qkv, output, two FFN, classifier, embeddings...
+    assert not any(w.startswith("WARNING") for w in res.warnings), res.warnings
+    f = feed()
+    assert _sqnr(_run(m, f)[0], _run(res.model, f)[0]) > 20

@@ -23,7 +23,7 @@ from .equalize import equalize_imbalanced
 from .float16 import compute_float16_in_float32
 from .function_ops import expand_function_ops
 from .recognize import RecognizeReport, recognize
-from .unfuse import hold_runtime_onnx_ops, unfuse
+from .unfuse import hold_runtime_onnx_ops, import_ms_domain, unfuse
 
 #: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
 TARGET_OPSET = 21
@@ -825,6 +825,7 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
         m = model
     _raise_if_damaged(m)  # before any pass copies a string field
     held = hold_runtime_onnx_ops(m)  # onnxruntime's own default-domain ops: past the checker
+    ms_imported = import_ms_domain(m)
     try:  # before the checker, which requires every output's shape
         declared = repair_output_shapes(m)
     except Exception as exc:  # noqa: BLE001 - a model the checker refuses next, saying why
@@ -871,6 +872,9 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     # before the folds and the equalization: a FusedConv is a Conv to them once expanded
     fused = PassResult("expand onnxruntime fused ops")
     rep.ort_ops_expanded = unfuse(m, fused)
+    if ms_imported:
+        fused.notes.append("the model uses com.microsoft ops without importing that domain (a model "
+                           "onnxruntime's transformer optimizer returned in memory): its opset 1 declared")
     if held:
         fused.notes.append(f"{held} onnxruntime op(s) written in the default domain where the model's opset has "
                            "no such standard op (LayerNormalization before opset 17, SimplifiedLayerNormalization) "

@@ -449,6 +449,17 @@ def runtime_onnx_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return out
 
 
+def import_ms_domain(model: onnx.ModelProto) -> bool:
+    """Declare the com.microsoft opset (its only version, 1) where nodes use the domain and the
+    model imports none: what onnxruntime's transformer optimizer leaves in the model it returns
+    in memory (it adds the import only when saving). In place; whether it was missing."""
+    if any(o.domain == MS_DOMAIN for o in model.opset_import) or not any(
+            n.domain == MS_DOMAIN for n in model.graph.node):
+        return False
+    model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return True
+
+
 def hold_runtime_onnx_ops(model: onnx.ModelProto) -> int:
     """Move `runtime_onnx_ops` to HELD_DOMAIN, so that the checker and the opset converter
     pass them; `unfuse` releases them. A model onnxruntime saved optimized at opset 13 holds
