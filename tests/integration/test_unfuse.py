@@ -551,6 +551,9 @@ def test_what_the_transformer_optimizer_writes_for_a_pytorch_bert_is_quantized(t
                 "token_type_ids": np.zeros((4, S), np.int64)}
 
     assert not any(o.domain == MS_DOMAIN for o in m.opset_import)
+    from mixq.check import check_model_support
+
+    assert not check_model_support(m).problems  # `mixq check` reads it as quantize does
     res = mixq.quantize(m, "A8W8", [feed() for _ in range(8)], check_kernels=False)
     assert "its opset 1 declared" in res.summary()
     assert res.prepare.ort_ops_expanded == sum(fused.values())

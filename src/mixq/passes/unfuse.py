@@ -449,12 +449,18 @@ def runtime_onnx_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return out
 
 
+def ms_domain_undeclared(model: onnx.ModelProto) -> bool:
+    """Whether nodes use com.microsoft and the model imports no opset of it: what onnxruntime's
+    transformer optimizer leaves in the model it returns in memory (it adds the import only
+    when saving)."""
+    return not any(o.domain == MS_DOMAIN for o in model.opset_import) and any(
+        n.domain == MS_DOMAIN for n in model.graph.node)
+
+
 def import_ms_domain(model: onnx.ModelProto) -> bool:
-    """Declare the com.microsoft opset (its only version, 1) where nodes use the domain and the
-    model imports none: what onnxruntime's transformer optimizer leaves in the model it returns
-    in memory (it adds the import only when saving). In place; whether it was missing."""
-    if any(o.domain == MS_DOMAIN for o in model.opset_import) or not any(
-            n.domain == MS_DOMAIN for n in model.graph.node):
+    """Declare the com.microsoft opset (its only version, 1) where `ms_domain_undeclared`. In
+    place; whether it was missing."""
+    if not ms_domain_undeclared(model):
         return False
     model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return True
