@@ -68,7 +68,8 @@ def _upgrade_opset(model: onnx.ModelProto, minimum: int, notes: list[str]) -> on
 
     opset = G.default_opset(model)
     why = "bfloat16 Cast"
-    if runtime_onnx_ops(model):
+    held_any = bool(runtime_onnx_ops(model))
+    if held_any:
         # onnxruntime's own default-domain ops (its LayerNormalization before opset 17) leave the
         # tensors after them untyped: held past the converter to the opset where they are standard
         held = onnx.ModelProto()
@@ -77,6 +78,8 @@ def _upgrade_opset(model: onnx.ModelProto, minimum: int, notes: list[str]) -> on
         model, minimum = held, max(minimum, STANDARD_SINCE)
         why = f"onnxruntime's LayerNormalization is standard from {STANDARD_SINCE}"
     if opset >= minimum:
+        if held_any:  # at an opset that needs no upgrade (an RMSNorm at opset 18): released all the same
+            unfuse(model, PassResult("release"))
         return model
     try:
         from ..passes.prepare import convert_opset
