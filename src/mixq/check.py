@@ -20,8 +20,7 @@ from .errors import ModelError
 from .graph import subgraphs
 from .passes.prepare import (MAX_RUNTIME_OPSET, TARGET_OPSET, check_float_model, check_input_model, model_opset,
                              repair_output_shapes, undeclared_shapes)
-from .passes.unfuse import (EXPANDED_OPS, MS_DOMAIN, hold_runtime_onnx_ops, import_ms_domain, ms_domain_undeclared,
-                            runtime_onnx_ops)
+from .passes.unfuse import EXPANDED_OPS, MS_DOMAIN, admit_runtime_ops, needs_admission
 from .plan.ops import semantics, unsupported_reason
 
 __all__ = ["OpSupport", "SupportReport", "check_model_support", "custom_op_problems"]
@@ -271,12 +270,11 @@ def check_model_support(model: onnx.ModelProto | str | os.PathLike) -> SupportRe
             except Exception as exc:  # noqa: BLE001 - reported below
                 raise ModelError(f"the input model fails the ONNX checker: {exc}") from exc
         else:
-            if runtime_onnx_ops(model) or ms_domain_undeclared(model):  # read as quantize reads them
-                held = onnx.ModelProto()
-                held.CopyFrom(model)
-                hold_runtime_onnx_ops(held)
-                import_ms_domain(held)
-                model = held
+            if needs_admission(model):  # what onnxruntime wrote, read as quantize reads it
+                admitted = onnx.ModelProto()
+                admitted.CopyFrom(model)
+                admit_runtime_ops(admitted)
+                model = admitted
             if any(kind == "output" for kind, _ in undeclared_shapes(model)):
                 # quantize declares the shapes inference computes; what is left is the problem
                 declared = onnx.ModelProto()

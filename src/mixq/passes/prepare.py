@@ -23,7 +23,7 @@ from .equalize import equalize_imbalanced
 from .float16 import compute_float16_in_float32
 from .function_ops import expand_function_ops
 from .recognize import RecognizeReport, recognize
-from .unfuse import hold_runtime_onnx_ops, import_ms_domain, unfuse
+from .unfuse import admit_runtime_ops, unfuse
 
 #: The opset mixq emits at: QuantizeLinear/DequantizeLinear with int4/int16 and block_size.
 TARGET_OPSET = 21
@@ -824,8 +824,7 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     else:
         m = model
     _raise_if_damaged(m)  # before any pass copies a string field
-    held = hold_runtime_onnx_ops(m)  # onnxruntime's own default-domain ops: past the checker
-    ms_imported = import_ms_domain(m)
+    held, ms_imported = admit_runtime_ops(m)  # what onnxruntime wrote, past the checker
     try:  # before the checker, which requires every output's shape
         declared = repair_output_shapes(m)
     except Exception as exc:  # noqa: BLE001 - a model the checker refuses next, saying why

@@ -479,6 +479,18 @@ def hold_runtime_onnx_ops(model: onnx.ModelProto) -> int:
     return len(nodes)
 
 
+def needs_admission(model: onnx.ModelProto) -> bool:
+    """Whether `admit_runtime_ops` would change `model` (asked before copying one)."""
+    return bool(runtime_onnx_ops(model)) or ms_domain_undeclared(model)
+
+
+def admit_runtime_ops(model: onnx.ModelProto) -> tuple[int, bool]:
+    """What a model onnxruntime wrote needs before the ONNX checker and the opset converter read
+    it, in place: its default-domain ops held (`hold_runtime_onnx_ops`), a missing com.microsoft
+    import declared (`import_ms_domain`). Returns (ops held, whether the import was declared)."""
+    return hold_runtime_onnx_ops(model), import_ms_domain(model)
+
+
 #: The inputs each expanded op requires (the others take one).
 _MIN_INPUTS = {"FusedConv": 2, "FusedGemm": 2, "FusedMatMul": 2, "TransposeMatMul": 2, "BiasGelu": 2,
                "SkipLayerNormalization": 3, "SkipSimplifiedLayerNormalization": 3, "Attention": 2,
