@@ -21,8 +21,8 @@ import onnx
 import onnx.helper
 
 __all__ = ["GraphIndex", "NameAllocator", "subgraphs", "walk_graphs", "outer_scope_reads",
-           "all_names", "model_opset", "tensor_type", "static_shape", "is_float_type", "with_outputs", "with_weights",
-           "PassResult"]
+           "all_names", "int_attr", "model_opset", "tensor_type", "static_shape", "is_float_type", "with_outputs",
+           "with_weights", "PassResult"]
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
                          onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE})
@@ -134,6 +134,14 @@ class NameAllocator:
 
     def __contains__(self, name: object) -> bool:
         return name in self._taken
+
+
+def int_attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    """`node`'s integer attribute `name`, or `default` where it has none."""
+    for a in node.attribute:
+        if a.name == name:
+            return int(a.i)
+    return default
 
 
 def model_opset(model: onnx.ModelProto) -> int:

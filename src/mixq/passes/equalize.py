@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..graph import PassResult
+from ..graph import PassResult, int_attr
 
 #: Ops between the two Convs that commute with a positive per-channel scale: f(x / s) =
 #: f(x) / s for s > 0 (a PRelu's slope and a pool's window see the same signs and order).
@@ -39,13 +39,6 @@ EQUALIZE_GAIN_DB = 10.0
 #: 4 of its standard deviations (what a Gaussian's calibrated range comes to).
 _CODES = 127.0
 _PEAK = 4.0
-
-
-def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
-    for a in node.attribute:
-        if a.name == name:
-            return int(a.i)
-    return default
 
 
 #: Ops that act on each element alone: between a MatMul / Gemm pair (channels on the last
@@ -121,8 +114,8 @@ def channel_pairs(model: onnx.ModelProto) -> list[Pair]:
                 return None
             return n.input[1], 0, (bias,) if bias else (), n.output[0], False
         if std(n, "Gemm") and len(n.input) >= 2 and own(n.input[1]) and len(dims(n.input[1])) == 2 \
-                and not _attr(n, "transA", 0):
-            axis = 0 if _attr(n, "transB", 0) else 1
+                and not int_attr(n, "transA", 0):
+            axis = 0 if int_attr(n, "transB", 0) else 1
             c = dims(n.input[1])[axis]
             bias = n.input[2] if len(n.input) > 2 and n.input[2] else ""
             if bias and not per_channel(bias, c):
@@ -144,7 +137,7 @@ def channel_pairs(model: onnx.ModelProto) -> list[Pair]:
             return None
         d = dims(n.input[1])
         if std(n, "Conv") and not last:
-            group = _attr(n, "group", 1)
+            group = int_attr(n, "group", 1)
             if group == 1 and len(d) > 2 and d[1] == c:
                 return n.input[1], 1, False
             if group == c and len(d) > 2 and d[0] == c and d[1] == 1:
@@ -152,8 +145,8 @@ def channel_pairs(model: onnx.ModelProto) -> list[Pair]:
             return None
         if std(n, "MatMul") and last and len(d) == 2 and d[0] == c:
             return n.input[1], 0, False
-        if std(n, "Gemm") and last and len(d) == 2 and not _attr(n, "transA", 0):
-            axis = 1 if _attr(n, "transB", 0) else 0
+        if std(n, "Gemm") and last and len(d) == 2 and not int_attr(n, "transA", 0):
+            axis = 1 if int_attr(n, "transB", 0) else 0
             return (n.input[1], axis, False) if d[axis] == c else None
         return None
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ..graph import outer_scope_reads, subgraphs
+from ..graph import int_attr, outer_scope_reads, subgraphs
 
 
 @dataclass(frozen=True)
@@ -48,13 +48,6 @@ class OpSemantics:
         if self.variadic:
             return tuple(range(len(node.input)))
         return tuple(i for i in self.activations if i < len(node.input))
-
-
-def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
-    for a in node.attribute:
-        if a.name == name:
-            return int(a.i)
-    return default
 
 
 _CONV = OpSemantics(activations=(0,), weight=1, weight_channel_axis=0, weight_block_axis=1, bias=2,
@@ -111,7 +104,7 @@ def semantics(node: onnx.NodeProto) -> OpSemantics | None:
     if sem is None:
         return None
     if node.op_type == "Gemm":
-        trans_a, trans_b = _attr(node, "transA", 0), _attr(node, "transB", 0)
+        trans_a, trans_b = int_attr(node, "transA", 0), int_attr(node, "transB", 0)
         # B is (K, N) or, with transB, (N, K): the output channel is N, the reduction axis K;
         # A is (M, K) or, with transA, (K, M): its blocks run along K
         sem = OpSemantics(activations=(0,), weight=1, weight_channel_axis=0 if trans_b else 1,
