@@ -15,13 +15,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
 import onnx.helper
 
 __all__ = ["GraphIndex", "NameAllocator", "subgraphs", "walk_graphs", "outer_scope_reads",
-           "all_names", "int_attr", "model_opset", "tensor_type", "static_shape", "is_float_type", "with_outputs",
+           "all_names", "int_attr", "set_attr", "model_opset", "tensor_type", "static_shape", "is_float_type", "with_outputs",
            "with_weights", "PassResult"]
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
@@ -142,6 +143,13 @@ def int_attr(node: onnx.NodeProto, name: str, default: int) -> int:
         if a.name == name:
             return int(a.i)
     return default
+
+
+def set_attr(node: onnx.NodeProto, name: str, value: Any) -> None:
+    """Set `node`'s attribute `name` to `value`, replacing the one it has."""
+    keep = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(keep + [onnx.helper.make_attribute(name, value)])
 
 
 def model_opset(model: onnx.ModelProto) -> int:

@@ -153,3 +153,73 @@ def test_shape_inference_on_a_skeleton_is_onnxs_on_the_whole_model():
     assert got.graph.output[0].SerializeToString() == want.graph.output[0].SerializeToString()
     c = next(v for v in got.graph.value_info if v.name == "c")
     assert [d.dim_value for d in c.type.tensor_type.shape.dim][1:] == [64, 30, 30]  # the stale one refined
+
+
+def _bn_params(c: int, tag: str) -> list[onnx.TensorProto]:
+    """A trained-looking BatchNorm's gamma, beta, mean and var over `c` channels."""
+    vals = [RNG.uniform(0.5, 2.0, c), RNG.standard_normal(c), RNG.standard_normal(c), RNG.uniform(0.1, 3.0, c)]
+    return [numpy_helper.from_array(v.astype(np.float32), f"{tag}_{k}") for v, k in zip(vals, "gbmv")]
+
+
+def _bn(x: str, y: str, tag: str) -> onnx.NodeProto:
+    return helper.make_node("BatchNormalization", [x] + [f"{tag}_{k}" for k in "gbmv"], [y], name=tag, epsilon=1e-3)
+
+
+def _bn_layers_model() -> onnx.ModelProto:
+    """Every layer a BatchNorm folds into, and two it does not: x (N,4,6,6) -> ConvTranspose
+    (group 2, no bias) -> BN -> Relu -> GAP -> Flatten -> Gemm (transB, beta 0.5, bias) -> BN ->
+    Gemm (no bias) -> BN -> MatMul -> BN (not folded: MatMul is no host) and an input BN (not
+    folded: nothing before it)."""
+    w = lambda *s: RNG.standard_normal(s).astype(np.float32) * 0.5  # noqa: E731
+    inits = [numpy_helper.from_array(w(4, 3, 3, 3), "wt"), numpy_helper.from_array(w(8, 6), "wg"),
+             numpy_helper.from_array(w(8), "bg"), numpy_helper.from_array(w(8, 5), "wg2"),
+             numpy_helper.from_array(w(5, 7), "wm"), numpy_helper.from_array(np.array([-1, 6], np.int64), "flat")]
+    inits += _bn_params(4, "bn_in") + _bn_params(6, "bn_t") + _bn_params(8, "bn_g") + _bn_params(5, "bn_g2") \
+        + _bn_params(7, "bn_m")
+    nodes = [_bn("x", "xn", "bn_in"),
+             helper.make_node("ConvTranspose", ["xn", "wt"], ["t"], name="convt", group=2, strides=[2, 2]),
+             _bn("t", "tn", "bn_t"), helper.make_node("Relu", ["tn"], ["tr"]),
+             helper.make_node("GlobalAveragePool", ["tr"], ["gp"]), helper.make_node("Reshape", ["gp", "flat"], ["f"]),
+             helper.make_node("Gemm", ["f", "wg", "bg"], ["g"], name="gemm", transB=1, beta=0.5),
+             _bn("g", "gn", "bn_g"), helper.make_node("Gemm", ["gn", "wg2"], ["g2"], name="gemm2"),
+             _bn("g2", "g2n", "bn_g2"), helper.make_node("MatMul", ["g2n", "wm"], ["m"], name="matmul"),
+             _bn("m", "y", "bn_m")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 7])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_batchnorm_folds_into_convtranspose_and_gemm_exactly():
+    """A BatchNorm after a ConvTranspose (grouped) or a Gemm (transB, beta, with and without a
+    bias) folds into its weights and bias: the prepared model computes what the float one does;
+    one after a MatMul or on the input is kept, and a note says why each was not folded."""
+    m = _bn_layers_model()
+    prepared, rep = mixq.passes.prepare.prepare(m, equalize=False)
+    assert rep.batchnorms_folded == 3
+    left = [n.name for n in prepared.graph.node if n.op_type == "BatchNormalization"]
+    assert sorted(left) == ["bn_in", "bn_m"]
+    note = [n for n in rep.notes if "BatchNormalization(s) not folded" in n]
+    assert note and "fed by MatMul 'matmul'" in note[0] and "fed by a graph input" in note[0], rep.notes
+    x = RNG.standard_normal((3, 4, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(_run(prepared, x)[0], _run(m, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_batchnorm_params_an_exporter_passes_through_identity_are_folded():
+    """torch.onnx passes a parameter equal to another (an untrained BatchNorm's running mean
+    and its bias: both zeros) through an Identity: the constant fold runs first, so the
+    BatchNorm still folds into its Conv."""
+    m = _pad_conv()
+    g = m.graph
+    g.initializer.extend(_bn_params(4, "bn"))
+    g.node.append(helper.make_node("Identity", ["bn_b"], ["bn_m_alias"]))
+    g.node.append(helper.make_node("BatchNormalization", ["y", "bn_g", "bn_b", "bn_m_alias", "bn_v"], ["yn"], name="bn"))
+    # the BatchNorm reads the Conv directly: drop the Relu between them
+    relu = next(n for n in g.node if n.op_type == "Relu")
+    g.node.remove(relu)
+    next(n for n in g.node if n.op_type == "Conv").output[0] = "y"
+    g.output[0].name = "yn"
+    prepared, rep = mixq.passes.prepare.prepare(m, equalize=False)
+    assert rep.batchnorms_folded == 1
+    assert not [n for n in prepared.graph.node if n.op_type == "BatchNormalization"]
+    x = RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)
+    np.testing.assert_allclose(_run(prepared, x)[0], _run(m, x)[0], rtol=1e-4, atol=1e-4)
