@@ -64,6 +64,8 @@ class QuantizeResult:
                  f"| opset | {self.prepare.opset_from} -> {model_opset(self.model)} |",
                  f"| BatchNorms folded | {self.prepare.batchnorms_folded} |",
                  f"| Pads folded into Conv | {self.prepare.pads_folded} |",
+                 *([f"| bias Adds folded into their layer | {self.prepare.bias_adds_folded} |"]
+                   if self.prepare.bias_adds_folded else []),
                  f"| activations quantized | {self.rewrite.activations_quantized} |",
                  f"| weights/constants quantized | {self.rewrite.weights_quantized} |",
                  f"| int32 biases | {self.rewrite.biases_int32} |",

@@ -22,7 +22,7 @@ import onnx
 import onnx.helper
 
 __all__ = ["GraphIndex", "NameAllocator", "subgraphs", "walk_graphs", "outer_scope_reads",
-           "all_names", "int_attr", "set_attr", "model_opset", "tensor_type", "static_shape", "is_float_type", "with_outputs",
+           "all_names", "int_attr", "float_attr", "set_attr", "model_opset", "tensor_type", "static_shape", "is_float_type", "with_outputs",
            "with_weights", "PassResult"]
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
@@ -142,6 +142,14 @@ def int_attr(node: onnx.NodeProto, name: str, default: int) -> int:
     for a in node.attribute:
         if a.name == name:
             return int(a.i)
+    return default
+
+
+def float_attr(node: onnx.NodeProto, name: str, default: float) -> float:
+    """`node`'s numeric attribute `name` as a float (a FLOAT or an INT one), or `default`."""
+    for a in node.attribute:
+        if a.name == name:
+            return float(a.f) if a.type == onnx.AttributeProto.FLOAT else float(a.i)
     return default
 
 

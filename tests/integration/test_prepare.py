@@ -223,3 +223,52 @@ def test_batchnorm_params_an_exporter_passes_through_identity_are_folded():
     assert not [n for n in prepared.graph.node if n.op_type == "BatchNormalization"]
     x = RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)
     np.testing.assert_allclose(_run(prepared, x)[0], _run(m, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def _bias_add_model() -> onnx.ModelProto:
+    """Biases written as Adds: ConvTranspose -> Add (1,C,1,1) -> BN (paddle2onnx), Conv (with
+    a bias) -> Add of a scalar, Gemm (beta 2) -> Add (N,), and two that are no bias: an Add
+    varying along W, and one whose Conv output is also read elsewhere."""
+    w = lambda *s: RNG.standard_normal(s).astype(np.float32) * 0.5  # noqa: E731
+    inits = [numpy_helper.from_array(w(4, 3, 2, 2), "wt"), numpy_helper.from_array(w(1, 6, 1, 1), "bt"),
+             numpy_helper.from_array(w(6, 6, 3, 3), "wc"), numpy_helper.from_array(w(6), "bc"),
+             numpy_helper.from_array(np.float32(0.75), "s"), numpy_helper.from_array(w(6, 6, 1, 1), "wc2"),
+             numpy_helper.from_array(w(12), "row"), numpy_helper.from_array(w(6, 6, 1, 1), "wc3"),
+             numpy_helper.from_array(w(1, 6, 1, 1), "b3"), numpy_helper.from_array(np.array([-1, 6], np.int64), "flat"),
+             numpy_helper.from_array(w(6, 5), "wg"), numpy_helper.from_array(w(5), "bg"),
+             numpy_helper.from_array(w(5), "ag")] + _bn_params(6, "bn")
+    nodes = [helper.make_node("ConvTranspose", ["x", "wt"], ["t"], name="convt", group=2, strides=[2, 2]),
+             helper.make_node("Add", ["t", "bt"], ["tb"], name="bias_t"), _bn("tb", "tn", "bn"),
+             helper.make_node("Conv", ["tn", "wc", "bc"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["s", "c"], ["cs"], name="bias_scalar"),
+             helper.make_node("Conv", ["cs", "wc2"], ["c2"], name="conv2"),
+             helper.make_node("Add", ["c2", "row"], ["c2r"], name="along_w"),
+             helper.make_node("Conv", ["c2r", "wc3"], ["c3"], name="conv3"),
+             helper.make_node("Add", ["c3", "b3"], ["c3b"], name="shared_out"),
+             helper.make_node("Relu", ["c3"], ["z"]),
+             helper.make_node("GlobalAveragePool", ["c3b"], ["gp"]), helper.make_node("Reshape", ["gp", "flat"], ["f"]),
+             helper.make_node("Gemm", ["f", "wg", "bg"], ["g"], name="gemm", beta=2.0),
+             helper.make_node("Add", ["g", "ag"], ["y"], name="bias_g")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 5]),
+                           helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, 6, 12, 12])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_a_bias_written_as_an_add_folds_into_its_layer_exactly():
+    """A per-channel constant Add after a ConvTranspose, a Conv or a Gemm joins the layer's
+    bias (so the BatchNorm behind paddle2onnx's ConvTranspose bias folds too); an Add varying
+    along another axis, or after an output read elsewhere, stays. The prepared model computes
+    what the float one does."""
+    m = _bias_add_model()
+    prepared, rep = mixq.passes.prepare.prepare(m, equalize=False)
+    assert rep.bias_adds_folded == 3 and rep.batchnorms_folded == 1
+    adds = sorted(n.name for n in prepared.graph.node if n.op_type == "Add")
+    assert adds == ["along_w", "shared_out"]
+    assert not [n for n in prepared.graph.node if n.op_type == "BatchNormalization"]
+    x = RNG.standard_normal((3, 4, 6, 6)).astype(np.float32)
+    for got, want in zip(_run(prepared, x), _run(m, x)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    x8 = [{"x": RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)} for _ in range(8)]
+    res = mixq.quantize(m, "A8W8", x8)
+    assert res.rewrite.biases_int32 == 3, res.rewrite.biases_kept_float  # the folded biases: int32 (the grouped ConvTranspose too)

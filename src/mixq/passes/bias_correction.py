@@ -25,7 +25,7 @@ from onnx import numpy_helper
 
 from .._io import has_external_data
 from ..formats import QParams, get_format
-from ..graph import with_outputs
+from ..graph import float_attr, int_attr, with_outputs
 from ..plan.plan import PrecisionPlan
 
 __all__ = ["BiasCorrectionReport", "correct_biases"]
@@ -52,11 +52,6 @@ class BiasCorrectionReport:
         return out
 
 
-def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
-    a = next((a for a in node.attribute if a.name == name), None)
-    return default if a is None else (a.f if a.type == onnx.AttributeProto.FLOAT else a.i)
-
-
 def _targets(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QParams]
              ) -> tuple[list[tuple[onnx.NodeProto, str, str]], dict[str, str]]:
     """(node, weight, bias) of every Conv / Gemm (transA=0) whose weight is planned on an
@@ -72,7 +67,7 @@ def _targets(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, QPa
         if tp is None or tp.role != "weight" or tp.format is None or w not in qparams \
                 or get_format(tp.format).kind != "int":
             continue
-        if n.op_type == "Gemm" and _attr(n, "transA", 0):
+        if n.op_type == "Gemm" and int_attr(n, "transA", 0):
             skipped[b] = "Gemm with transA=1"
         elif b not in inits or w not in inits:
             skipped[b] = "the bias or the weight is not a constant"
@@ -132,15 +127,15 @@ def correct_biases(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[st
             continue
         if node.op_type == "Conv":
             cout, cin_g = err.shape[0], err.shape[1]
-            groups = int(_attr(node, "group", 1))
+            groups = int_attr(node, "group", 1)
             if mean.size != cin_g * groups or b.shape != (cout,):
                 rep.skipped[b_name] = "the input's channels do not match the weight"
                 continue
             m = mean.reshape(groups, cin_g)[np.arange(cout) // (cout // groups)]  # (cout, cin_g)
             delta = (err.reshape(cout, cin_g, -1).sum(axis=2) * m).sum(axis=1)
         else:  # Gemm: y = alpha * A @ B' + beta * C
-            e = err.T if _attr(node, "transB", 0) else err  # (K, N)
-            alpha, beta = _attr(node, "alpha", 1.0), _attr(node, "beta", 1.0)
+            e = err.T if int_attr(node, "transB", 0) else err  # (K, N)
+            alpha, beta = float_attr(node, "alpha", 1.0), float_attr(node, "beta", 1.0)
             if mean.size != e.shape[0] or b.shape != (e.shape[1],) or beta == 0:
                 rep.skipped[b_name] = "the bias is not one value per output"
                 continue

@@ -18,10 +18,11 @@ from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import MixqError, ModelError
 from ..evaluate import onnxruntime_max_ir_version
 from ..formats.base import MIXQ_DOMAIN
-from ..graph import GraphIndex, NameAllocator, PassResult, int_attr, model_opset, set_attr, walk_graphs
+from ..graph import GraphIndex, NameAllocator, PassResult, model_opset, walk_graphs
 from .equalize import equalize_imbalanced
 from .float16 import compute_float16_in_float32
 from .function_ops import expand_function_ops
+from .layer_fold import fold_batchnorm, fold_bias_add, unfolded_note
 from .recognize import RecognizeReport, recognize
 from .unfuse import admit_runtime_ops, unfuse
 
@@ -38,6 +39,7 @@ class PrepareReport:
     opset_to: int = 0
     constants_to_initializers: int = 0
     batchnorms_folded: int = 0
+    bias_adds_folded: int = 0
     pads_folded: int = 0
     pairs_equalized: int = 0
     ort_ops_expanded: int = 0
@@ -195,126 +197,6 @@ def upgrade_opset(model: onnx.ModelProto, target: int = TARGET_OPSET,
 
 def _init_map(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     return {t.name: t for t in graph.initializer}
-
-
-def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
-    for a in node.attribute:
-        if a.name == name:
-            return a.f if a.type == onnx.AttributeProto.FLOAT else a.i
-    return default
-
-
-#: The layers a BatchNormalization folds into: their output channel axis is the BN's axis 1.
-BN_HOSTS = ("Conv", "ConvTranspose", "Gemm")
-
-
-def _bn_host_why(host: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> str | None:
-    """Why BatchNormalization cannot fold into `host` (None: it can)."""
-    if host.op_type == "Gemm" and int_attr(host, "transA", 0) not in (0, 1):
-        return "the Gemm has an unusual transA"
-    if len(host.input) < 2 or host.input[1] not in inits:
-        return f"the {host.op_type} weight is computed at run time"
-    if len(host.input) > 2 and host.input[2] and host.input[2] not in inits:
-        return f"the {host.op_type} bias is computed at run time"
-    if inits[host.input[1]].data_type != onnx.TensorProto.FLOAT:
-        return f"the {host.op_type} weight is not float32"
-    return None
-
-
-def _fold_into_host(host: onnx.NodeProto, w: np.ndarray, bias: np.ndarray | None,
-                    factor: np.ndarray, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`host`'s weight and bias with y = factor * host(x) + shift folded in (float64 math).
-    Gemm: the output columns of B (and beta * C, after which beta is 1); ConvTranspose: weight
-    axis 1 within each group; Conv: weight axis 0."""
-    w64 = w.astype(np.float64)
-    if host.op_type == "Gemm":
-        col = factor if int_attr(host, "transB", 0) == 0 else factor[:, None]
-        beta = float(_attr(host, "beta", 1.0))
-        c = np.zeros(factor.shape) if bias is None else beta * bias.astype(np.float64)
-        return w64 * col, c * factor + shift
-    if host.op_type == "ConvTranspose":
-        groups = int_attr(host, "group", 1)
-        per_in, per_out = w.shape[0] // groups, w.shape[1]
-        scale = factor.reshape(groups, per_out)[np.arange(w.shape[0]) // per_in]
-        new_w = w64 * scale.reshape(*scale.shape, *([1] * (w.ndim - 2)))
-    else:
-        new_w = w64 * factor.reshape(-1, *([1] * (w.ndim - 1)))
-    b = np.zeros(factor.shape) if bias is None else bias.astype(np.float64)
-    return new_w, b * factor + shift
-
-
-def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
-                   result: PassResult | None = None) -> int:
-    """Fold BatchNormalization into a preceding Conv, ConvTranspose or Gemm (`BN_HOSTS`) whose
-    output only feeds it (deferred initializers are read from `base_dir`). In place; declined
-    folds are recorded in `result` with the reason. Uses count subgraph reads: a weight an If
-    branch also reads is never changed behind the branch's back."""
-    g = model.graph
-    inits = _init_map(g)
-    ix = GraphIndex.of(model)
-    graph_outputs = set(ix.outputs)
-    removed: set[int] = set()
-    folded = 0
-    names: NameAllocator | None = None  # built on the first fold: most models have no BN
-    for bn in g.node:
-        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
-            continue
-        host = ix.producer(bn.input[0])
-        why = None
-        if len([o for o in bn.output if o]) != 1 or int_attr(bn, "training_mode", 0):
-            why = "it computes running statistics (training mode)"
-        elif host is None or host.op_type not in BN_HOSTS or host.domain not in ("", "ai.onnx"):
-            why = (f"fed by {host.op_type} {host.name!r}" if host is not None else "fed by a graph input") + \
-                  f", not by a {' / '.join(BN_HOSTS)}"
-        elif len(ix.consumers(bn.input[0])) != 1 or bn.input[0] in graph_outputs:
-            why = f"the {host.op_type} output has other uses"
-        elif not all(x in inits for x in bn.input[1:5]):
-            why = "its parameters are computed at run time"
-        elif len(ix.consumers(host.input[1])) != 1:
-            why = f"the {host.op_type} weight is shared with another node (or a subgraph)"
-        else:
-            why = _bn_host_why(host, inits)
-        if why is not None or host is None:
-            if result is not None:
-                result.decline(bn.name or bn.output[0], why or "not fed by a layer")
-            continue
-        gamma, beta, mean, var = (tensor_array(inits[x], base_dir).astype(np.float64) for x in bn.input[1:5])
-        factor = gamma / np.sqrt(var + float(_attr(bn, "epsilon", 1e-5)))
-        w_t = inits[host.input[1]]
-        has_bias = len(host.input) > 2 and bool(host.input[2])
-        bias = tensor_array(inits[host.input[2]], base_dir) if has_bias else None
-        new_w, new_b = _fold_into_host(host, tensor_array(w_t, base_dir), bias, factor, beta - mean * factor)
-        w_t.CopyFrom(numpy_helper.from_array(new_w.astype(np.float32), w_t.name))
-        if names is None:
-            names = NameAllocator.for_model(model)
-        bias_name = names.exact(f"{host.input[1]}_bnfold_bias")
-        g.initializer.append(numpy_helper.from_array(new_b.astype(np.float32), bias_name))
-        while len(host.input) < 3:
-            host.input.append("")
-        host.input[2] = bias_name
-        if host.op_type == "Gemm":  # beta * C is in the new bias
-            set_attr(host, "beta", 1.0)
-        host.output[0] = bn.output[0]
-        removed.add(id(bn))
-        folded += 1
-    if folded:
-        keep = [n for n in g.node if id(n) not in removed]
-        del g.node[:]
-        g.node.extend(keep)
-        remove_unused_initializers(model)
-    return folded
-
-
-def _unfolded_note(bn: PassResult) -> list[str]:
-    """One note for the BatchNormalizations the fold declined, by reason (they run float)."""
-    if not bn.declined:
-        return []
-    by_why: dict[str, list[str]] = {}
-    for where, why in bn.declined:
-        by_why.setdefault(why, []).append(where)
-    parts = [f"{len(w)} {why} (e.g. {w[0]!r})" for why, w in sorted(by_why.items(), key=lambda kv: -len(kv[1]))]
-    return [f"{len(bn.declined)} BatchNormalization(s) not folded, run in float between quantized "
-            f"neighbours: " + "; ".join(parts)]
 
 
 def fold_pad_into_conv(model: onnx.ModelProto) -> int:
@@ -936,11 +818,17 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     # before the BatchNorm fold: exporters pass a parameter equal to another (an untrained
     # BatchNorm's running mean and its bias) through an Identity
     rep.nodes_folded = counted("fold constants", fold_constants(m, base_dir))
+    # before the BatchNorm fold: paddle2onnx writes a ConvTranspose's bias as an Add, then the BN
+    biases = PassResult("fold bias Add into its layer")
+    rep.bias_adds_folded = biases.changed = fold_bias_add(m, base_dir, biases)
+    rep.passes.append(biases)
     if fold_bn:
         bn = PassResult("fold BatchNorm")
         rep.batchnorms_folded = bn.changed = fold_batchnorm(m, base_dir, bn)
         rep.passes.append(bn)
-        rep.notes += _unfolded_note(bn)
+        rep.notes += unfolded_note(bn)
+    if rep.bias_adds_folded or rep.batchnorms_folded:
+        remove_unused_initializers(m)
     # after folding: exporters compute the pads
     rep.pads_folded = counted("fold Pad into Conv", fold_pad_into_conv(m))
     # after the folds: a BatchNorm's scale is in the Conv's weights, whose ranges decide it

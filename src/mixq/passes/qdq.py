@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 from .._io import tensor_array
 from ..formats import Emission, QParams, get_format
 from ..formats._block_onnx import MIN_BLOCK_OPSET
-from ..graph import GraphIndex, NameAllocator, PassResult, outer_scope_reads, static_shape, subgraphs
+from ..graph import GraphIndex, NameAllocator, PassResult, int_attr, outer_scope_reads, static_shape, subgraphs
 from ..plan.plan import PrecisionPlan, TensorPrecision
 from ..plan.qparams import consumer_key
 from .function_ops import stranded_ops
@@ -354,6 +354,10 @@ def _pass_biases(rw: _Rewrite) -> PassResult:
         b = tensor_array(inits[name], rw.base_dir).astype(np.float64)
         if scale is not None and not np.all(np.isfinite(b)):
             scale, why = None, "the bias holds NaN or inf; kept float"
+        if scale is not None and owner is not None and owner.op_type == "ConvTranspose" \
+                and scale.size * int_attr(owner, "group", 1) == b.size:
+            # a grouped ConvTranspose's weight channels (axis 1) repeat in each group's outputs
+            scale = np.tile(scale.reshape(-1), int_attr(owner, "group", 1))
         if scale is not None and scale.size not in (1, b.size):
             why = f"bias of shape {b.shape} does not match the {scale.size} weight channels; kept float"
             scale = None

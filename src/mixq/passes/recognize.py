@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..graph import GraphIndex, NameAllocator
+from ..graph import GraphIndex, NameAllocator, int_attr
 
 #: Relative tolerance of the constants a pattern needs (0.5, 1, sqrt(2), sqrt(2/pi), 0.044715, 1/n).
 CONST_RTOL = 1e-4
@@ -140,13 +140,6 @@ def _close(v: float | None, want: float) -> bool:
     return v is not None and math.isclose(v, want, rel_tol=CONST_RTOL, abs_tol=0.0)
 
 
-def _attr_i(n: onnx.NodeProto, name: str, default: int) -> int:
-    for a in n.attribute:
-        if a.name == name:
-            return int(a.i)
-    return default
-
-
 def _other(n: onnx.NodeProto, name: str) -> str | None:
     """The other input of a binary node that reads `name` (None when it does not)."""
     if len(n.input) != 2:
@@ -171,7 +164,7 @@ def _const_side(idx: _Index, n: onnx.NodeProto) -> tuple[str, float] | None:
 
 def _reduce_axes(idx: _Index, n: onnx.NodeProto, rank: int | None) -> tuple[int, ...] | str:
     """Normalized (non-negative where the rank is known) axes of a Reduce* node, or a reason."""
-    if _attr_i(n, "keepdims", 1) != 1:
+    if int_attr(n, "keepdims", 1) != 1:
         return f"{n.op_type} {n.name!r} drops the reduced axes (keepdims=0)"
     axes: list[int] | None = None
     for a in n.attribute:
@@ -183,7 +176,7 @@ def _reduce_axes(idx: _Index, n: onnx.NodeProto, rank: int | None) -> tuple[int,
             return f"{n.op_type} {n.name!r} takes its axes at run time"
         axes = [int(a) for a in v.reshape(-1)]
     if not axes:
-        if _attr_i(n, "noop_with_empty_axes", 0):
+        if int_attr(n, "noop_with_empty_axes", 0):
             return f"{n.op_type} {n.name!r} reduces nothing (noop_with_empty_axes)"
         if rank is None:
             return f"{n.op_type} {n.name!r} reduces all axes of a tensor of unknown rank"

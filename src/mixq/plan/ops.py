@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ..graph import int_attr, outer_scope_reads, subgraphs
+from ..graph import float_attr, int_attr, outer_scope_reads, subgraphs
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ NEVER_QUANTIZED: dict[str, str] = {
     "ArgMax": "produces integers", "ArgMin": "produces integers", "TopK": "index output",
     "If": "control flow (subgraphs are left float)", "Loop": "control flow (subgraphs are left float)",
     "Scan": "control flow (subgraphs are left float)", "Cast": "type conversion",
-    "BatchNormalization": "left float: folded into the preceding Conv where possible",
+    "BatchNormalization": "left float: not folded into a layer (the notes say why)",
     "LSTM": "recurrent op: no QDQ form in stock onnxruntime", "GRU": "recurrent op",
     "RNN": "recurrent op", "QuantizeLinear": "already quantized", "DequantizeLinear": "already quantized",
 }
@@ -111,13 +111,6 @@ def semantics(node: onnx.NodeProto) -> OpSemantics | None:
                           weight_block_axis=1 if trans_b else 0, bias=2,
                           activation_block_axis=0 if trans_a else -1)
     return sem
-
-
-def float_attr(node: onnx.NodeProto, name: str, default: float) -> float:
-    for a in node.attribute:
-        if a.name == name:
-            return float(a.f) if a.type == onnx.AttributeProto.FLOAT else float(a.i)
-    return default
 
 
 #: Ops whose output lies in a fixed interval, whatever the input: a calibrated range that

@@ -23,7 +23,7 @@ from ..config import QuantConfig
 from ..errors import ConfigError, did_you_mean
 from ..formats import get_format
 from ..granularity import PerBlock, PerChannel
-from ..graph import GraphIndex, is_float_type, subgraphs, walk_graphs
+from ..graph import GraphIndex, float_attr, is_float_type, subgraphs, walk_graphs
 from .ops import (SHAPE_ONLY_REASON, TAIL_REASON, postprocess_tail, semantics, shape_only_tensors,
                   unsupported_reason)
 from .plan import PrecisionPlan, TensorPrecision
@@ -247,8 +247,6 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
 def _bias_precision(ix: GraphIndex, node: onnx.NodeProto, b: str, int_pair: bool,
                     config: QuantConfig) -> TensorPrecision:
     """int32 bias at input scale x weight scale, or float with the reason."""
-    from .ops import float_attr
-
     if not int_pair or config.bias == "float":
         return TensorPrecision(tensor=b, role="bias", format=None, reason=(
             "bias kept float by config" if config.bias == "float" else

@@ -1,0 +1,214 @@
+"""Folds of what follows a layer into the layer's own weight and bias: a BatchNormalization
+(`fold_batchnorm`) and an Add of a per-channel constant (`fold_bias_add`, how paddle2onnx and
+tf2onnx write a ConvTranspose's or a Conv's bias). A folded op costs no rounding step of its
+own once the layer is quantized: its effect is in the int32 bias and the weight's scales."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .._io import tensor_array
+from ..graph import GraphIndex, NameAllocator, PassResult, float_attr, int_attr, set_attr
+
+__all__ = ["BN_HOSTS", "fold_batchnorm", "fold_bias_add", "unfolded_note"]
+
+
+def _init_map(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in graph.initializer}
+
+
+#: The layers a BatchNormalization folds into: their output channel axis is the BN's axis 1.
+BN_HOSTS = ("Conv", "ConvTranspose", "Gemm")
+
+
+def _bn_host_why(host: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> str | None:
+    """Why BatchNormalization cannot fold into `host` (None: it can)."""
+    if host.op_type == "Gemm" and int_attr(host, "transA", 0) not in (0, 1):
+        return "the Gemm has an unusual transA"
+    if len(host.input) < 2 or host.input[1] not in inits:
+        return f"the {host.op_type} weight is computed at run time"
+    if len(host.input) > 2 and host.input[2] and host.input[2] not in inits:
+        return f"the {host.op_type} bias is computed at run time"
+    if inits[host.input[1]].data_type != onnx.TensorProto.FLOAT:
+        return f"the {host.op_type} weight is not float32"
+    return None
+
+
+def _fold_into_host(host: onnx.NodeProto, w: np.ndarray, bias: np.ndarray | None,
+                    factor: np.ndarray, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`host`'s weight and bias with y = factor * host(x) + shift folded in (float64 math).
+    Gemm: the output columns of B (and beta * C, after which beta is 1); ConvTranspose: weight
+    axis 1 within each group; Conv: weight axis 0."""
+    w64 = w.astype(np.float64)
+    if host.op_type == "Gemm":
+        col = factor if int_attr(host, "transB", 0) == 0 else factor[:, None]
+        beta = float_attr(host, "beta", 1.0)
+        c = np.zeros(factor.shape) if bias is None else beta * bias.astype(np.float64)
+        return w64 * col, c * factor + shift
+    if host.op_type == "ConvTranspose":
+        groups = int_attr(host, "group", 1)
+        per_in, per_out = w.shape[0] // groups, w.shape[1]
+        scale = factor.reshape(groups, per_out)[np.arange(w.shape[0]) // per_in]
+        new_w = w64 * scale.reshape(*scale.shape, *([1] * (w.ndim - 2)))
+    else:
+        new_w = w64 * factor.reshape(-1, *([1] * (w.ndim - 1)))
+    b = np.zeros(factor.shape) if bias is None else bias.astype(np.float64)
+    return new_w, b * factor + shift
+
+
+def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
+                   result: PassResult | None = None) -> int:
+    """Fold BatchNormalization into a preceding Conv, ConvTranspose or Gemm (`BN_HOSTS`) whose
+    output only feeds it (deferred initializers are read from `base_dir`). In place; declined
+    folds are recorded in `result` with the reason. Uses count subgraph reads: a weight an If
+    branch also reads is never changed behind the branch's back. The initializers it leaves
+    unread are the caller's to remove."""
+    g = model.graph
+    inits = _init_map(g)
+    ix = GraphIndex.of(model)
+    graph_outputs = set(ix.outputs)
+    removed: set[int] = set()
+    folded = 0
+    names: NameAllocator | None = None  # built on the first fold: most models have no BN
+    for bn in g.node:
+        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
+            continue
+        host = ix.producer(bn.input[0])
+        why = None
+        if len([o for o in bn.output if o]) != 1 or int_attr(bn, "training_mode", 0):
+            why = "it computes running statistics (training mode)"
+        elif host is None or host.op_type not in BN_HOSTS or host.domain not in ("", "ai.onnx"):
+            why = (f"fed by {host.op_type} {host.name!r}" if host is not None else "fed by a graph input") + \
+                  f", not by a {' / '.join(BN_HOSTS)}"
+        elif len(ix.consumers(bn.input[0])) != 1 or bn.input[0] in graph_outputs:
+            why = f"the {host.op_type} output has other uses"
+        elif not all(x in inits for x in bn.input[1:5]):
+            why = "its parameters are computed at run time"
+        elif len(ix.consumers(host.input[1])) != 1:
+            why = f"the {host.op_type} weight is shared with another node (or a subgraph)"
+        else:
+            why = _bn_host_why(host, inits)
+        if why is not None or host is None:
+            if result is not None:
+                result.decline(bn.name or bn.output[0], why or "not fed by a layer")
+            continue
+        gamma, beta, mean, var = (tensor_array(inits[x], base_dir).astype(np.float64) for x in bn.input[1:5])
+        factor = gamma / np.sqrt(var + float_attr(bn, "epsilon", 1e-5))
+        w_t = inits[host.input[1]]
+        has_bias = len(host.input) > 2 and bool(host.input[2])
+        bias = tensor_array(inits[host.input[2]], base_dir) if has_bias else None
+        new_w, new_b = _fold_into_host(host, tensor_array(w_t, base_dir), bias, factor, beta - mean * factor)
+        w_t.CopyFrom(numpy_helper.from_array(new_w.astype(np.float32), w_t.name))
+        if names is None:
+            names = NameAllocator.for_model(model)
+        bias_name = names.exact(f"{host.input[1]}_bnfold_bias")
+        g.initializer.append(numpy_helper.from_array(new_b.astype(np.float32), bias_name))
+        while len(host.input) < 3:
+            host.input.append("")
+        host.input[2] = bias_name
+        if host.op_type == "Gemm":  # beta * C is in the new bias
+            set_attr(host, "beta", 1.0)
+        host.output[0] = bn.output[0]
+        removed.add(id(bn))
+        folded += 1
+    _drop(g, removed)
+    return folded
+
+
+def unfolded_note(bn: PassResult) -> list[str]:
+    """One note for the BatchNormalizations the fold declined, by reason (they run float)."""
+    if not bn.declined:
+        return []
+    by_why: dict[str, list[str]] = {}
+    for where, why in bn.declined:
+        by_why.setdefault(why, []).append(where)
+    parts = [f"{len(w)} {why} (e.g. {w[0]!r})" for why, w in sorted(by_why.items(), key=lambda kv: -len(kv[1]))]
+    return [f"{len(bn.declined)} BatchNormalization(s) not folded, run in float between quantized "
+            f"neighbours: " + "; ".join(parts)]
+
+
+def _drop(g: onnx.GraphProto, removed: set[int]) -> None:
+    if removed:
+        keep = [n for n in g.node if id(n) not in removed]
+        del g.node[:]
+        g.node.extend(keep)
+
+
+def _per_channel(c: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
+    """`c` as one value per channel (axis 1 of a rank-`rank` output), or None when its
+    broadcast varies along another axis (or would widen the output)."""
+    if c.ndim > rank:
+        return None
+    shape = (1,) * (rank - c.ndim) + c.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(c.reshape(-1), (channels,))
+
+
+def fold_bias_add(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
+                  result: PassResult | None = None) -> int:
+    """Fold an Add of a per-channel float constant (shape (C,1,..,1), (1,C,1,..), a scalar)
+    into the Conv, ConvTranspose or Gemm before it whose output only feeds it: the constant
+    joins the layer's bias. In place; the initializers it leaves unread are the caller's to
+    remove. An Add whose constant varies along another axis is left as it is, silently: it is
+    no bias but an ordinary sum."""
+    g = model.graph
+    inits = _init_map(g)
+    ix = GraphIndex.of(model)
+    graph_outputs = set(ix.outputs)
+    removed: set[int] = set()
+    names: NameAllocator | None = None
+    for add in g.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+            continue
+        const = next((i for i in add.input if i in inits), None)
+        flow = next((i for i in add.input if i != const), None)
+        if const is None or not flow:
+            continue
+        host = ix.producer(flow)
+        if host is None or host.op_type not in BN_HOSTS or host.domain not in ("", "ai.onnx"):
+            continue
+        c_t, w_t = inits[const], inits.get(host.input[1]) if len(host.input) > 1 else None
+        if w_t is None or c_t.data_type != onnx.TensorProto.FLOAT or w_t.data_type != onnx.TensorProto.FLOAT:
+            continue
+        rank = 2 if host.op_type == "Gemm" else len(w_t.dims)
+        channels = (w_t.dims[0] if int_attr(host, "transB", 0) else w_t.dims[1]) if host.op_type == "Gemm" \
+            else w_t.dims[1] * int_attr(host, "group", 1) if host.op_type == "ConvTranspose" else w_t.dims[0]
+        add_c = _per_channel(tensor_array(c_t, base_dir), rank, int(channels))
+        if add_c is None:
+            continue
+        why = None
+        if len(ix.consumers(flow)) != 1 or flow in graph_outputs or host.output[0] != flow:
+            why = f"the {host.op_type} output has other uses"
+        elif len(host.input) > 2 and host.input[2] and host.input[2] not in inits:
+            why = f"the {host.op_type} bias is computed at run time"
+        elif len(host.input) > 2 and host.input[2] and len(ix.consumers(host.input[2])) != 1:
+            why = f"the {host.op_type} bias is shared with another node"
+        elif host.op_type == "Gemm" and len(host.input) > 2 and host.input[2] \
+                and len(inits[host.input[2]].dims) > 1 and inits[host.input[2]].dims[0] != 1:
+            why = "the Gemm's C varies along its rows"
+        if why is not None:
+            if result is not None:
+                result.decline(add.name or add.output[0], why)
+            continue
+        has_bias = len(host.input) > 2 and bool(host.input[2])
+        bias = tensor_array(inits[host.input[2]], base_dir).astype(np.float64).reshape(-1) if has_bias \
+            else np.zeros(add_c.shape)
+        if host.op_type == "Gemm":  # beta * C is in the new bias
+            bias = float_attr(host, "beta", 1.0) * np.broadcast_to(bias, add_c.shape)
+            set_attr(host, "beta", 1.0)
+        if names is None:
+            names = NameAllocator.for_model(model)
+        bias_name = names.exact(f"{host.input[1]}_added_bias")
+        g.initializer.append(numpy_helper.from_array((bias + add_c).astype(np.float32), bias_name))
+        while len(host.input) < 3:
+            host.input.append("")
+        host.input[2] = bias_name
+        host.output[0] = add.output[0]
+        removed.add(id(add))
+    _drop(g, removed)
+    return len(removed)
