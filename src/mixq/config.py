@@ -96,9 +96,10 @@ class QuantConfig:
 
     activation / weight: format names (see `mixq.formats.list_formats()`), chosen independently.
     calibration: range method for activations: minmax | percentile | entropy | minmse.
-    minmse_min_gain: with calibration='minmse' on integer activations, a range is clipped only
-        where that lowers the tensor's expected quantization error at least this many times
-        below the MinMax range's (1: whenever it lowers it at all). A small modelled gain at
+    minmse_min_gain: with calibration='minmse' (or power_of_two='minmse') on integer
+        activations, a range is clipped only where that lowers the tensor's expected
+        quantization error at least this many times below the MinMax range's (1: whenever it
+        lowers it at all). A small modelled gain at
         the tensor was often a loss at the output on the bench models (docs/ACCURACY.md).
     range_headroom: how many times an integer activation range is widened, away from zero,
         where its calibration method left it unclipped (MinMax always; the other methods where
@@ -317,6 +318,9 @@ class QuantConfig:
             return no_range
         if option in ("percentile", "minmse_min_gain"):
             method = "percentile" if option == "percentile" else "minmse"
+            if option == "minmse_min_gain" and self.power_of_two == "minmse" \
+                    and any(f.kind == "int" for f in acts):
+                return None  # it decides when a power-of-two scale clips
             if not ranged:
                 return no_range
             return None if self.calibration == method else f"it applies to calibration='{method}', not '{self.calibration}'"

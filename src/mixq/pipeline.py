@@ -34,7 +34,7 @@ from .passes.prepare import PrepareReport, prepare
 from .passes.qdq import RewriteReport, apply_plan
 from .plan.plan import PrecisionPlan, deployed_weight_bytes
 from .plan.memo import StatsMemo
-from .plan.ops import bounded_tensors
+from .plan.ops import bounded_tensors, output_defining_tensors
 from .plan.qparams import activation_qparams, constant_qparams
 from .plan.rules import build_plan
 
@@ -102,6 +102,7 @@ class Pipeline:
     _index: GraphIndex | None = field(default=None, repr=False)
     _elems: dict[str, int] | None = field(default=None, repr=False)
     _bounds: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
+    _output_defining: set[str] | None = field(default=None, repr=False)
     # activation ranges chosen so far (see activation_qparams): a search builds many plans
     _ranges: StatsMemo = field(default_factory=StatsMemo, repr=False)
     # the last `shared_form` and the statistics it was made of (a search ships it every round)
@@ -184,11 +185,19 @@ class Pipeline:
             self._bounds = bounded_tensors(self.model.graph.node, constant)
         return self._bounds
 
+    @property
+    def output_defining(self) -> set[str]:
+        """Tensors whose range no method clips (`plan.ops.output_defining_tensors`)."""
+        if self._output_defining is None:
+            self._output_defining = output_defining_tensors(self.model.graph)
+        return self._output_defining
+
     def invalidate(self) -> None:
         """Forget the views after the prepared model was changed (finetuned weights)."""
         self._index = None
         self._elems = None
         self._bounds = None
+        self._output_defining = None
         self._shared = None
 
     @property
@@ -310,7 +319,8 @@ class Pipeline:
     def qparams(self, plan: PrecisionPlan, config: QuantConfig) -> dict[str, QParams]:
         """Activation parameters from the statistics, constant parameters from the weights
         (deferred weights read one at a time)."""
-        out = activation_qparams(plan, self.stats, config, self._ranges, self.bounds)
+        out = activation_qparams(plan, self.stats, config, self._ranges, self.bounds,
+                                 self.output_defining)
         out.update(self.constant_qparams(plan, config))
         return out
 

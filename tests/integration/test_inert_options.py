@@ -26,8 +26,9 @@ EXPECTED_INERT = {
     "A8W8": {"percentile"},
     "S16S16": {"percentile", "minmse_min_gain"},  # MinMax activations
     # power-of-two activations take no calibrated range (calibration still picks the weights'
-    # method: weight_calibration is None); range_headroom is refused by the config itself
-    "XINT8": {"percentile", "minmse_min_gain", "range_headroom"},
+    # method: weight_calibration is None), though minmse_min_gain decides when a power-of-two
+    # scale clips; range_headroom is refused by the config itself
+    "XINT8": {"percentile", "range_headroom"},
 }
 
 

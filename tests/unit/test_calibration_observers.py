@@ -9,6 +9,7 @@ import pytest
 
 from mixq.calibration import (CalibMethod, TensorStats, compute_range, compute_weight_range,
                               pof2_exponent)
+import mixq.calibration.observers as obs
 from mixq.calibration.observers import _kl_search, grid_model
 from mixq.errors import ConfigError, DataError
 
@@ -217,6 +218,21 @@ def test_pof2_minmse_prefers_smaller_scale_with_outliers():
     assert pof2_exponent(TensorStats.from_array(np.zeros(4, np.float32)), "minmse") == 0
     with pytest.raises(ConfigError, match="nonoverflow"):
         pof2_exponent(s, "nonoverflw")
+
+
+def test_pof2_minmse_clips_only_for_the_gain_asked():
+    """min_gain: a clipping exponent is taken only where it lowers the modelled MSE that many
+    times; past its gain, the non-overflowing exponent is kept."""
+    s = TensorStats.from_array(_gauss_with_outliers(n_out=2, out=100.0))
+    k, km = pof2_exponent(s, "nonoverflow"), pof2_exponent(s, "minmse")
+    c, n = obs._centers(s)
+    qmin, qmax = obs._pof2_qrange(8, True)
+    ks = np.arange(k - 4, k + 1)
+    err = obs._int_mse(obs._Prefix(c, n), qmin * np.ldexp(1.0, ks), qmax * np.ldexp(1.0, ks), qmax - qmin + 1)
+    gain = err[-1] / err[list(ks).index(km)]
+    assert gain > 1.0
+    assert pof2_exponent(s, "minmse", min_gain=gain * 0.99) == km
+    assert pof2_exponent(s, "minmse", min_gain=gain * 1.01) == k
 
 
 def test_weight_range_per_tensor_and_channel():

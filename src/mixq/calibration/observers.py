@@ -405,12 +405,13 @@ def _pof2_qrange(bits: int, signed: bool) -> tuple[int, int]:
 
 
 def pof2_exponent(stats: TensorStats, method: str = "nonoverflow", bits: int = 8,
-                  signed: bool = True) -> int:
+                  signed: bool = True, min_gain: float = 1.0) -> int:
     """Exponent k of a power-of-two scale ``2**k`` (zero point 0).
 
     nonoverflow: the smallest k with ``2**k * qmax >= absmax`` (for unsigned: ``max(max, 0)``), so
         no calibration value overflows. minmse: among k in ``[k_nonoverflow - 4, k_nonoverflow]``
-        the one with the smallest histogram-estimated MSE (ties go to the larger k).
+        the one with the smallest histogram-estimated MSE (ties go to the larger k); a k that
+        clips is taken only where it lowers that MSE `min_gain` times (as `compute_range`'s).
     A tensor with nothing to represent (no finite non-zero value) gives k = 0 (scale 1).
     """
     key = str(method).strip().lower().replace("_", "").replace("-", "")
@@ -435,6 +436,8 @@ def pof2_exponent(stats: TensorStats, method: str = "nonoverflow", bits: int = 8
     c, n = _centers(stats)
     err = _int_mse(_Prefix(c, n), qmin * s, qmax * s, qmax - qmin + 1)
     best = int(np.flatnonzero(err <= err.min())[-1])
+    if best != len(ks) - 1 and not err[best] * min_gain <= err[-1]:
+        best = len(ks) - 1  # clipping gains too little: the scale no calibration value overflows
     return int(ks[best])
 
 

@@ -293,3 +293,18 @@ def postprocess_tail(nodes: Iterable[onnx.NodeProto],
         if sem is not None and sem.passthrough:
             tail.discard(i)
     return tail
+
+
+def output_defining_tensors(graph: onnx.GraphProto) -> set[str]:
+    """Tensors whose extremes are the model's answer: the graph's outputs and what its
+    post-processing tail (`postprocess_tail`) reads from the layers (the logits a Softmax or a
+    box decode turns into the output). Their largest values are the decision (the class, the
+    most confident box), so no range method may clip them for the bulk's precision."""
+    nodes = list(graph.node)
+    consts = {t.name: tuple(t.dims) for t in graph.initializer}
+    tail = postprocess_tail(nodes, consts)
+    made_in_tail = {o for i in tail for o in nodes[i].output if o}
+    out = {o.name for o in graph.output}
+    for i in tail:
+        out.update(x for x in nodes[i].input if x and x not in made_in_tail and x not in consts)
+    return out

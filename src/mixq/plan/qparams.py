@@ -3,7 +3,7 @@ and constants from their values. Pure: numpy only."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,8 @@ def consumer_key(tensor: str, fmt: str) -> str:
 
 def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], config: QuantConfig,
                        memo: StatsMemo | None = None,
-                       bounds: Mapping[str, tuple[float, float]] | None = None) -> dict[str, QParams]:
+                       bounds: Mapping[str, tuple[float, float]] | None = None,
+                       unclipped: Collection[str] = ()) -> dict[str, QParams]:
     """Parameters per activation group (keyed by the group's name, or the tensor's) in its
     producer format, and per (tensor, consumer format) at precision boundaries.
 
@@ -40,7 +41,10 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
     format and the options that choose a range: the plans of one search share most of their
     tensors, and a MinMSE range costs a scan of the histogram. `bounds` (`plan.ops.
     bounded_tensors`): the interval a tensor lies in by construction, where the range's
-    headroom stops (a group's, when every calibrated member has one)."""
+    headroom stops (a group's, when every calibrated member has one). `unclipped`
+    (`plan.ops.output_defining_tensors`): tensors whose extremes are the model's answer (a
+    graph output, the logits a float Softmax reads): MinMSE never clips them (`_choose`); a
+    group with one such member is one."""
     bounds = bounds or {}
     merged: dict[str, TensorStats] = {}
     names: dict[str, list[str]] = {}  # the calibrated members of each group
@@ -56,9 +60,11 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
     # per group: the statistics read (the memo's key) and the bound its members share
     read_of = {key: tuple(stats[n] for n in members) for key, members in names.items()}
     bound_of = {key: _union(bounds.get(n) for n in members) for key, members in names.items()}
+    whole = set(unclipped)
+    whole_of = {key: any(n in whole for n in members) for key, members in names.items()}
     out: dict[str, QParams] = {}
     for key, st in merged.items():
-        qp = _chosen(get_format(fmts[key]), st, read_of[key], config, memo, bound_of[key])
+        qp = _chosen(get_format(fmts[key]), st, read_of[key], config, memo, bound_of[key], whole_of[key])
         if qp is not None:
             out[key] = qp
     for name, tp in plan.tensors.items():
@@ -66,12 +72,12 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
             read: tuple[TensorStats, ...]
             key = tp.group or name
             if name in stats:
-                st, read, bound = stats[name], (stats[name],), bounds.get(name)
+                st, read, bound, keep = stats[name], (stats[name],), bounds.get(name), name in whole
             elif key in merged:
-                st, read, bound = merged[key], read_of[key], bound_of[key]
+                st, read, bound, keep = merged[key], read_of[key], bound_of[key], whole_of[key]
             else:
                 continue
-            qp = _chosen(get_format(fmt_name), st, read, config, memo, bound)
+            qp = _chosen(get_format(fmt_name), st, read, config, memo, bound, keep)
             if qp is not None:
                 out[consumer_key(name, fmt_name)] = qp
     return out
@@ -88,26 +94,33 @@ def _union(bounds: Iterable[tuple[float, float] | None]) -> tuple[float, float] 
 
 
 def _chosen(fmt: Any, st: TensorStats, read: tuple[TensorStats, ...], config: QuantConfig,
-            memo: StatsMemo | None, bound: tuple[float, float] | None = None) -> QParams | None:
+            memo: StatsMemo | None, bound: tuple[float, float] | None = None,
+            unclipped: bool = False) -> QParams | None:
     """`_choose`, through `memo` (by the statistics merged into `st`)."""
     if memo is None:
-        return _choose(fmt, st, config, bound)
+        return _choose(fmt, st, config, bound, unclipped)
     what = ("range", fmt.name, config.power_of_two, config.activation_symmetric, config.calibration,
-            config.percentile, config.minmse_min_gain, config.headroom_for(fmt), bound)
-    return memo.get(read, what, lambda: _choose(fmt, st, config, bound))
+            config.percentile, config.minmse_min_gain, config.headroom_for(fmt), bound, unclipped)
+    return memo.get(read, what, lambda: _choose(fmt, st, config, bound, unclipped))
 
 
 def _choose(fmt, st: TensorStats, config: QuantConfig,
-            bound: tuple[float, float] | None = None) -> QParams | None:
+            bound: tuple[float, float] | None = None, unclipped: bool = False) -> QParams | None:
+    """`fmt`'s parameters for a tensor of statistics `st`. `unclipped`: the tensor's extremes
+    are the model's answer (the largest logit is the class): MinMSE, whose objective is the
+    tensor's own error, would trade them for the bulk's precision; MinMax (the power of two no
+    value overflows) keeps them."""
     if not fmt.needs_qparams:
         return None
     if config.power_of_two and fmt.kind == "int":
         # symmetric: zero point in the middle of the codes, +-absmax must fit;
         # asymmetric unsigned: zero point 0, [0, max] must fit
         sym = config.activation_symmetric or fmt.signed
-        k = pof2_exponent(st, config.power_of_two, bits=fmt.bits, signed=sym)
+        k = pof2_exponent(st, "nonoverflow" if unclipped else config.power_of_two, bits=fmt.bits,
+                          signed=sym, min_gain=config.minmse_min_gain)
         return _pof2_qparams(fmt, k, fmt.symmetric_zero_point if sym else 0)
-    lo, hi = compute_range(st, config.calibration, fmt, symmetric=config.activation_symmetric,
+    method = "minmax" if unclipped and config.calibration == "minmse" else config.calibration
+    lo, hi = compute_range(st, method, fmt, symmetric=config.activation_symmetric,
                            percentile=config.percentile, min_gain=config.minmse_min_gain)
     h = config.headroom_for(fmt)
     if h != 1.0 and lo <= min(st.min, 0.0) and hi >= max(st.max, 0.0):
