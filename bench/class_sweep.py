@@ -68,6 +68,8 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
+from .torch_classes import builders as torch_builders
+
 PRESETS = ["A8W8", "XINT8", "A16W8", "U8S8", "S16S16", "BF16", "FP16", "BFP16", "MX9", "MXINT8", "MXFP4",
            "MXFP8_E4M3"]
 Feeds = Callable[[np.random.Generator, int], dict[str, np.ndarray]]
@@ -1669,6 +1671,77 @@ def ort_gpt2_past(seed=0):
     return m, f_
 
 
+def competing_logits(seed=0):
+    """An ImageNet-style head: 1000 classes, two of them close at the top of each sample
+    (dog breeds), the rest near 0; the logits are the output."""
+    b = B(seed)
+    F_, K = 64, 1000
+    w1 = (np.eye(F_) * 3.0 + b.rng.standard_normal((F_, F_)) * 0.02).astype(np.float32)
+    w2 = (b.rng.standard_normal((F_, K)) * 0.08).astype(np.float32)
+    w2[np.arange(F_), np.arange(F_)] += 3.0
+    lg = b.op("Gemm", [b.op("Relu", [b.op("MatMul", ["x", b.c(w1)])]), b.c(w2)])
+    def f_(r, n):
+        x = np.abs(r.standard_normal((n, F_))).astype(np.float32) * 0.1
+        for row in x:
+            top = r.choice(F_, size=2, replace=False)
+            row[top[0]] = r.uniform(0.78, 0.955)
+            row[top[1]] = row[top[0]] - r.uniform(0.0, 0.045)
+        return {"x": x}
+    return b.model([vi("x", T.FLOAT, ["N", F_])], [vi(lg, T.FLOAT, ["N", K])]), f_
+
+
+def clip_zeroshot(seed=0):
+    """A zero-shot classifier: an image embedding L2-normalized (ReduceL2, Div), cosine against
+    200 constant normalized class embeddings, times CLIP's logit scale 100."""
+    b = B(seed)
+    E, K = 64, 200
+    x = b.op("Relu", [b.conv("image", 3, 16, stride=2)])
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [b.conv(x, 16, 32)])])
+    x = b.op("Gemm", [x, b.w(E, 32), b.w(E, scale=0.05)], transB=1)
+    xi = b.op("Div", [x, b.op("ReduceL2", [x, b.c(np.array([1], np.int64))], keepdims=1)])
+    t = b.rng.standard_normal((K, E)) + 2.0 * b.rng.standard_normal((1, E))  # classes share a direction
+    t = (t / np.linalg.norm(t, axis=1, keepdims=True)).T.astype(np.float32)
+    lg = b.op("Mul", [b.op("MatMul", [xi, b.c(t)]), b.c(np.float32(100.0))])
+    return b.model([vi("image", T.FLOAT, ["N", 3, 16, 16])], [vi(lg, T.FLOAT, ["N", K])]), \
+        lambda r, n: {"image": r.standard_normal((n, 3, 16, 16)).astype(np.float32)}
+
+
+def paddle_biases(seed=0):
+    """paddle2onnx's idioms: a Conv and a ConvTranspose without bias input, each followed by
+    an Add of a (1, C, 1, 1) bias, then BatchNormalization (a DBNet-style upsampling head)."""
+    b = B(seed)
+    def bn(t, c):
+        return b.op("BatchNormalization", [t, b.c(b.rng.uniform(0.5, 2, c).astype(np.float32)),
+                                          b.c(b.rng.normal(0, 0.3, c).astype(np.float32)),
+                                          b.c(b.rng.normal(0, 0.5, c).astype(np.float32)),
+                                          b.c(b.rng.uniform(0.3, 2, c).astype(np.float32))])
+    x = b.op("Conv", ["x", b.w(8, 3, 3, 3)], pads=[1] * 4)
+    x = b.op("Relu", [bn(b.op("Add", [x, b.w(1, 8, 1, 1, scale=0.3)]), 8)])
+    u = b.op("ConvTranspose", [x, b.w(8, 4, 2, 2)], strides=[2, 2])
+    u = b.op("Relu", [bn(b.op("Add", [u, b.w(1, 4, 1, 1, scale=0.3)]), 4)])
+    y = b.op("Sigmoid", [b.op("Conv", [u, b.w(1, 4, 3, 3), b.w(1, scale=0.1)], pads=[1] * 4)])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 16, 16])], [vi(y, T.FLOAT, ["N", 1, 32, 32])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 16, 16)).astype(np.float32)}
+
+
+def linear_bn1d(seed=0):
+    """A tabular MLP as PyTorch writes it: Gemm -> BatchNorm1d -> Relu, twice, with an
+    Identity passing one BatchNorm's bias as another's mean (the exporter's deduplication of
+    equal parameters)."""
+    b = B(seed)
+    def bn(t, c, mean=None):
+        return b.op("BatchNormalization", [t, b.c(b.rng.uniform(0.5, 2, c).astype(np.float32)),
+                                          bias := b.c(b.rng.normal(0, 0.3, c).astype(np.float32)),
+                                          mean or b.c(b.rng.normal(0, 0.5, c).astype(np.float32)),
+                                          b.c(b.rng.uniform(0.3, 2, c).astype(np.float32))]), bias
+    h1, bias1 = bn(b.op("Gemm", ["x", b.w(32, 12), b.w(32, scale=0.1)], transB=1), 32)
+    h2 = b.op("Gemm", [b.op("Relu", [h1]), b.w(32, 32), b.w(32, scale=0.1)], transB=1)
+    h2, _ = bn(h2, 32, mean=b.op("Identity", [bias1]))
+    y = b.op("Gemm", [b.op("Relu", [h2]), b.w(3, 32), b.w(3, scale=0.1)], transB=1)
+    return b.model([vi("x", T.FLOAT, ["N", 12])], [vi(y, T.FLOAT, ["N", 3])]), \
+        lambda r, n: {"x": (r.standard_normal((n, 12)) * 2).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -1714,7 +1787,10 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             ort_fused_bert, ort_fused_cnn, convnext_block, t5_relbias, soft_argmax, hifigan,
                             selective_scan, recon_error, opset23_ops, int_weight_cast,
                             # the twelfth round
-                            empty_boxes, fp16_keep_io, embed_layernorm, ort_gpt2_past)}
+                            empty_boxes, fp16_keep_io, embed_layernorm, ort_gpt2_past,
+                            # the thirteenth round
+                            competing_logits, clip_zeroshot, paddle_biases, linear_bn1d)}
+MODELS.update(torch_builders())  # the thirteenth round too: PyTorch modules as torch.onnx exports them
 
 
 def _sqnr(a: np.ndarray, b: np.ndarray) -> float:
