@@ -167,7 +167,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     # a big model's weights stay in their external data file: onnxruntime maps them for
     # calibration, and the rewrite reads and quantizes one tensor at a time (finetuning needs
     # the weights in memory)
-    pipe = Pipeline.load(model, defer=ft_config is None, equalize=cfg.equalize)
+    pipe = Pipeline.load(model, defer=ft_config is None, equalize=cfg.equalize, keep_nodes=cfg.named_nodes())
     float_bytes = model_size(pipe.model)
     timings["prepare"] = time.perf_counter() - t0
 

@@ -281,6 +281,17 @@ class QuantConfig:
     def _implied_weight_method(self) -> str:
         return "minmse" if self.calibration == "minmse" else "minmax"
 
+    def excludes_node(self, name: str) -> bool:
+        """Whether exclude_nodes names node `name`, exactly or by an fnmatch pattern (the names
+        check accepts patterns that match a node: each must also exclude what it matches)."""
+        names, globs = _names_and_patterns(tuple(sorted(self.exclude_nodes)))
+        return name in names or any(fnmatch.fnmatchcase(name, p) for p in globs)
+
+    def named_nodes(self) -> tuple[str, ...]:
+        """The node names and fnmatch patterns this config names (exclude_nodes and the layer
+        rules'): preparation keeps such nodes as written (no fold or fusion removes them)."""
+        return tuple(sorted({*self.exclude_nodes, *(n for r in self.layer_rules for n in r.nodes)}))
+
     def headroom_for(self, fmt: Any) -> float:
         """The factor an unclipped activation range in format `fmt` (a Format) is widened by."""
         if self.power_of_two or fmt.kind != "int":

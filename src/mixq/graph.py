@@ -13,7 +13,7 @@ changes the graph, never kept stale (`GraphIndex.of` is the one constructor).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ import onnx
 import onnx.helper
 
 __all__ = ["GraphIndex", "NameAllocator", "subgraphs", "walk_graphs", "outer_scope_reads",
-           "all_names", "int_attr", "float_attr", "set_attr", "model_opset", "tensor_type", "static_shape", "is_float_type", "with_outputs",
+           "all_names", "int_attr", "float_attr", "set_attr", "name_matcher", "model_opset", "tensor_type", "static_shape", "is_float_type", "with_outputs",
            "with_weights", "PassResult"]
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
@@ -143,6 +143,15 @@ def int_attr(node: onnx.NodeProto, name: str, default: int) -> int:
         if a.name == name:
             return int(a.i)
     return default
+
+
+def name_matcher(names: Collection[str]) -> Callable[[str], bool]:
+    """Whether a node name is one of `names` or matches one of its fnmatch patterns."""
+    import fnmatch
+
+    plain = {n for n in names if not any(c in n for c in "*?[")}
+    globs = [n for n in names if n not in plain]
+    return lambda name: bool(name) and (name in plain or any(fnmatch.fnmatchcase(name, g) for g in globs))
 
 
 def float_attr(node: onnx.NodeProto, name: str, default: float) -> float:

@@ -13,7 +13,7 @@ many plans runs onnxruntime's calibration pass once.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,9 +111,10 @@ class Pipeline:
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def load(cls, model: onnx.ModelProto | str | os.PathLike | bytes, *,
-             defer: bool = True, equalize: bool = True) -> "Pipeline":
+             defer: bool = True, equalize: bool = True, keep_nodes: Collection[str] = ()) -> "Pipeline":
         """Load (a path: big weights stay in their external data file when `defer`) and prepare
-        `model` (`equalize`: as QuantConfig.equalize). A ModelProto given by the caller is
+        `model` (`equalize`: as QuantConfig.equalize; `keep_nodes`: the nodes a config names,
+        `QuantConfig.named_nodes`, which no fold removes). A ModelProto given by the caller is
         copied, never changed."""
         base_dir = None
         source = Path(model) if isinstance(model, (str, os.PathLike)) else None
@@ -130,7 +131,7 @@ class Pipeline:
                                  "load_external_data=False).")
         # a model mixq loaded itself is prepared in place: no copy of the weights
         owned = not isinstance(model, onnx.ModelProto)
-        prepared, rep = prepare(src, copy=not owned, base_dir=base_dir, equalize=equalize)
+        prepared, rep = prepare(src, copy=not owned, base_dir=base_dir, equalize=equalize, keep_nodes=keep_nodes)
         ensure_node_names(prepared)
         return cls(prepared, rep, base_dir=base_dir, source=source)
 

@@ -39,7 +39,7 @@ def policies_off(monkeypatch):
     """Switch the numerics policies and the recognition pass off."""
     def off() -> None:
         monkeypatch.setattr(mixq.api, "apply_numerics", lambda plan, model, stats, **kw: (plan, []))
-        monkeypatch.setattr(mixq.passes.prepare, "recognize", lambda m: RecognizeReport())
+        monkeypatch.setattr(mixq.passes.prepare, "recognize", lambda m, kept=None: RecognizeReport())
     return off
 
 
@@ -316,7 +316,7 @@ def test_ex2_layernorm_fused(preset, policies_off):
 
 def test_ex2_layernorm_cancellation_policy_alone(monkeypatch):
     """With the recognition pass off, the cancellation policy keeps the variance's terms float."""
-    monkeypatch.setattr(mixq.passes.prepare, "recognize", lambda m: RecognizeReport())
+    monkeypatch.setattr(mixq.passes.prepare, "recognize", lambda m, kept=None: RecognizeReport())
     m, feeds = _ex2_layernorm()
     res, cos = _quantize_and_compare(m, "A8W8", feeds)
     assert cos >= 0.99, res.summary()

@@ -272,3 +272,41 @@ def test_a_bias_written_as_an_add_folds_into_its_layer_exactly():
     x8 = [{"x": RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)} for _ in range(8)]
     res = mixq.quantize(m, "A8W8", x8)
     assert res.rewrite.biases_int32 == 3, res.rewrite.biases_kept_float  # the folded biases: int32 (the grouped ConvTranspose too)
+
+
+@pytest.mark.parametrize("named,kept", [("bias_t", {"bias_t"}), ("bn", {"bn"}),
+                                         ("bias_*", {"bias_t", "bias_scalar", "bias_g"})])
+def test_a_node_the_config_names_is_not_folded_away(named, kept):
+    """exclude_nodes naming a bias Add or a BatchNorm (by name, or by a pattern) keeps the node
+    as written, and float: before, the fold removed it and the config was refused ("names node
+    'bn', which matches no node of the model"), though the user's model has it. A bias Add kept
+    leaves the BatchNorm after it unfolded too (fed by an Add)."""
+    from mixq.passes.layer_fold import KEPT_REASON
+
+    m = _bias_add_model()
+    x8 = [{"x": RNG.standard_normal((2, 4, 6, 6)).astype(np.float32)} for _ in range(8)]
+    res = mixq.quantize(m, mixq.get_default_config("A8W8").with_options(exclude_nodes={named}), x8)
+    assert kept <= {n.name for n in res.model.graph.node}
+    assert kept <= set(res.plan.float_nodes)
+    assert res.prepare.batchnorms_folded == 0
+    _, rep = mixq.passes.prepare.prepare(m, equalize=False, keep_nodes=[named])
+    why = dict(next(p for p in rep.passes if p.name == "fold BatchNorm").declined)["bn"]
+    assert why == KEPT_REASON if named == "bn" else why.startswith("fed by Add"), why
+
+
+def test_a_written_out_layernorm_a_config_names_is_not_fused():
+    """A node of a written-out LayerNorm named by the config keeps the LayerNorm as written (the
+    fusion declined, saying why), so that exclude_nodes still finds the node."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from bench.class_sweep import decomposed_ln
+
+    m, _ = decomposed_ln()
+    _, rep = mixq.passes.prepare.prepare(m, equalize=False)
+    assert rep.recognized.counts().get("LayerNormalization")
+    named = next(n.name for n in m.graph.node if n.op_type == "ReduceMean")
+    _, rep = mixq.passes.prepare.prepare(m, equalize=False, keep_nodes=[named])
+    assert not rep.recognized.counts().get("LayerNormalization")
+    assert any(named in d.reason for d in rep.recognized.declined), rep.recognized.declined

@@ -277,7 +277,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..pipeline import Pipeline
 
     cfg = _config_from_args(args)
-    plan = Pipeline.load(args.model, equalize=cfg.equalize).plan(cfg)
+    plan = Pipeline.load(args.model, equalize=cfg.equalize, keep_nodes=cfg.named_nodes()).plan(cfg)
     print(plan.table())
     print(f"\n{sum(tp.format is not None for tp in plan.tensors.values())} tensors quantized, "
           f"{sum(tp.format is None for tp in plan.tensors.values()) + len(plan.skipped)} float "

@@ -226,7 +226,8 @@ def _workbench(model: Any, configs: tuple[QuantConfig, ...], data: Any, req: Amp
 
     from ..pipeline import Pipeline
 
-    pipe = Pipeline.load(model, defer=False, equalize=all(c.equalize for c in configs))
+    pipe = Pipeline.load(model, defer=False, equalize=all(c.equalize for c in configs),
+                         keep_nodes=sorted({n for c in configs for n in c.named_nodes()}))
     prepared = pipe.model
     plan_of: Callable[[QuantConfig], Any] = pipe.plan
     feeds = list(as_feeds(data, prepared))

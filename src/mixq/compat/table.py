@@ -266,7 +266,8 @@ QUANTIZATION_CONFIG: list[Entry] = [
           "given (mixq quantizes every op type it knows otherwise); checked against the ONNX op set",
           C.names, _extra_op_types, default=[], example=["Relu"],
           effect={"flags.extra_op_types": frozenset({"Relu"})}),
-    Entry(QC, "nodes_to_exclude", "maps", "`exclude_nodes` (checked against the model's node names)",
+    Entry(QC, "nodes_to_exclude", "maps", "`exclude_nodes` (checked against the model's node names; a node named there is never "
+          "folded away in preparation, and an fnmatch pattern excludes every node it matches)",
           C.names, _exclude_nodes, default=[], example=["conv1"],
           effect={"config.exclude_nodes": frozenset({"conv1"})}),
     Entry(QC, "subgraphs_to_exclude", "unsupported", "mixq excludes nodes, not subgraphs (list the "

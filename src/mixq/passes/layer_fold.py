@@ -6,6 +6,7 @@ own once the layer is quantized: its effect is in the int32 bias and the weight'
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -14,7 +15,10 @@ from onnx import numpy_helper
 from .._io import tensor_array
 from ..graph import GraphIndex, NameAllocator, PassResult, float_attr, int_attr, set_attr
 
-__all__ = ["BN_HOSTS", "fold_batchnorm", "fold_bias_add", "unfolded_note"]
+__all__ = ["BN_HOSTS", "KEPT_REASON", "fold_batchnorm", "fold_bias_add", "unfolded_note"]
+
+#: Why a node the config names is not folded away.
+KEPT_REASON = "named in the config (exclude_nodes or a layer rule): kept as written"
 
 
 def _init_map(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
@@ -61,7 +65,7 @@ def _fold_into_host(host: onnx.NodeProto, w: np.ndarray, bias: np.ndarray | None
 
 
 def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
-                   result: PassResult | None = None) -> int:
+                   result: PassResult | None = None, kept: Callable[[str], bool] = lambda name: False) -> int:
     """Fold BatchNormalization into a preceding Conv, ConvTranspose or Gemm (`BN_HOSTS`) whose
     output only feeds it (deferred initializers are read from `base_dir`). In place; declined
     folds are recorded in `result` with the reason. Uses count subgraph reads: a weight an If
@@ -79,7 +83,9 @@ def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = 
             continue
         host = ix.producer(bn.input[0])
         why = None
-        if len([o for o in bn.output if o]) != 1 or int_attr(bn, "training_mode", 0):
+        if kept(bn.name):
+            why = KEPT_REASON
+        elif len([o for o in bn.output if o]) != 1 or int_attr(bn, "training_mode", 0):
             why = "it computes running statistics (training mode)"
         elif host is None or host.op_type not in BN_HOSTS or host.domain not in ("", "ai.onnx"):
             why = (f"fed by {host.op_type} {host.name!r}" if host is not None else "fed by a graph input") + \
@@ -150,7 +156,7 @@ def _per_channel(c: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
 
 
 def fold_bias_add(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
-                  result: PassResult | None = None) -> int:
+                  result: PassResult | None = None, kept: Callable[[str], bool] = lambda name: False) -> int:
     """Fold an Add of a per-channel float constant (shape (C,1,..,1), (1,C,1,..), a scalar)
     into the Conv, ConvTranspose or Gemm before it whose output only feeds it: the constant
     joins the layer's bias. In place; the initializers it leaves unread are the caller's to
@@ -182,7 +188,9 @@ def fold_bias_add(model: onnx.ModelProto, base_dir: str | os.PathLike | None = N
         if add_c is None:
             continue
         why = None
-        if len(ix.consumers(flow)) != 1 or flow in graph_outputs or host.output[0] != flow:
+        if kept(add.name):
+            why = KEPT_REASON
+        elif len(ix.consumers(flow)) != 1 or flow in graph_outputs or host.output[0] != flow:
             why = f"the {host.op_type} output has other uses"
         elif len(host.input) > 2 and host.input[2] and host.input[2] not in inits:
             why = f"the {host.op_type} bias is computed at run time"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,7 +19,7 @@ from .._io import has_external_data, load_deferred_tensor, tensor_array
 from ..errors import MixqError, ModelError
 from ..evaluate import onnxruntime_max_ir_version
 from ..formats.base import MIXQ_DOMAIN
-from ..graph import GraphIndex, NameAllocator, PassResult, model_opset, walk_graphs
+from ..graph import GraphIndex, NameAllocator, PassResult, model_opset, name_matcher, walk_graphs
 from .equalize import equalize_imbalanced
 from .float16 import compute_float16_in_float32
 from .function_ops import expand_function_ops
@@ -199,7 +200,7 @@ def _init_map(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     return {t.name: t for t in graph.initializer}
 
 
-def fold_pad_into_conv(model: onnx.ModelProto) -> int:
+def fold_pad_into_conv(model: onnx.ModelProto, kept: Callable[[str], bool] = lambda name: False) -> int:
     """Fold a zero, constant-mode Pad of the spatial dims into the Convs that alone read it.
 
     Exporters write TF-style "same" padding as an explicit Pad before the Conv (EfficientNet).
@@ -212,7 +213,7 @@ def fold_pad_into_conv(model: onnx.ModelProto) -> int:
     graph_outputs = set(ix.outputs)
     removed: set[int] = set()
     for pad in g.node:
-        if pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx") or len(pad.input) < 2:
+        if pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx") or len(pad.input) < 2 or kept(pad.name):
             continue
         # string attributes compared as bytes: a damaged model's need not be UTF-8
         mode = next((a.s for a in pad.attribute if a.name == "mode"), b"constant")
@@ -278,7 +279,8 @@ _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
                      "Multinomial", "Bernoulli", "Dropout"}
 
 
-def fold_constants(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None) -> int:
+def fold_constants(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
+                   kept: Callable[[str], bool] = lambda name: False) -> int:
     """Evaluate nodes whose inputs are all initializers and replace them by initializers
     (deferred initializers are read from `base_dir`)."""
     from onnx.reference import ReferenceEvaluator
@@ -290,7 +292,7 @@ def fold_constants(model: onnx.ModelProto, base_dir: str | os.PathLike | None = 
     keep: list[onnx.NodeProto] = []
     opsets = {imp.domain: imp.version for imp in model.opset_import}
     for n in g.node:
-        foldable = (n.domain in ("", "ai.onnx") and n.op_type not in _NONDETERMINISTIC
+        foldable = (n.domain in ("", "ai.onnx") and n.op_type not in _NONDETERMINISTIC and not kept(n.name)
                     and n.input and all((not i) or i in inits for i in n.input)
                     and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                                 for a in n.attribute)
@@ -747,12 +749,15 @@ def check_float_model(model: onnx.ModelProto, verb: str = "quantize") -> None:
 
 def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
             base_dir: str | os.PathLike | None = None,
-            equalize: bool = True) -> tuple[onnx.ModelProto, PrepareReport]:
+            equalize: bool = True, keep_nodes: Collection[str] = ()) -> tuple[onnx.ModelProto, PrepareReport]:
     """Run every preparation pass on a copy of `model` (on `model` itself with copy=False,
     which saves a copy of every weight when the caller owns the model). `base_dir`: where the
     model's deferred initializers are read from (see mixq._io.load_model_deferred); they stay
     deferred unless a fold rewrites them. `equalize`: balance the layer pairs one activation
-    grid cannot hold (mixq.passes.equalize.equalize_imbalanced)."""
+    grid cannot hold (mixq.passes.equalize.equalize_imbalanced). `keep_nodes`: node names and
+    fnmatch patterns a config names (`QuantConfig.named_nodes`): no fold or fusion removes
+    such a node, so that the config still finds it."""
+    kept = name_matcher(keep_nodes)
     if copy:
         m = onnx.ModelProto()
         m.CopyFrom(model)
@@ -817,20 +822,20 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     rep.notes += fused.notes + [f"{where}: {why}" for where, why in fused.declined]
     # before the BatchNorm fold: exporters pass a parameter equal to another (an untrained
     # BatchNorm's running mean and its bias) through an Identity
-    rep.nodes_folded = counted("fold constants", fold_constants(m, base_dir))
+    rep.nodes_folded = counted("fold constants", fold_constants(m, base_dir, kept))
     # before the BatchNorm fold: paddle2onnx writes a ConvTranspose's bias as an Add, then the BN
     biases = PassResult("fold bias Add into its layer")
-    rep.bias_adds_folded = biases.changed = fold_bias_add(m, base_dir, biases)
+    rep.bias_adds_folded = biases.changed = fold_bias_add(m, base_dir, biases, kept)
     rep.passes.append(biases)
     if fold_bn:
         bn = PassResult("fold BatchNorm")
-        rep.batchnorms_folded = bn.changed = fold_batchnorm(m, base_dir, bn)
+        rep.batchnorms_folded = bn.changed = fold_batchnorm(m, base_dir, bn, kept)
         rep.passes.append(bn)
         rep.notes += unfolded_note(bn)
     if rep.bias_adds_folded or rep.batchnorms_folded:
         remove_unused_initializers(m)
     # after folding: exporters compute the pads
-    rep.pads_folded = counted("fold Pad into Conv", fold_pad_into_conv(m))
+    rep.pads_folded = counted("fold Pad into Conv", fold_pad_into_conv(m, kept))
     # after the folds: a BatchNorm's scale is in the Conv's weights, whose ranges decide it
     if equalize:
         eq = PassResult("equalize imbalanced layer pairs")
@@ -853,7 +858,7 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     m = infer_shapes(m, inference)
     rep.passes.append(inference)
     rep.notes += inference.notes
-    rep.recognized = recognize(m)  # after shape inference: the 1/n and axis checks need shapes
+    rep.recognized = recognize(m, kept)  # after shape inference: the 1/n and axis checks need shapes
     rep.passes.append(PassResult("recognize", changed=len(rep.recognized.fused)))
     if rep.recognized.counts().get("MatMul"):  # an Einsum's Reshapes: new values to give shapes
         m = infer_shapes(m, PassResult("infer shapes", in_place=False))

@@ -785,10 +785,11 @@ def _apply(model: onnx.ModelProto, matches: list[_Match]) -> None:
         g.initializer.extend(keep)
 
 
-def recognize(model: onnx.ModelProto) -> RecognizeReport:
+def recognize(model: onnx.ModelProto, kept: Callable[[str], bool] = lambda name: False) -> RecognizeReport:
     """Fuse written-out LayerNorm, GELU and Softmax of `model`'s main graph into the native ops,
     in place, where the fusion is exact in meaning. Run it on a model whose shapes are inferred
-    (the ReduceSum-times-1/n forms and the normalised axes need static shapes)."""
+    (the ReduceSum-times-1/n forms and the normalised axes need static shapes). A match holding
+    a node `kept` names (one a config names) is declined: the config must still find it."""
     report = RecognizeReport()
     for kind, anchors, rule in _RULES:
         idx = _Index(model)
@@ -802,6 +803,11 @@ def recognize(model: onnx.ModelProto) -> RecognizeReport:
                 continue
             if isinstance(res, str):
                 report.declined.append(Declined(kind, node.name or node.output[0], res))
+                continue
+            named = next((n.name for n in res.nodes if kept(n.name)), None)
+            if named is not None:
+                report.declined.append(Declined(kind, node.name or node.output[0],
+                                                f"node {named!r} is named in the config: kept as written"))
                 continue
             ids = {id(n) for n in res.nodes}
             if ids & claimed:

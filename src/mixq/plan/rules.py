@@ -98,7 +98,7 @@ def _why_float(node: onnx.NodeProto, config: QuantConfig) -> str | None:
         return f"op type {node.op_type} is not in op_types"
     if node.op_type in config.exclude_op_types:
         return f"op type {node.op_type} excluded by exclude_op_types"
-    if node.name in config.exclude_nodes:
+    if config.excludes_node(node.name):
         return "node excluded by exclude_nodes"
     return None
 

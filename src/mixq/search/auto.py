@@ -853,7 +853,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     t_start = time.perf_counter()
     deadline = time.monotonic() + auto.time_budget_s if auto.time_budget_s else None
     timings: dict[str, float] = {}
-    pipe = Pipeline.load(model, defer=False, equalize=auto.base.equalize)
+    pipe = Pipeline.load(model, defer=False, equalize=auto.base.equalize, keep_nodes=auto.base.named_nodes())
     prepared = pipe.model
     cache = _Cache(auto.cache_dir)
 
