@@ -310,3 +310,11 @@ def test_a_written_out_layernorm_a_config_names_is_not_fused():
     _, rep = mixq.passes.prepare.prepare(m, equalize=False, keep_nodes=[named])
     assert not rep.recognized.counts().get("LayerNormalization")
     assert any(named in d.reason for d in rep.recognized.declined), rep.recognized.declined
+
+
+def test_an_exclude_nodes_pattern_excludes_what_it_matches():
+    """The names check accepts an fnmatch pattern in exclude_nodes that matches a node; before,
+    the plan compared names exactly and the pattern excluded nothing (the Conv was quantized)."""
+    x = [{"x": RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)} for _ in range(4)]
+    res = mixq.quantize(_pad_conv(), mixq.get_default_config("A8W8").with_options(exclude_nodes={"con*"}), x)
+    assert "conv" in res.plan.float_nodes and res.rewrite.weights_quantized == 0
