@@ -55,9 +55,20 @@ def _agreement(qmodel: onnx.ModelProto, model: onnx.ModelProto, feeds) -> float:
     return float(np.concatenate(hits).mean())
 
 
-def test_the_output_defining_tensors_are_the_outputs_and_what_the_tail_reads():
+def test_the_output_defining_tensors_are_the_outputs_and_what_they_pass_through_unmixed():
     assert output_defining_tensors(_classifier(False).graph) == {"logits"}
     assert output_defining_tensors(_classifier(True).graph) == {"probs", "logits"}
+    # a detector's heads: sigmoid scores and scaled boxes concatenated; an encoder's final
+    # LayerNorm: its input is no answer (a normalization mixes it); a sum of two tensors neither
+    g = helper.make_graph(
+        [helper.make_node("Sigmoid", ["s"], ["ss"]), helper.make_node("Mul", ["b", "k"], ["bk"]),
+         helper.make_node("Concat", ["bk", "ss"], ["det"], axis=-1),
+         helper.make_node("LayerNormalization", ["h", "g", "k"], ["hidden"], axis=-1),
+         helper.make_node("Add", ["p", "q"], ["pq"]), helper.make_node("Relu", ["pq"], ["sum"])],
+        "heads", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in "sbhpq"],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, None]) for n in ("det", "hidden", "sum")],
+        [numpy_helper.from_array(np.ones(4, np.float32), "k"), numpy_helper.from_array(np.ones(4, np.float32), "g")])
+    assert output_defining_tensors(g) == {"det", "bk", "b", "ss", "s", "hidden", "sum", "pq"}
 
 
 @pytest.mark.parametrize("softmax", [False, True])

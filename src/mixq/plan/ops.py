@@ -295,16 +295,38 @@ def postprocess_tail(nodes: Iterable[onnx.NodeProto],
     return tail
 
 
+#: Ops an output's extremes pass through unmixed (element-wise monotone, or moving data): a
+#: clipped input of one of them is a saturated output. Binary ones count with a constant operand.
+EXTREMES_PRESERVING = frozenset({
+    "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Slice", "Split",
+    "Expand", "Tile", "Cast", "Softmax", "LogSoftmax", "Sigmoid", "HardSigmoid", "Tanh", "Exp", "Relu",
+    "LeakyRelu", "Clip", "Softplus", "Mul", "Add", "Sub", "Div"})
+_BINARY_OPS = frozenset({"Mul", "Add", "Sub", "Div"})
+_SHAPED = frozenset({"Slice", "Reshape", "Expand", "Tile", "Split", "Squeeze", "Unsqueeze"})  # data: input 0
+
+
 def output_defining_tensors(graph: onnx.GraphProto) -> set[str]:
-    """Tensors whose extremes are the model's answer: the graph's outputs and what its
-    post-processing tail (`postprocess_tail`) reads from the layers (the logits a Softmax or a
-    box decode turns into the output). Their largest values are the decision (the class, the
-    most confident box), so no range method may clip them for the bulk's precision."""
-    nodes = list(graph.node)
-    consts = {t.name: tuple(t.dims) for t in graph.initializer}
-    tail = postprocess_tail(nodes, consts)
-    made_in_tail = {o for i in tail for o in nodes[i].output if o}
-    out = {o.name for o in graph.output}
-    for i in tail:
-        out.update(x for x in nodes[i].input if x and x not in made_in_tail and x not in consts)
+    """Tensors whose extremes are the model's answer: the graph's outputs and the tensors they
+    are computed from through `EXTREMES_PRESERVING` ops alone (the logits a Softmax turns into
+    probabilities, a detector's raw head before its sigmoid and scaling). Their largest values
+    are the decision (the class, the most confident box), so no range method may clip them for
+    the bulk's precision. A normalization or a reduction mixes its input: the hidden state
+    before an encoder's final LayerNorm is not one."""
+    consts = {t.name for t in graph.initializer}
+    consts |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    producer = {o: n for n in graph.node for o in n.output if o}
+    out: set[str] = set()
+    todo = [o.name for o in graph.output]
+    while todo:
+        t = todo.pop()
+        if t in out or t in consts:
+            continue
+        out.add(t)
+        n = producer.get(t)
+        if n is None or n.domain not in ("", "ai.onnx") or n.op_type not in EXTREMES_PRESERVING:
+            continue
+        data = [x for x in (n.input[:1] if n.op_type in _SHAPED else n.input) if x and x not in consts]
+        if n.op_type in _BINARY_OPS and len(data) != 1:
+            continue  # a sum or product of two tensors mixes them
+        todo.extend(data)
     return out
