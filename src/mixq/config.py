@@ -14,6 +14,7 @@ from typing import Any
 from .errors import ConfigError, did_you_mean
 from .formats import get_format
 from .granularity import Granularity, PerChannel, PerTensor, granularity_from
+from .graph import names_and_patterns
 
 CALIB_METHODS = ("minmax", "percentile", "entropy", "minmse")
 WEIGHT_CALIB_METHODS = ("minmax", "minmse")
@@ -59,8 +60,7 @@ class LayerRule:
 def _names_and_patterns(nodes: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
     """A rule's plain node names (looked up) and its fnmatch patterns: a search's rules name
     dozens of nodes, and every node of the graph meets every rule in each plan it builds."""
-    globs = tuple(p for p in nodes if any(c in p for c in "*?["))
-    return frozenset(nodes).difference(globs), globs
+    return names_and_patterns(nodes)
 
 
 #: The range_headroom 'auto' gives integer activation grids of at least this many bits.

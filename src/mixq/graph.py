@@ -13,7 +13,7 @@ changes the graph, never kept stale (`GraphIndex.of` is the one constructor).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +21,9 @@ import numpy as np
 import onnx
 import onnx.helper
 
-__all__ = ["GraphIndex", "NameAllocator", "subgraphs", "walk_graphs", "outer_scope_reads",
-           "all_names", "int_attr", "float_attr", "set_attr", "name_matcher", "model_opset", "tensor_type", "static_shape", "is_float_type", "with_outputs",
-           "with_weights", "PassResult"]
+__all__ = ["GraphIndex", "NameAllocator", "subgraphs", "walk_graphs", "outer_scope_reads", "all_names",
+           "int_attr", "float_attr", "set_attr", "name_matcher", "names_and_patterns", "model_opset",
+           "tensor_type", "static_shape", "is_float_type", "with_outputs", "with_weights", "PassResult"]
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
                          onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE})
@@ -145,12 +145,18 @@ def int_attr(node: onnx.NodeProto, name: str, default: int) -> int:
     return default
 
 
+def names_and_patterns(names: Iterable[str]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """`names` split into plain names (looked up) and fnmatch patterns (matched)."""
+    names = tuple(names)
+    globs = tuple(p for p in names if any(c in p for c in "*?["))
+    return frozenset(names).difference(globs), globs
+
+
 def name_matcher(names: Collection[str]) -> Callable[[str], bool]:
     """Whether a node name is one of `names` or matches one of its fnmatch patterns."""
     import fnmatch
 
-    plain = {n for n in names if not any(c in n for c in "*?[")}
-    globs = [n for n in names if n not in plain]
+    plain, globs = names_and_patterns(names)
     return lambda name: bool(name) and (name in plain or any(fnmatch.fnmatchcase(name, g) for g in globs))
 
 

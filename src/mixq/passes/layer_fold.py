@@ -21,18 +21,12 @@ __all__ = ["BN_HOSTS", "KEPT_REASON", "fold_batchnorm", "fold_bias_add", "unfold
 KEPT_REASON = "named in the config (exclude_nodes or a layer rule): kept as written"
 
 
-def _init_map(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
-    return {t.name: t for t in graph.initializer}
-
-
 #: The layers a BatchNormalization folds into: their output channel axis is the BN's axis 1.
 BN_HOSTS = ("Conv", "ConvTranspose", "Gemm")
 
 
 def _bn_host_why(host: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> str | None:
     """Why BatchNormalization cannot fold into `host` (None: it can)."""
-    if host.op_type == "Gemm" and int_attr(host, "transA", 0) not in (0, 1):
-        return "the Gemm has an unusual transA"
     if len(host.input) < 2 or host.input[1] not in inits:
         return f"the {host.op_type} weight is computed at run time"
     if len(host.input) > 2 and host.input[2] and host.input[2] not in inits:
@@ -52,6 +46,8 @@ def _fold_into_host(host: onnx.NodeProto, w: np.ndarray, bias: np.ndarray | None
         col = factor if int_attr(host, "transB", 0) == 0 else factor[:, None]
         beta = float_attr(host, "beta", 1.0)
         c = np.zeros(factor.shape) if bias is None else beta * bias.astype(np.float64)
+        if c.size == factor.size:  # a (1, N) or scalar-per-column C: one value per output, 1-D
+            c = c.reshape(-1)
         return w64 * col, c * factor + shift
     if host.op_type == "ConvTranspose":
         groups = int_attr(host, "group", 1)
@@ -72,8 +68,8 @@ def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = 
     branch also reads is never changed behind the branch's back. The initializers it leaves
     unread are the caller's to remove."""
     g = model.graph
-    inits = _init_map(g)
     ix = GraphIndex.of(model)
+    inits = ix.initializers
     graph_outputs = set(ix.outputs)
     removed: set[int] = set()
     folded = 0
@@ -163,8 +159,8 @@ def fold_bias_add(model: onnx.ModelProto, base_dir: str | os.PathLike | None = N
     remove. An Add whose constant varies along another axis is left as it is, silently: it is
     no bias but an ordinary sum."""
     g = model.graph
-    inits = _init_map(g)
     ix = GraphIndex.of(model)
+    inits = ix.initializers
     graph_outputs = set(ix.outputs)
     removed: set[int] = set()
     names: NameAllocator | None = None
