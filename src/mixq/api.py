@@ -54,6 +54,9 @@ class QuantizeResult:
     #: the kernel check found onnxruntime's fused int8 kernels saturating on this CPU (its warning
     #: is in `warnings`, and says why the guard's runtime check disagrees too)
     kernels_disagree: bool = False
+    #: activations whose range MinMSE would choose but never clips: their extremes are the
+    #: answer (`plan.ops.output_defining_tensors`, docs/ACCURACY.md section 13)
+    unclipped: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """A short Markdown report."""
@@ -94,6 +97,11 @@ class QuantizeResult:
                   f"- written-out {k} fused into the native op: {n}"
                   for k, n in self.prepare.recognized.counts().items()]
         lines += [f"- kept float ({f.policy}): {f.tensor}: {f.reason}" for f in self.numerics]
+        if self.unclipped:
+            more = len(self.unclipped) - 3
+            shown = ", ".join(self.unclipped[:3]) + (f" and {more} more" if more > 0 else "")
+            lines.append(f"- range never clipped by MinMSE (MinMax instead) for {len(self.unclipped)} tensor(s) that "
+                         f"define the output, whose extremes are the answer: {shown}")
         lines += [f"- {ln}" for ln in (self.weight_rounding.lines() if self.weight_rounding is not None else [])]
         lines += [f"- {ln}" for ln in (self.bias_correction.lines() if self.bias_correction is not None else [])]
         if self.rewrite.bias_grids:
@@ -108,6 +116,17 @@ class QuantizeResult:
                   *(f"not calibrated: {k}: {v}" for k, v in self.skipped.items())]:
             lines.append(f"- {w}")
         return "\n".join(lines)
+
+
+def _unclipped(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig) -> tuple[str, ...]:
+    """The calibrated activations `activation_qparams` keeps unclipped where MinMSE chooses the
+    range (integer grids under calibration='minmse' or power_of_two='minmse')."""
+    if cfg.calibration != "minmse" and cfg.power_of_two != "minmse":
+        return ()
+    keep = pipe.output_defining
+    return tuple(sorted(t for t, tp in plan.tensors.items()
+                        if t in keep and tp.role == "activation" and tp.format is not None and tp.calibrate
+                        and get_format(tp.format).kind == "int"))
 
 
 def _resolve_config(config: Any) -> QuantConfig:
@@ -193,6 +212,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
 
     t = time.perf_counter()
     qparams = pipe.qparams(the_plan, cfg)
+    unclipped = _unclipped(pipe, the_plan, cfg)  # of the float model: the rewrite changes it in place
     float_ref = float_reference(model, pipe.model, pipe.base_dir)  # before the rewrite changes it
     round_rep = _round_weights(pipe, the_plan, qparams, cfg, tap, nearest_why)
     del tap
@@ -299,7 +319,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
                             model=qmodel, plan=the_plan, config=cfg, prepare=pipe.prepare_report,
                             rewrite=rew, calibrated=len(pipe.stats), skipped=dict(pipe.calib_skipped),
                             timings=timings, float_bytes=float_bytes, quant_bytes=quant_bytes,
-                            kernels_disagree=disagree)
+                            kernels_disagree=disagree, unclipped=unclipped)
     if saved is not None:
         result.output_path = saved
         timings["save"] = save_s

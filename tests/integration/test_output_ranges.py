@@ -80,3 +80,6 @@ def test_competing_logits_keep_their_ranking(preset, softmax):
     m = _classifier(softmax)
     res = mixq.quantize(m, preset, _feeds(16, 0))
     assert _agreement(res.model, m, _feeds(16, 1)) >= 0.94
+    # and the summary says so: nothing about a range is silent
+    assert res.unclipped == ("logits",)
+    assert "range never clipped by MinMSE (MinMax instead) for 1 tensor(s) that define the output" in res.summary()
