@@ -274,11 +274,17 @@ class _Heads:
     present_k: str = ""
     present_v: str = ""
     present: str = ""
+    shape4: str = ""  # the [0, 0, H, hd] Reshape target, made on first use
+
+    def split(self, e: _Emit, *ts: str) -> list[str]:
+        """Each [B, S, H * hd] tensor of `ts` as [B, H, S, hd] (one shape constant for all)."""
+        if not self.shape4:
+            self.shape4 = e.const(np.array([0, 0, self.heads, self.head_size], np.int64), "heads")
+        return [e.op("Transpose", [e.op("Reshape", [t, self.shape4])], perm=[0, 2, 1, 3]) for t in ts]
 
     def keys(self, e: _Emit, k: str, v: str) -> tuple[str, str]:
         """The [B, H, L, hd] keys and values: `k`, `v` split into heads after the past ones."""
-        shape4 = e.const(np.array([0, 0, self.heads, self.head_size], np.int64), "heads")
-        k, v = (e.op("Transpose", [e.op("Reshape", [t, shape4])], perm=[0, 2, 1, 3]) for t in (k, v))
+        k, v = self.split(e, k, v)
         if self.past_k:
             k = e.op("Concat", [self.past_k, k], self.present_k or None, axis=2)
             v = e.op("Concat", [self.past_v, v], self.present_v or None, axis=2)
@@ -292,8 +298,7 @@ class _Heads:
 
     def attend(self, e: _Emit, q: str, k: str, v: str, masks: list[str]) -> None:
         """softmax(Q K^T * scale + masks) V into the node's first output, [B, S, H * hd]."""
-        shape4 = e.const(np.array([0, 0, self.heads, self.head_size], np.int64), "heads")
-        q = e.op("Transpose", [e.op("Reshape", [q, shape4])], perm=[0, 2, 1, 3])
+        q, = self.split(e, q)
         s = e.op("MatMul", [q, e.op("Transpose", [k], perm=[0, 1, 3, 2])])
         s = e.op("Mul", [s, e.const(np.float32(self.scale), "scale")])
         for m in masks:
