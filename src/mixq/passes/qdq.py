@@ -354,10 +354,10 @@ def _pass_biases(rw: _Rewrite) -> PassResult:
         b = tensor_array(inits[name], rw.base_dir).astype(np.float64)
         if scale is not None and not np.all(np.isfinite(b)):
             scale, why = None, "the bias holds NaN or inf; kept float"
-        if scale is not None and owner is not None and owner.op_type == "ConvTranspose" \
-                and scale.size * int_attr(owner, "group", 1) == b.size:
+        groups = int_attr(owner, "group", 1) if owner is not None and owner.op_type == "ConvTranspose" else 1
+        if scale is not None and groups > 1 and scale.size * groups == b.size:
             # a grouped ConvTranspose's weight channels (axis 1) repeat in each group's outputs
-            scale = np.tile(scale.reshape(-1), int_attr(owner, "group", 1))
+            scale = np.tile(scale.reshape(-1), groups)
         if scale is not None and scale.size not in (1, b.size):
             why = f"bias of shape {b.shape} does not match the {scale.size} weight channels; kept float"
             scale = None
