@@ -69,6 +69,8 @@ class QuantizeResult:
                  f"| Pads folded into Conv | {self.prepare.pads_folded} |",
                  *([f"| bias Adds folded into their layer | {self.prepare.bias_adds_folded} |"]
                    if self.prepare.bias_adds_folded else []),
+                 *([f"| scales (Mul / Div by a constant) folded into their layer | {self.prepare.scales_folded} |"]
+                   if self.prepare.scales_folded else []),
                  f"| activations quantized | {self.rewrite.activations_quantized} |",
                  f"| weights/constants quantized | {self.rewrite.weights_quantized} |",
                  f"| int32 biases | {self.rewrite.biases_int32} |",

@@ -1,7 +1,8 @@
 """Folds of what follows a layer into the layer's own weight and bias: a BatchNormalization
-(`fold_batchnorm`) and an Add of a per-channel constant (`fold_bias_add`, how paddle2onnx and
-tf2onnx write a ConvTranspose's or a Conv's bias). A folded op costs no rounding step of its
-own once the layer is quantized: its effect is in the int32 bias and the weight's scales."""
+(`fold_batchnorm`) and an element-wise op with a per-channel constant (`fold_affine`: an Add of
+a bias, how paddle2onnx and tf2onnx write a ConvTranspose's or a Conv's bias; a Mul of a
+learned scale). A folded op costs no rounding step of its own once the layer is quantized: its
+effect is in the int32 bias and the weight's scales."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from onnx import numpy_helper
 from .._io import tensor_array
 from ..graph import GraphIndex, NameAllocator, PassResult, float_attr, int_attr, set_attr
 
-__all__ = ["BN_HOSTS", "KEPT_REASON", "fold_batchnorm", "fold_bias_add", "unfolded_note"]
+__all__ = ["AFFINE_OPS", "BN_HOSTS", "KEPT_REASON", "fold_affine", "fold_batchnorm", "unfolded_note"]
 
 #: Why a node the config names is not folded away.
 KEPT_REASON = "named in the config (exclude_nodes or a layer rule): kept as written"
@@ -151,68 +152,103 @@ def _per_channel(c: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
     return np.broadcast_to(c.reshape(-1), (channels,))
 
 
-def fold_bias_add(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
-                  result: PassResult | None = None, kept: Callable[[str], bool] = lambda name: False) -> int:
-    """Fold an Add of a per-channel float constant (shape (C,1,..,1), (1,C,1,..), a scalar)
-    into the Conv, ConvTranspose or Gemm before it whose output only feeds it: the constant
-    joins the layer's bias. In place; the initializers it leaves unread are the caller's to
-    remove. An Add whose constant varies along another axis is left as it is, silently: it is
-    no bias but an ordinary sum."""
+#: The element-wise ops with a constant that fold into the layer before them: Add / Sub join its
+#: bias, Mul / Div scale its weight and bias.
+AFFINE_OPS = ("Add", "Sub", "Mul", "Div")
+
+
+def _channels(host: onnx.NodeProto, w_t: onnx.TensorProto) -> tuple[int, int]:
+    """(output rank, output channels) of a BN_HOSTS layer with weight `w_t`."""
+    if host.op_type == "Gemm":
+        return 2, int(w_t.dims[0] if int_attr(host, "transB", 0) else w_t.dims[1])
+    if host.op_type == "ConvTranspose":
+        return len(w_t.dims), int(w_t.dims[1] * int_attr(host, "group", 1))
+    return len(w_t.dims), int(w_t.dims[0])
+
+
+def fold_affine(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
+                result: PassResult | None = None, kept: Callable[[str], bool] = lambda name: False
+                ) -> tuple[int, int]:
+    """Fold an element-wise op with a per-channel float constant (shape (C,1,..,1), (1,C,1,..),
+    a scalar) into the Conv, ConvTranspose or Gemm before it whose output only feeds it: an Add
+    (or `x - c`) joins the layer's bias, how paddle2onnx and tf2onnx write a bias; a Mul (or
+    `x / c`) scales the layer's weight and bias, how PP-LCNetV3's learnable affine blocks, a
+    layer scale or a rescaling are written. Chains fold one op after another (Conv, Mul, Add).
+    In place; returns (Adds / Subs folded, Muls / Divs folded). The initializers it leaves
+    unread are the caller's to remove. An op whose constant varies along another axis is left as
+    it is, silently: it is no bias or scale but an ordinary product or sum."""
     g = model.graph
     ix = GraphIndex.of(model)
-    inits = ix.initializers
+    inits = dict(ix.initializers)
     graph_outputs = set(ix.outputs)
+    moved: dict[str, onnx.NodeProto] = {}  # an output a fold gave to its host: the host writes it now
     removed: set[int] = set()
+    made: set[str] = set()  # the biases this pass wrote: read by their host alone
+    counts = {"shift": 0, "scale": 0}
     names: NameAllocator | None = None
-    for add in g.node:
-        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+    for op in g.node:
+        if op.op_type not in AFFINE_OPS or op.domain not in ("", "ai.onnx") or len(op.input) != 2:
             continue
-        const = next((i for i in add.input if i in inits), None)
-        flow = next((i for i in add.input if i != const), None)
+        commutes = op.op_type in ("Add", "Mul")
+        const = next((i for i in op.input if i in inits), None) if commutes else \
+            (op.input[1] if op.input[1] in inits else None)
+        flow = next((i for i in op.input if i != const), None)
         if const is None or not flow:
             continue
-        host = ix.producer(flow)
+        host = moved.get(flow) or ix.producer(flow)
         if host is None or host.op_type not in BN_HOSTS or host.domain not in ("", "ai.onnx"):
             continue
         c_t, w_t = inits[const], inits.get(host.input[1]) if len(host.input) > 1 else None
         if w_t is None or c_t.data_type != onnx.TensorProto.FLOAT or w_t.data_type != onnx.TensorProto.FLOAT:
             continue
-        rank = 2 if host.op_type == "Gemm" else len(w_t.dims)
-        channels = (w_t.dims[0] if int_attr(host, "transB", 0) else w_t.dims[1]) if host.op_type == "Gemm" \
-            else w_t.dims[1] * int_attr(host, "group", 1) if host.op_type == "ConvTranspose" else w_t.dims[0]
-        add_c = _per_channel(tensor_array(c_t, base_dir), rank, int(channels))
-        if add_c is None:
+        rank, channels = _channels(host, w_t)
+        c = _per_channel(tensor_array(c_t, base_dir), rank, channels)
+        if c is None:
             continue
+        kind = "scale" if op.op_type in ("Mul", "Div") else "shift"
         why = None
-        if kept(add.name):
+        if kept(op.name):
             why = KEPT_REASON
         elif len(ix.consumers(flow)) != 1 or flow in graph_outputs or host.output[0] != flow:
             why = f"the {host.op_type} output has other uses"
         elif len(host.input) > 2 and host.input[2] and host.input[2] not in inits:
             why = f"the {host.op_type} bias is computed at run time"
-        elif len(host.input) > 2 and host.input[2] and len(ix.consumers(host.input[2])) != 1:
+        elif len(host.input) > 2 and host.input[2] and host.input[2] not in made \
+                and len(ix.consumers(host.input[2])) != 1:
             why = f"the {host.op_type} bias is shared with another node"
         elif host.op_type == "Gemm" and len(host.input) > 2 and host.input[2] \
                 and len(inits[host.input[2]].dims) > 1 and inits[host.input[2]].dims[0] != 1:
             why = "the Gemm's C varies along its rows"
+        elif kind == "scale" and len(ix.consumers(host.input[1])) != 1:
+            why = f"the {host.op_type} weight is shared with another node (or a subgraph)"
+        elif op.op_type == "Div" and not np.all(c != 0):
+            why = "it divides by 0 in some channel"
         if why is not None:
             if result is not None:
-                result.decline(add.name or add.output[0], why)
+                result.decline(op.name or op.output[0], why)
             continue
         has_bias = len(host.input) > 2 and bool(host.input[2])
-        bias = tensor_array(inits[host.input[2]], base_dir).astype(np.float64).reshape(-1) if has_bias \
-            else np.zeros(add_c.shape)
-        if host.op_type == "Gemm":  # beta * C is in the new bias
-            bias = float_attr(host, "beta", 1.0) * np.broadcast_to(bias, add_c.shape)
-            set_attr(host, "beta", 1.0)
+        bias = tensor_array(inits[host.input[2]], base_dir) if has_bias else None
+        c64 = c.astype(np.float64)
+        factor = (1.0 / c64 if op.op_type == "Div" else c64) if kind == "scale" else np.ones(channels)
+        shift = (-c64 if op.op_type == "Sub" else c64) if kind == "shift" else np.zeros(channels)
+        new_w, new_b = _fold_into_host(host, tensor_array(w_t, base_dir), bias, factor, shift)
+        if kind == "scale":
+            w_t.CopyFrom(numpy_helper.from_array(new_w.astype(np.float32), w_t.name))
         if names is None:
             names = NameAllocator.for_model(model)
-        bias_name = names.exact(f"{host.input[1]}_added_bias")
-        g.initializer.append(numpy_helper.from_array((bias + add_c).astype(np.float32), bias_name))
+        bias_name = names.exact(f"{host.input[1]}_{'scaled' if kind == 'scale' else 'added'}_bias")
+        inits[bias_name] = numpy_helper.from_array(new_b.astype(np.float32), bias_name)
+        g.initializer.append(inits[bias_name])
+        made.add(bias_name)
         while len(host.input) < 3:
             host.input.append("")
         host.input[2] = bias_name
-        host.output[0] = add.output[0]
-        removed.add(id(add))
+        if host.op_type == "Gemm":  # beta * C is in the new bias
+            set_attr(host, "beta", 1.0)
+        host.output[0] = op.output[0]
+        moved[op.output[0]] = host
+        removed.add(id(op))
+        counts[kind] += 1
     _drop(g, removed)
-    return len(removed)
+    return counts["shift"], counts["scale"]

@@ -23,7 +23,7 @@ from ..graph import GraphIndex, NameAllocator, PassResult, model_opset, name_mat
 from .equalize import equalize_imbalanced
 from .float16 import compute_float16_in_float32
 from .function_ops import expand_function_ops
-from .layer_fold import fold_batchnorm, fold_bias_add, unfolded_note
+from .layer_fold import fold_affine, fold_batchnorm, unfolded_note
 from .recognize import RecognizeReport, recognize
 from .unfuse import admit_runtime_ops, unfuse
 
@@ -41,6 +41,7 @@ class PrepareReport:
     constants_to_initializers: int = 0
     batchnorms_folded: int = 0
     bias_adds_folded: int = 0
+    scales_folded: int = 0
     pads_folded: int = 0
     pairs_equalized: int = 0
     ort_ops_expanded: int = 0
@@ -823,16 +824,26 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     # before the BatchNorm fold: exporters pass a parameter equal to another (an untrained
     # BatchNorm's running mean and its bias) through an Identity
     rep.nodes_folded = counted("fold constants", fold_constants(m, base_dir, kept))
-    # before the BatchNorm fold: paddle2onnx writes a ConvTranspose's bias as an Add, then the BN
-    biases = PassResult("fold bias Add into its layer")
-    rep.bias_adds_folded = biases.changed = fold_bias_add(m, base_dir, biases, kept)
-    rep.passes.append(biases)
+    # the layer folds, to a fixed point: paddle2onnx writes a ConvTranspose's bias as an Add
+    # before its BatchNorm (Add, then BN), PP-LCNetV3 a learned scale and shift after a
+    # Conv's BatchNorm (BN, then Mul and Add); the declines are the last round's
+    affine, bn = PassResult("fold Add / Mul by a constant into its layer"), PassResult("fold BatchNorm")
+    for _ in range(8):  # each round removes nodes; a BatchNorm folded may free an op after it
+        affine, bn = PassResult(affine.name), PassResult(bn.name)
+        shifts, scales = fold_affine(m, base_dir, affine, kept)
+        bn.changed = fold_batchnorm(m, base_dir, bn, kept) if fold_bn else 0
+        rep.bias_adds_folded += shifts
+        rep.scales_folded += scales
+        rep.batchnorms_folded += bn.changed
+        if not bn.changed:
+            break
+    affine.changed = rep.bias_adds_folded + rep.scales_folded
+    bn.changed = rep.batchnorms_folded
+    rep.passes.append(affine)
     if fold_bn:
-        bn = PassResult("fold BatchNorm")
-        rep.batchnorms_folded = bn.changed = fold_batchnorm(m, base_dir, bn, kept)
         rep.passes.append(bn)
         rep.notes += unfolded_note(bn)
-    if rep.bias_adds_folded or rep.batchnorms_folded:
+    if rep.bias_adds_folded or rep.scales_folded or rep.batchnorms_folded:
         remove_unused_initializers(m)
     # after folding: exporters compute the pads
     rep.pads_folded = counted("fold Pad into Conv", fold_pad_into_conv(m, kept))
