@@ -193,16 +193,17 @@ class Suite:
         return self.results
 
     def _merged(self) -> dict[str, Any]:
-        """With --merge: these results plus the previous file's rows for the (model, preset)
-        pairs this run does not run (a re-run model's float figures are the new ones)."""
+        """With --merge: these results plus the previous file's rows for the (model, preset, tool)
+        triples this run does not run (a re-run model's float figures are the new ones)."""
         prev = self._previous
         if not self.merge or not prev or prev.get("suite") != self.suite:
             return self.results
         mine = set(self.models)
         r = json.loads(json.dumps(self.results, default=str))
         r["cases"] = {**{k: v for k, v in prev.get("cases", {}).items() if k not in mine}, **r["cases"]}
-        redone = {(m, p) for m in mine for p in self.presets}  # finer: keep other presets' rows
-        r["rows"] = [x for x in prev.get("rows", []) if (x["model"], x["preset"]) not in redone] + r["rows"]
+        # finer: keep other presets' rows, and other tools' (a --tools mixq run keeps onnxruntime's)
+        redone = {(m, p, t) for m in mine for p in self.presets for t in self.tools}
+        r["rows"] = [x for x in prev.get("rows", []) if (x["model"], x["preset"], x["tool"]) not in redone] + r["rows"]
         for name, case in prev.get("cases", {}).items():  # a model built before and not now
             r["cases"].setdefault(name, case)
         r["skipped"] = {**{k: v for k, v in prev.get("skipped", {}).items() if k not in mine},
