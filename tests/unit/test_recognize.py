@@ -221,6 +221,58 @@ def test_softmax_near_misses_do_not_fuse():
     assert not rep.fused and rep.declined
 
 
+def _hardswish(g: _G, x: str, form: str) -> str:
+    """x * relu6(x + 3) / 6 as exporters write it."""
+    if form == "hardsigmoid":  # torch before opset 14
+        return g.op("Mul", x, g.op("HardSigmoid", x, alpha=1.0 / 6.0, beta=0.5))
+    r6 = g.op("Clip", g.op("Add", x, g.c(3.0)), g.c(0.0), g.c(6.0))
+    if form == "mul_div":  # paddle2onnx: x * relu6(x + 3), then / 6
+        return g.op("Div", g.op("Mul", x, r6), g.c(6.0))
+    if form == "div_mul":  # relu6(x + 3) / 6, then * x
+        return g.op("Mul", g.op("Div", r6, g.c(6.0)), x)
+    return g.op("Mul", g.op("Mul", g.c(1.0 / 6.0), r6), x)  # * (1/6) on the left
+
+
+@pytest.mark.parametrize("form", ["mul_div", "div_mul", "sixth_mul", "hardsigmoid"])
+def test_hardswish_forms_fuse(form):
+    """Each intermediate of a written-out HardSwish (x + 3, the clip, the product, the sixth)
+    was quantized on its own grid: four roundings where HardSwish has one."""
+    g = _G()
+    y = _hardswish(g, "x", form)
+    fused = _check_fused(g.model(y), "HardSwish", scale=4.0)
+    assert len(fused.graph.node) == 1 and list(fused.graph.node[0].input) == ["x"]
+
+
+def test_a_written_hard_sigmoid_gate_fuses():
+    """relu6(x + 3) / 6 that gates another tensor (a squeeze-and-excitation block) is a
+    HardSigmoid of x."""
+    g = _G()
+    gate = g.op("Div", g.op("Clip", g.op("Add", "x", g.c(3.0)), g.c(0.0), g.c(6.0)), g.c(6.0))
+    y = g.op("Mul", g.op("Tanh", "x"), gate)
+    fused = _check_fused(g.model(y), "HardSigmoid", scale=4.0)
+    hs = next(n for n in fused.graph.node if n.op_type == "HardSigmoid")
+    assert math.isclose(hs.attribute[0].f, 1.0 / 6.0, rel_tol=1e-6) or math.isclose(hs.attribute[1].f, 1.0 / 6.0,
+                                                                                      rel_tol=1e-6)
+
+
+def test_hardswish_near_misses_do_not_fuse():
+    g = _G()  # relu6(x + 3) * x, never divided by 6: not HardSwish
+    y = g.op("Mul", "x", g.op("Clip", g.op("Add", "x", g.c(3.0)), g.c(0.0), g.c(6.0)))
+    rep = recognize(g.model(y))
+    assert not rep.fused and "not divided by 6" in rep.declined[0].reason
+    g = _G()  # clipped at 5, not 6: another function
+    y = g.op("Div", g.op("Mul", "x", g.op("Clip", g.op("Add", "x", g.c(3.0)), g.c(0.0), g.c(5.0))), g.c(6.0))
+    assert not recognize(g.model(y)).fused
+    g = _G()  # a Keras hard sigmoid (alpha 0.2) times x
+    y = g.op("Mul", "x", g.op("HardSigmoid", "x"))
+    assert not recognize(g.model(y)).fused
+    g = _G()  # the clip is also read elsewhere
+    r6 = g.op("Clip", g.op("Add", "x", g.c(3.0)), g.c(0.0), g.c(6.0))
+    y = g.op("Add", g.op("Div", g.op("Mul", "x", r6), g.c(6.0)), r6)
+    rep = recognize(g.model(y))
+    assert not rep.fused and "read by 2 nodes" in rep.declined[0].reason
+
+
 def test_transformer_block_fuses_all_three():
     """LayerNorm -> MatMul -> GELU -> MatMul -> Softmax: one fusion each, outputs unchanged."""
     rng = np.random.default_rng(3)

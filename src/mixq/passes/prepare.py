@@ -871,6 +871,21 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     rep.notes += inference.notes
     rep.recognized = recognize(m, kept)  # after shape inference: the 1/n and axis checks need shapes
     rep.passes.append(PassResult("recognize", changed=len(rep.recognized.fused)))
+    if {"HardSwish", "HardSigmoid"} & set(rep.recognized.counts()):
+        # a written-out HardSwish read its input twice: an Add or Mul before it that declined to
+        # fold for its several readers has one now (PP-LCNetV3's Conv, Mul, Add, HardSwish)
+        again = PassResult(affine.name)
+        shifts, scales = fold_affine(m, base_dir, again, kept)
+        if shifts or scales:
+            rep.bias_adds_folded += shifts
+            rep.scales_folded += scales
+            affine.changed += shifts + scales
+            affine.declined = again.declined
+            remove_unused_initializers(m)
+            written = {o for n in m.graph.node for o in n.output}
+            keep_vi = [v for v in m.graph.value_info if v.name in written]
+            del m.graph.value_info[:]
+            m.graph.value_info.extend(keep_vi)
     if rep.recognized.counts().get("MatMul"):  # an Einsum's Reshapes: new values to give shapes
         m = infer_shapes(m, PassResult("infer shapes", in_place=False))
     return m, rep

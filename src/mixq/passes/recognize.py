@@ -1,5 +1,6 @@
 """Recognise normalisations and activations written out as element-wise ops and fuse them into
-the native ONNX op: LayerNormalization (opset 17), Gelu (opset 20) and Softmax; and an Einsum
+the native ONNX op: LayerNormalization (opset 17), Gelu (opset 20), Softmax and HardSwish /
+HardSigmoid (relu6(x + 3) / 6, as exporters write them before opset 14); and an Einsum
 that is a matrix product (with a weight, or batched, as attention), rewritten as MatMul.
 
 Why: a LayerNorm written out as ReduceMean/Sub/Mul/Sqrt/Div (or, from JAX, with the variance as
@@ -22,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..graph import GraphIndex, NameAllocator, int_attr
+from ..graph import GraphIndex, NameAllocator, float_attr, int_attr
 
 #: Relative tolerance of the constants a pattern needs (0.5, 1, sqrt(2), sqrt(2/pi), 0.044715, 1/n).
 CONST_RTOL = 1e-4
@@ -68,6 +69,7 @@ class _Match:
     new_node: onnx.NodeProto
     new_inits: list[onnx.TensorProto] = field(default_factory=list)
     before: list[onnx.NodeProto] = field(default_factory=list)  # new nodes that feed new_node
+    kind: str | None = None  # the native op, where a rule has more than one (else the rule's)
 
 
 class _Index:
@@ -606,6 +608,68 @@ def _match_softmax(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     return _Match(used, y, node)
 
 
+# ---------------------------------------------------------------------------- HardSwish
+def _sixth(idx: _Index, n: onnx.NodeProto, t: str) -> bool:
+    """Whether `n` is `t / 6` or `t * (1/6)`."""
+    cs = _const_side(idx, n)
+    if cs is None or cs[0] != t:
+        return False
+    return (n.op_type == "Div" and n.input[0] == t and _close(cs[1], 6.0)) or \
+        (n.op_type == "Mul" and _close(cs[1], 1.0 / 6.0))
+
+
+def _match_hardswish(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
+    """Anchor: the Clip of relu6(x + 3) (then / 6 and * x, in either order: paddle2onnx, tf2onnx,
+    torch before opset 14), or a HardSigmoid(alpha 1/6, beta 0.5) then * x. Fused into
+    HardSwish(x); relu6(x + 3) / 6 read by anything but x's Mul is HardSigmoid(x) (a gate)."""
+    used: list[onnx.NodeProto] = [anchor]
+    if anchor.op_type == "HardSigmoid":
+        if not (_close(float_attr(anchor, "alpha", 0.2), 1.0 / 6.0) and _close(float_attr(anchor, "beta", 0.5), 0.5)):
+            return None
+        x, g, scaled = anchor.input[0], anchor.output[0], True
+    else:
+        if len(anchor.input) != 3 or idx.scalar(anchor.input[1]) != 0.0 or not _close(idx.scalar(anchor.input[2]), 6.0):
+            return None
+        add = idx.prod(anchor.input[0], "Add")
+        cs = _const_side(idx, add) if add is not None else None
+        if add is None or cs is None or not _close(cs[1], 3.0):
+            return None
+        x, g = cs[0], anchor.output[0]
+        used.append(add)
+        rc = idx.consumers.get(g, [])
+        scaled = len(rc) == 1 and rc[0].op_type in ("Div", "Mul") and _sixth(idx, rc[0], g)
+        if scaled:
+            used.append(rc[0])
+            g = rc[0].output[0]
+    rc = idx.consumers.get(g, [])
+    mul = rc[0] if len(rc) == 1 and rc[0].op_type == "Mul" and _other(rc[0], g) == x else None
+    if mul is None:  # no * x: a gate, relu6(x + 3) / 6
+        if anchor.op_type == "HardSigmoid" or not scaled:
+            return f"Clip {anchor.name!r}: relu6(x + 3) is read by {len(rc)} nodes" \
+                if anchor.op_type == "Clip" and len(rc) > 1 else None
+        why = _check_private(idx, used, g)
+        if why is not None:
+            return why
+        node = helper.make_node("HardSigmoid", [x], [g], name=idx.fresh(f"{anchor.name or g}_hardsigmoid"),
+                                alpha=1.0 / 6.0, beta=0.5)
+        return _Match(used, g, node, kind="HardSigmoid")
+    used.append(mul)
+    y = mul.output[0]
+    if not scaled:  # x * relu6(x + 3), then / 6
+        rc = idx.consumers.get(y, [])
+        if len(rc) != 1 or rc[0].op_type not in ("Div", "Mul") or not _sixth(idx, rc[0], y):
+            return f"Clip {anchor.name!r}: x * relu6(x + 3) is not divided by 6"
+        used.append(rc[0])
+        y = rc[0].output[0]
+    why = _check_private(idx, used, y)
+    if why is not None:
+        return why
+    if idx.opset < 14:
+        return f"HardSwish needs opset 14 (the model has {idx.opset})"
+    node = helper.make_node("HardSwish", [x], [y], name=idx.fresh(f"{anchor.name or y}_hardswish"))
+    return _Match(used, y, node)
+
+
 # ---------------------------------------------------------------------------- Einsum as MatMul
 def _match_einsum(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     """Anchor: an Einsum of a run-time tensor and a constant weight that is a matrix product:
@@ -747,6 +811,7 @@ _RULES: list[tuple[str, tuple[str, ...], Callable[[_Index, onnx.NodeProto], _Mat
     ("LayerNormalization", ("Sqrt", "Pow"), _match_layernorm),
     ("Gelu", ("Erf", "Tanh"), _match_gelu),
     ("Softmax", ("Exp",), _match_softmax),
+    ("HardSwish", ("Clip", "HardSigmoid"), _match_hardswish),
     ("MatMul", ("Einsum",), _match_einsum),
 ]
 
@@ -786,7 +851,7 @@ def _apply(model: onnx.ModelProto, matches: list[_Match]) -> None:
 
 
 def recognize(model: onnx.ModelProto, kept: Callable[[str], bool] = lambda name: False) -> RecognizeReport:
-    """Fuse written-out LayerNorm, GELU and Softmax of `model`'s main graph into the native ops,
+    """Fuse written-out LayerNorm, GELU, Softmax and HardSwish of `model`'s main graph into the native ops,
     in place, where the fusion is exact in meaning. Run it on a model whose shapes are inferred
     (the ReduceSum-times-1/n forms and the normalised axes need static shapes). A match holding
     a node `kept` names (one a config names) is declined: the config must still find it."""
@@ -814,7 +879,7 @@ def recognize(model: onnx.ModelProto, kept: Callable[[str], bool] = lambda name:
                 continue
             claimed |= ids
             matches.append(res)
-            report.fused.append(Fusion(kind, res.output, [n.name or n.output[0] for n in res.nodes]))
+            report.fused.append(Fusion(res.kind or kind, res.output, [n.name or n.output[0] for n in res.nodes]))
         if matches:
             _apply(model, matches)
     return report
