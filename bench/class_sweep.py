@@ -52,7 +52,9 @@ int8 weights cast to float in the graph. The twelfth adds 4: a second stage on t
 threshold keeps (none in some samples), a float16 model with float32 inputs and outputs
 (keep_io_types), BERT's embeddings fused by onnxruntime (EmbedLayerNormalization, its
 mask_index into Attention), and a GPT-2 block as its transformer optimizer writes it (Attention
-with a past state). A run that raises is printed
+with a past state). The fourteenth adds a PP-LCNetV3 stage as paddle2onnx writes it (a
+learned scale and shift after each Conv's BatchNorm, HardSwish and a hard-sigmoid gate written
+out). A run that raises is printed
 with its error; the sweep goes on.
 """
 from __future__ import annotations
@@ -1742,6 +1744,36 @@ def linear_bn1d(seed=0):
         lambda r, n: {"x": (r.standard_normal((n, 12)) * 2).astype(np.float32)}
 
 
+def lcnet_written(seed=0):
+    """A PP-LCNetV3 stage as paddle2onnx writes it: Conv -> BatchNorm -> learnable affine block
+    (Mul and Add of scalars) -> HardSwish written out as x * relu6(x + 3) / 6, a depthwise
+    Conv the same way, a squeeze-and-excitation gate written as relu6(x + 3) / 6, and a head."""
+    b = B(seed)
+
+    def bn(t, c):
+        return b.op("BatchNormalization", [t, b.c(b.rng.uniform(0.5, 2, c).astype(np.float32)),
+                                          b.c(b.rng.normal(0, 0.3, c).astype(np.float32)),
+                                          b.c(b.rng.normal(0, 0.5, c).astype(np.float32)),
+                                          b.c(b.rng.uniform(0.3, 2, c).astype(np.float32))])
+
+    def lab_hswish(t):
+        t = b.op("Add", [b.op("Mul", [b.c(np.float32(b.rng.uniform(0.5, 1.5))), t]),
+                         b.c(np.float32(b.rng.normal(0, 0.2)))])
+        r6 = b.op("Clip", [b.op("Add", [t, b.c(np.float32(3.0))]), b.c(np.float32(0.0)), b.c(np.float32(6.0))])
+        return b.op("Div", [b.op("Mul", [t, r6]), b.c(np.float32(6.0))])
+
+    h = lab_hswish(bn(b.op("Conv", ["x", b.w(16, 3, 3, 3)], pads=[1] * 4, strides=[2, 2]), 16))
+    h = lab_hswish(bn(b.op("Conv", [h, b.w(16, 1, 3, 3)], pads=[1] * 4, group=16), 16))
+    s = b.op("Relu", [b.conv(b.op("GlobalAveragePool", [h]), 16, 4, k=1)])
+    s = b.conv(s, 4, 16, k=1)
+    gate = b.op("Div", [b.op("Clip", [b.op("Add", [s, b.c(np.float32(3.0))]), b.c(np.float32(0.0)),
+                                       b.c(np.float32(6.0))]), b.c(np.float32(6.0))])
+    h = lab_hswish(bn(b.op("Conv", [b.op("Mul", [h, gate]), b.w(32, 16, 1, 1)]), 32))
+    y = b.op("Gemm", [b.op("Flatten", [b.op("GlobalAveragePool", [h])]), b.w(10, 32), b.w(10, scale=0.1)], transB=1)
+    return b.model([vi("x", T.FLOAT, ["N", 3, 16, 16])], [vi(y, T.FLOAT, ["N", 10])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 16, 16)).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -1789,7 +1821,9 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             # the twelfth round
                             empty_boxes, fp16_keep_io, embed_layernorm, ort_gpt2_past,
                             # the thirteenth round
-                            competing_logits, clip_zeroshot, paddle_biases, linear_bn1d)}
+                            competing_logits, clip_zeroshot, paddle_biases, linear_bn1d,
+                            # the fourteenth round
+                            lcnet_written)}
 MODELS.update(torch_builders())  # the thirteenth round too: PyTorch modules as torch.onnx exports them
 
 
