@@ -118,6 +118,13 @@ class B:
     def silu(self, x: str) -> str:
         return self.op("Mul", [x, self.op("Sigmoid", [x])])
 
+    def bn(self, x: str, c: int) -> str:
+        """A trained-looking BatchNormalization over `c` channels."""
+        return self.op("BatchNormalization", [x, self.c(self.rng.uniform(0.5, 2, c).astype(np.float32)),
+                                              self.c(self.rng.normal(0, 0.3, c).astype(np.float32)),
+                                              self.c(self.rng.normal(0, 0.5, c).astype(np.float32)),
+                                              self.c(self.rng.uniform(0.3, 2, c).astype(np.float32))])
+
     def model(self, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
         g = h.make_graph(self.nodes, "probe", inputs, outputs, self.inits)
         m = h.make_model(g, opset_imports=[h.make_opsetid("", self.opset)])
@@ -1712,11 +1719,7 @@ def paddle_biases(seed=0):
     """paddle2onnx's idioms: a Conv and a ConvTranspose without bias input, each followed by
     an Add of a (1, C, 1, 1) bias, then BatchNormalization (a DBNet-style upsampling head)."""
     b = B(seed)
-    def bn(t, c):
-        return b.op("BatchNormalization", [t, b.c(b.rng.uniform(0.5, 2, c).astype(np.float32)),
-                                          b.c(b.rng.normal(0, 0.3, c).astype(np.float32)),
-                                          b.c(b.rng.normal(0, 0.5, c).astype(np.float32)),
-                                          b.c(b.rng.uniform(0.3, 2, c).astype(np.float32))])
+    bn = b.bn
     x = b.op("Conv", ["x", b.w(8, 3, 3, 3)], pads=[1] * 4)
     x = b.op("Relu", [bn(b.op("Add", [x, b.w(1, 8, 1, 1, scale=0.3)]), 8)])
     u = b.op("ConvTranspose", [x, b.w(8, 4, 2, 2)], strides=[2, 2])
@@ -1749,12 +1752,7 @@ def lcnet_written(seed=0):
     (Mul and Add of scalars) -> HardSwish written out as x * relu6(x + 3) / 6, a depthwise
     Conv the same way, a squeeze-and-excitation gate written as relu6(x + 3) / 6, and a head."""
     b = B(seed)
-
-    def bn(t, c):
-        return b.op("BatchNormalization", [t, b.c(b.rng.uniform(0.5, 2, c).astype(np.float32)),
-                                          b.c(b.rng.normal(0, 0.3, c).astype(np.float32)),
-                                          b.c(b.rng.normal(0, 0.5, c).astype(np.float32)),
-                                          b.c(b.rng.uniform(0.3, 2, c).astype(np.float32))])
+    bn = b.bn
 
     def lab_hswish(t):
         t = b.op("Add", [b.op("Mul", [b.c(np.float32(b.rng.uniform(0.5, 1.5))), t]),
