@@ -109,13 +109,7 @@ def fold_batchnorm(model: onnx.ModelProto, base_dir: str | os.PathLike | None = 
         if names is None:
             names = NameAllocator.for_model(model)
         bias_name = names.exact(f"{host.input[1]}_bnfold_bias")
-        g.initializer.append(numpy_helper.from_array(new_b.astype(np.float32), bias_name))
-        while len(host.input) < 3:
-            host.input.append("")
-        host.input[2] = bias_name
-        if host.op_type == "Gemm":  # beta * C is in the new bias
-            set_attr(host, "beta", 1.0)
-        host.output[0] = bn.output[0]
+        _take_over(g, host, numpy_helper.from_array(new_b.astype(np.float32), bias_name), bn.output[0])
         removed.add(id(bn))
         folded += 1
     _drop(g, removed)
@@ -132,6 +126,18 @@ def unfolded_note(bn: PassResult) -> list[str]:
     parts = [f"{len(w)} {why} (e.g. {w[0]!r})" for why, w in sorted(by_why.items(), key=lambda kv: -len(kv[1]))]
     return [f"{len(bn.declined)} BatchNormalization(s) not folded, run in float between quantized "
             f"neighbours: " + "; ".join(parts)]
+
+
+def _take_over(g: onnx.GraphProto, host: onnx.NodeProto, bias: onnx.TensorProto, output: str) -> None:
+    """After a fold: `host` reads `bias` (added to the graph; for a Gemm it holds beta * C, so
+    beta is 1) and writes `output`, the folded node's."""
+    g.initializer.append(bias)
+    while len(host.input) < 3:
+        host.input.append("")
+    host.input[2] = bias.name
+    if host.op_type == "Gemm":
+        set_attr(host, "beta", 1.0)
+    host.output[0] = output
 
 
 def _drop(g: onnx.GraphProto, removed: set[int]) -> None:
@@ -244,14 +250,8 @@ def fold_affine(model: onnx.ModelProto, base_dir: str | os.PathLike | None = Non
             names = NameAllocator.for_model(model)
         bias_name = names.exact(f"{host.input[1]}_{'scaled' if kind == 'scale' else 'added'}_bias")
         inits[bias_name] = numpy_helper.from_array(new_b.astype(np.float32), bias_name)
-        g.initializer.append(inits[bias_name])
         made.add(bias_name)
-        while len(host.input) < 3:
-            host.input.append("")
-        host.input[2] = bias_name
-        if host.op_type == "Gemm":  # beta * C is in the new bias
-            set_attr(host, "beta", 1.0)
-        host.output[0] = op.output[0]
+        _take_over(g, host, inits[bias_name], op.output[0])
         moved[op.output[0]] = host
         removed.add(id(op))
         counts[kind] += 1
