@@ -52,9 +52,9 @@ int8 weights cast to float in the graph. The twelfth adds 4: a second stage on t
 threshold keeps (none in some samples), a float16 model with float32 inputs and outputs
 (keep_io_types), BERT's embeddings fused by onnxruntime (EmbedLayerNormalization, its
 mask_index into Attention), and a GPT-2 block as its transformer optimizer writes it (Attention
-with a past state). The fourteenth adds a PP-LCNetV3 stage as paddle2onnx writes it (a
+with a past state). The fourteenth adds 2: a PP-LCNetV3 stage as paddle2onnx writes it (a
 learned scale and shift after each Conv's BatchNorm, HardSwish and a hard-sigmoid gate written
-out). A run that raises is printed
+out), and a YOLOv4-style block with Mish written out. A run that raises is printed
 with its error; the sweep goes on.
 """
 from __future__ import annotations
@@ -1772,6 +1772,25 @@ def lcnet_written(seed=0):
         lambda r, n: {"x": r.standard_normal((n, 3, 16, 16)).astype(np.float32)}
 
 
+def mish_written(seed=0):
+    """A YOLOv4-style CSP block exported before opset 18: Conv -> BatchNorm -> Mish written out
+    as x * tanh(softplus(x)) (Softplus in one branch, tf2onnx's Log(Exp(x) + 1) in the other),
+    the two branches concatenated and fused by a 1x1 Conv."""
+    b = B(seed, opset=17)
+
+    def mish(t, log_exp):
+        sp = b.op("Log", [b.op("Add", [b.op("Exp", [t]), b.c(np.float32(1.0))])]) if log_exp \
+            else b.op("Softplus", [t])
+        return b.op("Mul", [t, b.op("Tanh", [sp])])
+
+    h = mish(b.bn(b.op("Conv", ["x", b.w(16, 3, 3, 3)], pads=[1] * 4), 16), False)
+    left = mish(b.bn(b.op("Conv", [h, b.w(8, 16, 1, 1)]), 8), False)
+    right = mish(b.bn(b.op("Conv", [h, b.w(8, 16, 3, 3)], pads=[1] * 4), 8), True)
+    y = b.op("Conv", [b.op("Concat", [left, right], axis=1), b.w(6, 16, 1, 1), b.w(6, scale=0.05)])
+    return b.model([vi("x", T.FLOAT, ["N", 3, 12, 12])], [vi(y, T.FLOAT, ["N", 6, 12, 12])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 12, 12)).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -1821,7 +1840,7 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             # the thirteenth round
                             competing_logits, clip_zeroshot, paddle_biases, linear_bn1d,
                             # the fourteenth round
-                            lcnet_written)}
+                            lcnet_written, mish_written)}
 MODELS.update(torch_builders())  # the thirteenth round too: PyTorch modules as torch.onnx exports them
 
 

@@ -1,4 +1,4 @@
-"""Recognition pass: written-out LayerNorm / GELU / Softmax fused into the native ops, exactly."""
+"""Recognition pass: written-out LayerNorm / GELU / Softmax / HardSwish / Mish fused into the native ops, exactly."""
 from __future__ import annotations
 
 import math
@@ -271,6 +271,32 @@ def test_hardswish_near_misses_do_not_fuse():
     y = g.op("Add", g.op("Div", g.op("Mul", "x", r6), g.c(6.0)), r6)
     rep = recognize(g.model(y))
     assert not rep.fused and "read by 2 nodes" in rep.declined[0].reason
+
+
+@pytest.mark.parametrize("form", ["softplus", "log_exp"])
+def test_mish_forms_fuse(form):
+    """x * tanh(softplus(x)) as torch wrote it before opset 18 (Softplus) and as tf2onnx writes
+    softplus (Log(Exp(x) + 1)): three intermediates on grids of their own before, one op now."""
+    g = _G()
+    sp = g.op("Softplus", "x") if form == "softplus" else g.op("Log", g.op("Add", g.op("Exp", "x"), g.c(1.0)))
+    y = g.op("Mul", "x", g.op("Tanh", sp))
+    fused = _check_fused(g.model(y), "Mish", scale=3.0)
+    assert len(fused.graph.node) == 1 and list(fused.graph.node[0].input) == ["x"]
+
+
+def test_mish_near_misses_do_not_fuse():
+    g = _G()  # tanh(softplus(x)) times another tensor: a gate, not Mish
+    y = g.op("Mul", g.op("Sigmoid", "x"), g.op("Tanh", g.op("Softplus", "x")))
+    rep = recognize(g.model(y))
+    assert not rep.fused and "not multiplied by x alone" in rep.declined[0].reason
+    g = _G()  # softplus read elsewhere too
+    sp = g.op("Softplus", "x")
+    y = g.op("Add", g.op("Mul", "x", g.op("Tanh", sp)), sp)
+    rep = recognize(g.model(y))
+    assert not rep.fused and "also read by" in rep.declined[0].reason
+    g = _G()  # log(exp(x) + 2) is no softplus
+    y = g.op("Mul", "x", g.op("Tanh", g.op("Log", g.op("Add", g.op("Exp", "x"), g.c(2.0)))))
+    assert not recognize(g.model(y)).fused
 
 
 def test_transformer_block_fuses_all_three():

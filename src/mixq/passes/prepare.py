@@ -871,9 +871,9 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     rep.notes += inference.notes
     rep.recognized = recognize(m, kept)  # after shape inference: the 1/n and axis checks need shapes
     rep.passes.append(PassResult("recognize", changed=len(rep.recognized.fused)))
-    if {"HardSwish", "HardSigmoid"} & set(rep.recognized.counts()):
-        # a written-out HardSwish read its input twice: an Add or Mul before it that declined to
-        # fold for its several readers has one now (PP-LCNetV3's Conv, Mul, Add, HardSwish)
+    if {"HardSwish", "HardSigmoid", "Mish"} & set(rep.recognized.counts()):
+        # a written-out HardSwish or Mish read its input twice: an Add or Mul before it that
+        # declined to fold for its several readers has one now (PP-LCNetV3's Conv, Mul, Add, HardSwish)
         again = PassResult(affine.name)
         shifts, scales = fold_affine(m, base_dir, again, kept)
         if shifts or scales:

@@ -1,6 +1,7 @@
 """Recognise normalisations and activations written out as element-wise ops and fuse them into
-the native ONNX op: LayerNormalization (opset 17), Gelu (opset 20), Softmax and HardSwish /
-HardSigmoid (relu6(x + 3) / 6, as exporters write them before opset 14); and an Einsum
+the native ONNX op: LayerNormalization (opset 17), Gelu (opset 20), Softmax, HardSwish /
+HardSigmoid (relu6(x + 3) / 6, as exporters write them before opset 14) and Mish (x *
+tanh(softplus(x)), before opset 18); and an Einsum
 that is a matrix product (with a weight, or batched, as attention), rewritten as MatMul.
 
 Why: a LayerNorm written out as ReduceMean/Sub/Mul/Sqrt/Div (or, from JAX, with the variance as
@@ -670,6 +671,38 @@ def _match_hardswish(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
     return _Match(used, y, node)
 
 
+# ---------------------------------------------------------------------------- Mish
+def _match_mish(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
+    """Anchor: the Tanh of x * tanh(softplus(x)), softplus as Softplus(x) or Log(Exp(x) + 1)
+    (torch before opset 18, tf2onnx). Fused into Mish(x)."""
+    used: list[onnx.NodeProto] = [anchor]
+    sp = idx.prod(anchor.input[0], "Softplus", "Log")
+    if sp is None:
+        return None
+    if sp.op_type == "Softplus":
+        x = sp.input[0]
+        used.append(sp)
+    else:
+        add = idx.prod(sp.input[0], "Add")
+        cs = _const_side(idx, add) if add is not None else None
+        exp = idx.prod(cs[0], "Exp") if cs is not None and _close(cs[1], 1.0) else None
+        if add is None or exp is None:
+            return None
+        x = exp.input[0]
+        used += [sp, add, exp]
+    rc = idx.consumers.get(anchor.output[0], [])
+    if len(rc) != 1 or rc[0].op_type != "Mul" or _other(rc[0], anchor.output[0]) != x:
+        return f"Tanh {anchor.name!r}: tanh(softplus(x)) is not multiplied by x alone"
+    used.append(rc[0])
+    y = rc[0].output[0]
+    why = _check_private(idx, used, y)
+    if why is not None:
+        return why
+    if idx.opset < 18:
+        return f"Mish needs opset 18 (the model has {idx.opset})"
+    return _Match(used, y, helper.make_node("Mish", [x], [y], name=idx.fresh(f"{anchor.name or y}_mish")))
+
+
 # ---------------------------------------------------------------------------- Einsum as MatMul
 def _match_einsum(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     """Anchor: an Einsum of a run-time tensor and a constant weight that is a matrix product:
@@ -812,6 +845,7 @@ _RULES: list[tuple[str, tuple[str, ...], Callable[[_Index, onnx.NodeProto], _Mat
     ("Gelu", ("Erf", "Tanh"), _match_gelu),
     ("Softmax", ("Exp",), _match_softmax),
     ("HardSwish", ("Clip", "HardSigmoid"), _match_hardswish),
+    ("Mish", ("Tanh",), _match_mish),
     ("MatMul", ("Einsum",), _match_einsum),
 ]
 
@@ -851,7 +885,7 @@ def _apply(model: onnx.ModelProto, matches: list[_Match]) -> None:
 
 
 def recognize(model: onnx.ModelProto, kept: Callable[[str], bool] = lambda name: False) -> RecognizeReport:
-    """Fuse written-out LayerNorm, GELU, Softmax and HardSwish of `model`'s main graph into the native ops,
+    """Fuse written-out LayerNorm, GELU, Softmax, HardSwish and Mish of `model`'s main graph into the native ops,
     in place, where the fusion is exact in meaning. Run it on a model whose shapes are inferred
     (the ReduceSum-times-1/n forms and the normalised axes need static shapes). A match holding
     a node `kept` names (one a config names) is declined: the config must still find it."""
