@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -610,6 +611,18 @@ def _match_softmax(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
 
 
 # ---------------------------------------------------------------------------- HardSwish
+def _unary(idx: _Index, used: list[onnx.NodeProto], x: str, y: str, op: str, since: int, base: str,
+           kind: str | None = None, **attrs: Any) -> _Match | str:
+    """The match of `used` (x in, y out) as the one-input op `op` (in the standard from opset
+    `since`), or why not: an intermediate read elsewhere, or an older opset."""
+    why = _check_private(idx, used, y)
+    if why is not None:
+        return why
+    if idx.opset < since:
+        return f"{op} needs opset {since} (the model has {idx.opset})"
+    return _Match(used, y, helper.make_node(op, [x], [y], name=idx.fresh(f"{base}_{op.lower()}"), **attrs), kind=kind)
+
+
 def _sixth(idx: _Index, n: onnx.NodeProto, t: str) -> bool:
     """Whether `n` is `t / 6` or `t * (1/6)`."""
     cs = _const_side(idx, n)
@@ -648,12 +661,8 @@ def _match_hardswish(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
         if anchor.op_type == "HardSigmoid" or not scaled:
             return f"Clip {anchor.name!r}: relu6(x + 3) is read by {len(rc)} nodes" \
                 if anchor.op_type == "Clip" and len(rc) > 1 else None
-        why = _check_private(idx, used, g)
-        if why is not None:
-            return why
-        node = helper.make_node("HardSigmoid", [x], [g], name=idx.fresh(f"{anchor.name or g}_hardsigmoid"),
-                                alpha=1.0 / 6.0, beta=0.5)
-        return _Match(used, g, node, kind="HardSigmoid")
+        return _unary(idx, used, x, g, "HardSigmoid", 6, anchor.name or g, kind="HardSigmoid",
+                      alpha=1.0 / 6.0, beta=0.5)
     used.append(mul)
     y = mul.output[0]
     if not scaled:  # x * relu6(x + 3), then / 6
@@ -662,13 +671,7 @@ def _match_hardswish(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
             return f"Clip {anchor.name!r}: x * relu6(x + 3) is not divided by 6"
         used.append(rc[0])
         y = rc[0].output[0]
-    why = _check_private(idx, used, y)
-    if why is not None:
-        return why
-    if idx.opset < 14:
-        return f"HardSwish needs opset 14 (the model has {idx.opset})"
-    node = helper.make_node("HardSwish", [x], [y], name=idx.fresh(f"{anchor.name or y}_hardswish"))
-    return _Match(used, y, node)
+    return _unary(idx, used, x, y, "HardSwish", 14, anchor.name or y)
 
 
 # ---------------------------------------------------------------------------- Mish
@@ -695,12 +698,7 @@ def _match_mish(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
         return f"Tanh {anchor.name!r}: tanh(softplus(x)) is not multiplied by x alone"
     used.append(rc[0])
     y = rc[0].output[0]
-    why = _check_private(idx, used, y)
-    if why is not None:
-        return why
-    if idx.opset < 18:
-        return f"Mish needs opset 18 (the model has {idx.opset})"
-    return _Match(used, y, helper.make_node("Mish", [x], [y], name=idx.fresh(f"{anchor.name or y}_mish")))
+    return _unary(idx, used, x, y, "Mish", 18, anchor.name or y)
 
 
 # ---------------------------------------------------------------------------- Einsum as MatMul
