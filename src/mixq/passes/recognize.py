@@ -446,6 +446,18 @@ def _match_layernorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
     return _Match(list({id(n): n for n in used}.values()), y, node, inits)
 
 
+def _unary(idx: _Index, used: list[onnx.NodeProto], x: str, y: str, op: str, since: int, base: str,
+           kind: str | None = None, **attrs: Any) -> _Match | str:
+    """The match of `used` (x in, y out) as the one-input op `op` (in the standard from opset
+    `since`), or why not: an intermediate read elsewhere, or an older opset."""
+    why = _check_private(idx, used, y)
+    if why is not None:
+        return why
+    if idx.opset < since:
+        return f"{op} needs opset {since} (the model has {idx.opset})"
+    return _Match(used, y, helper.make_node(op, [x], [y], name=idx.fresh(f"{base}_{op.lower()}"), **attrs), kind=kind)
+
+
 # ---------------------------------------------------------------------------- GELU
 def _gelu_tail(idx: _Index, g_out: str, x: str, used: list[onnx.NodeProto]) -> str | None:
     """y for 0.5 * x * (1 + g) in its usual arrangements (appends the nodes), else None."""
@@ -553,13 +565,7 @@ def _match_gelu(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     y = _gelu_tail(idx, anchor.output[0], x, used)
     if y is None:
         return f"{anchor.op_type} {anchor.name!r} is not followed by 0.5 * x * (1 + .)"
-    why = _check_private(idx, used, y)
-    if why is not None:
-        return why
-    if idx.opset < 20:
-        return f"Gelu needs opset 20 (the model has {idx.opset})"
-    node = helper.make_node("Gelu", [x], [y], name=idx.fresh(f"{anchor.name or y}_gelu"), approximate=approx)
-    return _Match(used, y, node)
+    return _unary(idx, used, x, y, "Gelu", 20, anchor.name or y, approximate=approx)
 
 
 # ---------------------------------------------------------------------------- Softmax
@@ -611,18 +617,6 @@ def _match_softmax(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
 
 
 # ---------------------------------------------------------------------------- HardSwish
-def _unary(idx: _Index, used: list[onnx.NodeProto], x: str, y: str, op: str, since: int, base: str,
-           kind: str | None = None, **attrs: Any) -> _Match | str:
-    """The match of `used` (x in, y out) as the one-input op `op` (in the standard from opset
-    `since`), or why not: an intermediate read elsewhere, or an older opset."""
-    why = _check_private(idx, used, y)
-    if why is not None:
-        return why
-    if idx.opset < since:
-        return f"{op} needs opset {since} (the model has {idx.opset})"
-    return _Match(used, y, helper.make_node(op, [x], [y], name=idx.fresh(f"{base}_{op.lower()}"), **attrs), kind=kind)
-
-
 def _sixth(idx: _Index, n: onnx.NodeProto, t: str) -> bool:
     """Whether `n` is `t / 6` or `t * (1/6)`."""
     cs = _const_side(idx, n)
@@ -651,7 +645,7 @@ def _match_hardswish(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
         x, g = cs[0], anchor.output[0]
         used.append(add)
         rc = idx.consumers.get(g, [])
-        scaled = len(rc) == 1 and rc[0].op_type in ("Div", "Mul") and _sixth(idx, rc[0], g)
+        scaled = len(rc) == 1 and _sixth(idx, rc[0], g)
         if scaled:
             used.append(rc[0])
             g = rc[0].output[0]
@@ -667,7 +661,7 @@ def _match_hardswish(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
     y = mul.output[0]
     if not scaled:  # x * relu6(x + 3), then / 6
         rc = idx.consumers.get(y, [])
-        if len(rc) != 1 or rc[0].op_type not in ("Div", "Mul") or not _sixth(idx, rc[0], y):
+        if len(rc) != 1 or not _sixth(idx, rc[0], y):
             return f"Clip {anchor.name!r}: x * relu6(x + 3) is not divided by 6"
         used.append(rc[0])
         y = rc[0].output[0]
