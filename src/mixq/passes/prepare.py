@@ -827,24 +827,11 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     # the layer folds, to a fixed point: paddle2onnx writes a ConvTranspose's bias as an Add
     # before its BatchNorm (Add, then BN), PP-LCNetV3 a learned scale and shift after a
     # Conv's BatchNorm (BN, then Mul and Add); the declines are the last round's
-    affine, bn = PassResult("fold Add / Mul by a constant into its layer"), PassResult("fold BatchNorm")
-    for _ in range(8):  # each round removes nodes; a BatchNorm folded may free an op after it
-        affine, bn = PassResult(affine.name), PassResult(bn.name)
-        shifts, scales = fold_affine(m, base_dir, affine, kept)
-        bn.changed = fold_batchnorm(m, base_dir, bn, kept) if fold_bn else 0
-        rep.bias_adds_folded += shifts
-        rep.scales_folded += scales
-        rep.batchnorms_folded += bn.changed
-        if not bn.changed:
-            break
-    affine.changed = rep.bias_adds_folded + rep.scales_folded
-    bn.changed = rep.batchnorms_folded
+    affine, bn = _fold_layers(m, base_dir, kept, fold_bn, rep)
     rep.passes.append(affine)
     if fold_bn:
         rep.passes.append(bn)
         rep.notes += unfolded_note(bn)
-    if rep.bias_adds_folded or rep.scales_folded or rep.batchnorms_folded:
-        remove_unused_initializers(m)
     # after folding: exporters compute the pads
     rep.pads_folded = counted("fold Pad into Conv", fold_pad_into_conv(m, kept))
     # after the folds: a BatchNorm's scale is in the Conv's weights, whose ranges decide it
@@ -871,17 +858,18 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     rep.notes += inference.notes
     rep.recognized = recognize(m, kept)  # after shape inference: the 1/n and axis checks need shapes
     rep.passes.append(PassResult("recognize", changed=len(rep.recognized.fused)))
-    if {"HardSwish", "HardSigmoid", "Mish"} & set(rep.recognized.counts()):
-        # a written-out HardSwish or Mish read its input twice: an Add or Mul before it that
-        # declined to fold for its several readers has one now (PP-LCNetV3's Conv, Mul, Add, HardSwish)
-        again = PassResult(affine.name)
-        shifts, scales = fold_affine(m, base_dir, again, kept)
-        if shifts or scales:
-            rep.bias_adds_folded += shifts
-            rep.scales_folded += scales
-            affine.changed += shifts + scales
-            affine.declined = again.declined
-            remove_unused_initializers(m)
+    if rep.recognized.fused:
+        # a written-out activation or normalisation read its input several times: an Add or Mul
+        # before it that declined to fold for its several readers has one reader now
+        # (PP-LCNetV3's Conv, Mul, Add, written HardSwish)
+        again, again_bn = _fold_layers(m, base_dir, kept, fold_bn, rep)
+        if again.changed or again_bn.changed:
+            stale = unfolded_note(bn)
+            affine.changed += again.changed
+            affine.declined, bn.declined = again.declined, again_bn.declined
+            bn.changed += again_bn.changed
+            if fold_bn:
+                rep.notes = [n for n in rep.notes if n not in stale] + unfolded_note(bn)
             written = {o for n in m.graph.node for o in n.output}
             keep_vi = [v for v in m.graph.value_info if v.name in written]
             del m.graph.value_info[:]
@@ -889,6 +877,31 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     if rep.recognized.counts().get("MatMul"):  # an Einsum's Reshapes: new values to give shapes
         m = infer_shapes(m, PassResult("infer shapes", in_place=False))
     return m, rep
+
+
+def _fold_layers(m: onnx.ModelProto, base_dir: str | os.PathLike | None, kept: Callable[[str], bool], fold_bn: bool,
+                 rep: PrepareReport) -> tuple[PassResult, PassResult]:
+    """The affine and BatchNorm folds into their layers, in rounds until one folds no
+    BatchNorm (a BatchNorm folded may free an op after it); their counts are added to `rep`.
+    Returns the two passes' results: what each changed over all rounds, the last round's
+    declines."""
+    affine, bn = PassResult("fold Add / Mul by a constant into its layer"), PassResult("fold BatchNorm")
+    changed = {"affine": 0, "bn": 0}
+    for _ in range(8):
+        affine, bn = PassResult(affine.name), PassResult(bn.name)
+        shifts, scales = fold_affine(m, base_dir, affine, kept)
+        bn.changed = fold_batchnorm(m, base_dir, bn, kept) if fold_bn else 0
+        rep.bias_adds_folded += shifts
+        rep.scales_folded += scales
+        rep.batchnorms_folded += bn.changed
+        changed["affine"] += shifts + scales
+        changed["bn"] += bn.changed
+        if not bn.changed:
+            break
+    affine.changed, bn.changed = changed["affine"], changed["bn"]
+    if affine.changed or bn.changed:
+        remove_unused_initializers(m)
+    return affine, bn
 
 
 def op_counts(model: onnx.ModelProto) -> Counter:
