@@ -160,45 +160,76 @@ def _pick(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.arange(n) if n <= MAX_ROWS else np.sort(rng.choice(n, MAX_ROWS, replace=False))
 
 
+class _Patches:
+    """Where a Conv's outputs read its input, for inputs of one spatial size: the pads (auto_pad
+    resolved), the output positions and the flat offsets of the kernel taps in a padded sample.
+    Worked out once per layer and input size (not per sample: a small model's calibration spent
+    most of its GPTQ time in that Python), with the all-positions index of a sample kept."""
+
+    def __init__(self, node: onnx.NodeProto, kshape: list[int], groups: int, spatial: tuple[int, ...]) -> None:
+        nd = len(kshape)
+        self.strides = _ints(node, "strides", [1] * nd)
+        dil = _ints(node, "dilations", [1] * nd)
+        pads = _ints(node, "pads", [0] * 2 * nd)
+        auto = _str(node, "auto_pad", "NOTSET")
+        span = [(k - 1) * d + 1 for k, d in zip(kshape, dil)]
+        if auto == "VALID":
+            pads = [0] * 2 * nd
+        elif auto in ("SAME_UPPER", "SAME_LOWER"):
+            pads = [0] * 2 * nd
+            for i, dim in enumerate(spatial):
+                total = max((-(-dim // self.strides[i]) - 1) * self.strides[i] + span[i] - dim, 0)
+                small = total // 2
+                pads[i], pads[i + nd] = (small, total - small) if auto == "SAME_UPPER" else (total - small, small)
+        self.pads = [(pads[i], pads[i + nd]) for i in range(nd)] if any(pads) else None
+        size = [s + (p[0] + p[1] if self.pads else 0) for s, p in zip(spatial, self.pads or [(0, 0)] * nd)]
+        self.size = int(np.prod(size))
+        self.out = tuple((p - sp) // st + 1 for p, sp, st in zip(size, span, self.strides))
+        self.groups, self.taps = groups, int(np.prod(kshape))
+        # flat indices into one sample's (C, prod(size)) of each kernel tap, and of each output
+        # position's first tap along each dim
+        self.step = [int(np.prod(size[d + 1:])) for d in range(nd)]
+        self.offs = np.zeros(self.taps, np.int64)
+        grid = np.indices(kshape).reshape(nd, -1)
+        for d in range(nd):
+            self.offs += grid[d] * (dil[d] * self.step[d])
+        self._one: np.ndarray | None = None  # a sample's index of all positions (when <= MAX_ROWS)
+
+    def padded(self, x: np.ndarray) -> np.ndarray:
+        """The batch x (N, C, *spatial) with the Conv's padding (x itself where it has none)."""
+        if self.pads is None:
+            return x
+        return np.pad(x, [(0, 0), (0, 0), *self.pads])
+
+    def rows(self, xp: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """(groups, rows, cin_g * prod(kernel)) patches that the Conv's outputs read from the
+        padded batch xp (N, C, *padded) (one sample: no copy but the patches'), in the weight's
+        (cin_g, *kernel) order (a transposed view of one contiguous copy); at most MAX_ROWS output
+        positions, drawn before any patch is copied."""
+        n, c = xp.shape[:2]
+        out_shape = (n,) + self.out
+        count = int(np.prod(out_shape))
+        if n == 1 and count <= MAX_ROWS and self._one is not None:
+            idx = self._one
+        else:
+            pos = np.unravel_index(_pick(count, rng), out_shape)
+            base = pos[0] * self.size  # the sample, in (C, N * prod(size))
+            for d in range(len(self.out)):
+                base = base + pos[1 + d] * (self.strides[d] * self.step[d])
+            idx = self.offs[:, None] + base[None, :]
+            if n == 1 and count <= MAX_ROWS:
+                self._one = idx
+        # one take copies exactly the patches, channels outermost: no copy is transposed after
+        flat = xp[0].reshape(c, -1) if n == 1 else np.moveaxis(xp.reshape(n, c, -1), 1, 0).reshape(c, -1)
+        patches = np.take(flat, idx, axis=1)  # (C, K, rows)
+        return patches.reshape(self.groups, c // self.groups * self.taps, -1).transpose(0, 2, 1)
+
+
 def _conv_rows(x: np.ndarray, node: onnx.NodeProto, kshape: list[int], groups: int,
                rng: np.random.Generator) -> np.ndarray:
-    """(groups, rows, cin_g * prod(kernel)) patches that the Conv's outputs read from the batch
-    x (N, C, *spatial) (one sample: no copy but the patches'), in the weight's (cin_g, *kernel)
-    order (a transposed view of one contiguous copy); at most MAX_ROWS output positions, drawn
-    before any patch is copied."""
-    nd = len(kshape)
-    strides = _ints(node, "strides", [1] * nd)
-    dil = _ints(node, "dilations", [1] * nd)
-    pads = _ints(node, "pads", [0] * 2 * nd)
-    auto = _str(node, "auto_pad", "NOTSET")
-    span = [(k - 1) * d + 1 for k, d in zip(kshape, dil)]
-    if auto == "VALID":
-        pads = [0] * 2 * nd
-    elif auto in ("SAME_UPPER", "SAME_LOWER"):
-        pads = [0] * 2 * nd
-        for i, size in enumerate(x.shape[2:]):
-            total = max((-(-size // strides[i]) - 1) * strides[i] + span[i] - size, 0)
-            small = total // 2
-            pads[i], pads[i + nd] = (small, total - small) if auto == "SAME_UPPER" else (total - small, small)
-    if any(pads):
-        x = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)])
-    size = x.shape[2:]
-    out_shape = (x.shape[0],) + tuple((p - sp) // st + 1 for p, sp, st in zip(size, span, strides))
-    k = x.shape[1] // groups * int(np.prod(kshape))
-    pos = np.unravel_index(_pick(int(np.prod(out_shape)), rng), out_shape)
-    # flat indices into one sample's (C, prod(size)) of each (kernel offset, position): one take
-    # copies exactly the patches, channels outermost, so no copy is transposed afterwards
-    step = [int(np.prod(size[d + 1:])) for d in range(nd)]
-    base = pos[0] * int(np.prod(size))  # the sample, in (C, N * prod(size))
-    offs = np.zeros(int(np.prod(kshape)), np.int64)
-    grid = np.indices(kshape).reshape(nd, -1)
-    for d in range(nd):
-        base += pos[1 + d] * (strides[d] * step[d])
-        offs += grid[d] * (dil[d] * step[d])
-    n, c = x.shape[:2]
-    flat = x[0].reshape(c, -1) if n == 1 else np.moveaxis(x.reshape(n, c, -1), 1, 0).reshape(c, -1)
-    patches = np.take(flat, offs[:, None] + base[None, :], axis=1)  # (C, K, rows)
-    return patches.reshape(groups, k, -1).transpose(0, 2, 1)
+    """`_Patches.rows` of the batch x (N, C, *spatial), padded here."""
+    geo = _Patches(node, kshape, groups, tuple(x.shape[2:]))
+    return geo.rows(geo.padded(x), rng)
 
 
 class GramTap:
@@ -236,6 +267,7 @@ class GramTap:
         self._span: tuple[int, int, int] | None = None
         self._edges: dict[int, list[tuple[int, np.ndarray]]] = {}
         self._block: dict[int, int] = {}  # samples per block of each target (by its input's rank)
+        self._patches: dict[tuple[int, tuple[int, ...]], _Patches] = {}  # a Conv's geometry per input size
 
     def _view(self, t: _Target) -> tuple[object, ...]:
         """What H depends on besides the data: the input and how the layer reads it."""
@@ -255,13 +287,21 @@ class GramTap:
             if t.kind == "gemm" and _int(t.node, "transA", 0):
                 v = v.T
             block = self._block[ti] = ROW_BLOCK if v.ndim == 2 else SAMPLE_BLOCK
+            geo = None
+            if t.kind == "conv":
+                key = (ti, v.shape[2:])
+                geo = self._patches.get(key)
+                if geo is None:
+                    geo = self._patches[key] = _Patches(t.node, list(self._shapes[t.weight][2:]), t.groups,
+                                                        tuple(v.shape[2:]))
+                v = geo.padded(v)  # once per batch
             for j in range(v.shape[0]):
                 if v.ndim == 2:  # one row per sample
                     r = v[j:j + 1][None]
                 else:
                     rng = np.random.default_rng([ti, first + j])
-                    if t.kind == "conv":
-                        r = _conv_rows(v[j:j + 1], t.node, list(self._shapes[t.weight][2:]), t.groups, rng)
+                    if geo is not None:  # a Conv
+                        r = geo.rows(v[j:j + 1], rng)
                     else:
                         x = v[j].reshape(-1, v.shape[-1])
                         r = x[_pick(x.shape[0], rng)][None]
@@ -311,7 +351,7 @@ class GramTap:
             raise MixqError(f"GramTap.shard: samples [{lo}, {hi}) are not within 0..{total}")
         part = copy.copy(self)
         part.targets = [replace(t) for t in self.targets]
-        part._pending, part._sums, part._edges, part._block = {}, {}, {}, {}
+        part._pending, part._sums, part._edges, part._block, part._patches = {}, {}, {}, {}, {}
         part.samples, part._span = lo, (lo, hi, total)
         return part
 
