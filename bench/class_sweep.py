@@ -1791,6 +1791,28 @@ def mish_written(seed=0):
         lambda r, n: {"x": r.standard_normal((n, 3, 12, 12)).astype(np.float32)}
 
 
+def groupnorm_written(seed=0):
+    """A diffusion-UNet-style residual block as torch's TorchScript exporter writes nn.GroupNorm
+    (Reshape to (N, G, -1), InstanceNormalization with scale 1 and bias 0, Reshape back by
+    Shape(x), Mul by gamma, Add beta; trained-looking gamma and beta), SiLU written out."""
+    b = B(seed, opset=17)
+
+    def group_norm(t, c, groups):
+        r = b.op("Reshape", [t, b.c(np.array([0, groups, -1], np.int64))])
+        n = b.op("InstanceNormalization", [r, b.c(np.ones(groups, np.float32)), b.c(np.zeros(groups, np.float32))],
+                 epsilon=1e-5)
+        y = b.op("Reshape", [n, b.op("Shape", [t])])
+        gamma = b.c(b.rng.uniform(0.5, 2, (c, 1, 1)).astype(np.float32))
+        return b.op("Add", [b.op("Mul", [y, gamma]), b.c(b.rng.normal(0, 0.5, (c, 1, 1)).astype(np.float32))])
+
+    h = b.conv("x", 3, 16)
+    r = b.conv(b.silu(group_norm(h, 16, 4)), 16, 16)
+    r = b.conv(b.silu(group_norm(r, 16, 4)), 16, 16)
+    y = b.conv(b.op("Add", [h, r]), 16, 6, k=1)
+    return b.model([vi("x", T.FLOAT, ["N", 3, 12, 12])], [vi(y, T.FLOAT, ["N", 6, 12, 12])]), \
+        lambda r, n: {"x": r.standard_normal((n, 3, 12, 12)).astype(np.float32)}
+
+
 def _declare_outputs(m: onnx.ModelProto, gen: Feeds) -> onnx.ModelProto:
     """Declare the rank of outputs inference leaves shapeless (from one onnxruntime run), with
     symbolic dims: the sweep is about presets, not about undeclared outputs."""
@@ -1840,7 +1862,9 @@ MODELS: dict[str, Callable[..., tuple[onnx.ModelProto, Feeds]]] = {
                             # the thirteenth round
                             competing_logits, clip_zeroshot, paddle_biases, linear_bn1d,
                             # the fourteenth round
-                            lcnet_written, mish_written)}
+                            lcnet_written, mish_written,
+                            # the fifteenth round
+                            groupnorm_written)}
 MODELS.update(torch_builders())  # the thirteenth round too: PyTorch modules as torch.onnx exports them
 
 

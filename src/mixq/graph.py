@@ -206,6 +206,17 @@ def with_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx
     return m
 
 
+def per_channel(c: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
+    """The constant `c`, broadcast against a rank-`rank` tensor, as one value per channel (axis
+    1), or None when it varies along another axis (or would widen the tensor)."""
+    if c.ndim > rank:
+        return None
+    shape = (1,) * (rank - c.ndim) + c.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(c.reshape(-1), (channels,))
+
+
 def tensor_type(t: onnx.TypeProto | None) -> int:
     """The element type of a tensor type, 0 when unknown or not a tensor."""
     if t is None or not t.HasField("tensor_type"):

@@ -1,13 +1,14 @@
 """Property test: `prepare` keeps the function of randomly drawn exporter-style graphs.
 
 Every prepare pass (constant, BatchNorm and affine folds, Pad folds, recognition of written-out
-HardSwish / HardSigmoid / Mish / GELU, cross-layer equalization) rewrites the float model before
-anything is quantized; a wrong rewrite there is a runnable wrong model that no later check can
-tell from quantization noise. So chains of what exporters write around a Conv (BatchNorm, Mul /
-Div / Add / Sub by constants of every broadcast shape and operand order, the written
-activations in each spelling, branches that give a tensor, a Conv output or a weight several
-readers) are drawn at random, prepared, and run beside the original in onnxruntime: the
-outputs agree to float rounding. A node named in the config (`keep_nodes`) survives every pass."""
+HardSwish / HardSigmoid / Mish / GELU / GroupNorm, cross-layer equalization) rewrites the float
+model before anything is quantized; a wrong rewrite there is a runnable wrong model that no
+later check can tell from quantization noise. So chains of what exporters write around a Conv
+(BatchNorm, Mul / Div / Add / Sub by constants of every broadcast shape and operand order, the
+written activations in each spelling, torch's GroupNorm, branches that give a tensor, a Conv
+output or a weight several readers) are drawn at random, prepared, and run beside the original
+in onnxruntime: the outputs agree to float rounding. A node named in the config (`keep_nodes`)
+survives every pass."""
 from __future__ import annotations
 
 import math
@@ -44,9 +45,9 @@ class _Chain:
         self._n += 1
         return f"{base}{self._n}"
 
-    def const(self, value: np.ndarray | float, base: str = "k") -> str:
+    def const(self, value: np.ndarray | float, base: str = "k", dtype: type = np.float32) -> str:
         n = self.name(base)
-        self.inits.append(numpy_helper.from_array(np.asarray(value, np.float32), n))
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), n))
         return n
 
     def node(self, op: str, inputs: list[str], **attrs: object) -> str:
@@ -120,6 +121,21 @@ class _Chain:
         e = self.node("Erf", [self.node("Div", [src, self.const(1.3 if arg >= NEAR else math.sqrt(2.0))])])
         return self.node("Mul", [self.node("Mul", [src, self.node("Add", [e, self.const(1.0)])]), self.const(0.5)])
 
+    def groupnorm(self, src: str, arg: int) -> str:
+        """nn.GroupNorm as torch exports it: reshaped to (N, G, -1), InstanceNormalization with
+        scale 1 (near miss: 2) and bias 0, reshaped back by Shape(x), times gamma, plus beta."""
+        c = self.c
+        groups = [g for g in (1, 2, c) if c % g == 0][arg % (2 if c % 2 else 3)] if c > 1 else 1
+        r = self.node("Reshape", [src, self.const([0, groups, -1], "shape", np.int64)])
+        n = self.node("InstanceNormalization", [r, self.const(np.full(groups, 2.0 if arg >= NEAR else 1.0)),
+                                                self.const(np.zeros(groups))], epsilon=1e-5)
+        y = self.node("Reshape", [n, self.node("Shape", [src])])
+        if arg % 4:
+            y = self.node("Mul", [y, self.const(self.rng.uniform(0.5, 2, (c, 1, 1)))])
+        if arg % 3:
+            y = self.node("Add", [y, self.const(self.rng.standard_normal((c, 1, 1)) * 0.5)])
+        return y
+
     def silu(self, src: str, arg: int) -> str:
         return self.node("Mul", [src, self.node("Sigmoid", [src])])
 
@@ -156,7 +172,7 @@ _OPS = {"conv": _Chain.conv, "bn": _Chain.bn,
         "mul": lambda ch, s, a: ch.arith("Mul", s, a), "div": lambda ch, s, a: ch.arith("Div", s, a),
         "add": lambda ch, s, a: ch.arith("Add", s, a), "sub": lambda ch, s, a: ch.arith("Sub", s, a),
         "hardswish": _Chain.hardswish, "gate": _Chain.gate, "mish": _Chain.mish, "gelu": _Chain.gelu,
-        "silu": _Chain.silu, "relu6": _Chain.relu6, "residual": _Chain.residual,
+        "silu": _Chain.silu, "relu6": _Chain.relu6, "residual": _Chain.residual, "groupnorm": _Chain.groupnorm,
         "branch": _Chain.branch}
 
 
@@ -220,7 +236,8 @@ def test_prepare_keeps_the_function_of_random_exported_chains(ops, c, hw, seed, 
 
 @pytest.mark.parametrize("act,arg,fused", [("hardswish", 0, "HardSwish"), ("hardswish", 1, "HardSwish"),
                                             ("hardswish", 2, "HardSwish"), ("hardswish", 3, "HardSwish"),
-                                            ("mish", 0, "Mish"), ("mish", 1, "Mish"), ("gelu", 0, "Gelu")])
+                                            ("mish", 0, "Mish"), ("mish", 1, "Mish"), ("gelu", 0, "Gelu"),
+                                            ("groupnorm", 1, "GroupNormalization")])
 def test_a_written_activation_after_a_learned_affine_leaves_one_node(act, arg, fused):
     """The property test's chains are what the recognisers match, and the layer folds run again
     after any fusion: a written activation read its input twice, so the learned shift before it

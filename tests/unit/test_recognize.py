@@ -1,4 +1,5 @@
-"""Recognition pass: written-out LayerNorm / GELU / Softmax / HardSwish / Mish fused into the native ops, exactly."""
+"""Recognition pass: written-out LayerNorm / GELU / Softmax / HardSwish / Mish / GroupNorm fused into the native ops,
+exactly."""
 from __future__ import annotations
 
 import math
@@ -297,6 +298,88 @@ def test_mish_near_misses_do_not_fuse():
     g = _G()  # log(exp(x) + 2) is no softplus
     y = g.op("Mul", "x", g.op("Tanh", g.op("Log", g.op("Add", g.op("Exp", "x"), g.c(2.0)))))
     assert not recognize(g.model(y)).fused
+
+
+def _groupnorm(g: _G, x: str, groups: int, gamma, beta, back: str = "shape", eps: float = 1e-5,
+               inner_scale: float = 1.0) -> str:
+    """nn.GroupNorm as torch's exporter writes it: x reshaped to (N, G, -1), an
+    InstanceNormalization with scale 1 and bias 0, reshaped back, times gamma, plus beta."""
+    r = g.op("Reshape", x, g.ints([0, groups, -1]))
+    n = g.op("InstanceNormalization", r, g.c(np.full(groups, inner_scale)), g.c(np.zeros(groups)), epsilon=eps)
+    target = g.op("Shape", x) if back == "shape" else g.ints(back)
+    y = g.op("Reshape", n, target)
+    if gamma is not None:
+        y = g.op("Mul", y, g.c(gamma))
+    if beta is not None:
+        y = g.op("Add", y, g.c(beta))
+    return y
+
+
+def _gn_model(g: _G, y: str, shape=(2, 8, 3, 3), opset: int = 21) -> onnx.ModelProto:
+    gm = helper.make_graph(g.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", *shape[1:]])],
+                           [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], g.inits)
+    return onnx.shape_inference.infer_shapes(helper.make_model(gm, opset_imports=[helper.make_opsetid("", opset)],
+                                                               ir_version=10))
+
+
+@pytest.mark.parametrize("affine,back", [("both", "shape"), ("gamma", "shape"), ("none", "shape"),
+                                         ("both", "static"), ("both", "shape_1d")])
+def test_groupnorm_as_torch_exports_it_fuses(affine, back):
+    """Five nodes (and the reshape's Shape) whose normalized tensor and product were each
+    quantized on a grid of their own become one GroupNormalization (opset 21: per-channel
+    scale and bias), computing the same values."""
+    rng = np.random.default_rng(3)
+    shape = (2, 8, 3, 3) if back != "shape_1d" else (2, 8, 7)
+    gamma = rng.uniform(0.5, 2, (8,) + (1,) * (len(shape) - 2)) if affine != "none" else None
+    beta = rng.standard_normal((8,) + (1,) * (len(shape) - 2)) if affine == "both" else None
+    g = _G()
+    y = _groupnorm(g, "x", 4, gamma, beta, back=[2, 8, 3, 3] if back == "static" else "shape")
+    m = _gn_model(g, y, shape)
+    if back == "static":  # a constant target needs static dims
+        m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+        m = onnx.shape_inference.infer_shapes(m)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    ref = _run(m, x)[0]
+    fused = onnx.ModelProto()
+    fused.CopyFrom(m)
+    rep = recognize(fused)
+    onnx.checker.check_model(fused, full_check=True)
+    assert [n.op_type for n in fused.graph.node] == ["GroupNormalization"], rep
+    np.testing.assert_allclose(_run(fused, x)[0], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_groupnorm_near_misses_do_not_fuse():
+    rng = np.random.default_rng(4)
+    gamma, beta = rng.uniform(0.5, 2, (8, 1, 1)), rng.standard_normal((8, 1, 1))
+    g = _G()  # the InstanceNormalization scales its groups itself
+    rep = recognize(_gn_model(g, _groupnorm(g, "x", 4, gamma, beta, inner_scale=2.0)))
+    assert not rep.fused and "scale / bias are not 1 / 0" in rep.declined[0].reason
+    g = _G()  # reshaped back to another shape
+    rep = recognize(_gn_model(g, _groupnorm(g, "x", 4, gamma, beta, back=[0, 8, 9])))
+    assert not rep.fused and "not reshaped back" in rep.declined[0].reason
+    g = _G()  # the normalized tensor is read elsewhere too
+    r = g.op("Reshape", "x", g.ints([0, 4, -1]))
+    n = g.op("InstanceNormalization", r, g.c(np.ones(4)), g.c(np.zeros(4)))
+    y = g.op("Add", g.op("Reshape", n, g.op("Shape", "x")), g.op("ReduceMean", n, g.ints([2])))
+    rep = recognize(_gn_model(g, y))
+    assert not rep.fused and "not reshaped back alone" in rep.declined[0].reason
+    g = _G()  # opset 20: GroupNormalization takes per-group scales there
+    rep = recognize(_gn_model(g, _groupnorm(g, "x", 4, gamma, beta), opset=20))
+    assert not rep.fused and "needs opset 21" in rep.declined[0].reason
+
+
+def test_groupnorm_leaves_a_scale_that_is_not_per_channel_after_it():
+    """A Mul whose constant varies along W is no part of the GroupNorm: the fusion stops
+    before it, and the model computes the same values."""
+    rng = np.random.default_rng(5)
+    g = _G()
+    y = _groupnorm(g, "x", 2, rng.uniform(0.5, 2, (1, 1, 1, 3)), None)
+    m = _gn_model(g, y)
+    x = rng.standard_normal((2, 8, 3, 3)).astype(np.float32)
+    ref = _run(m, x)[0]
+    rep = recognize(m)
+    assert [n.op_type for n in m.graph.node] == ["GroupNormalization", "Mul"], rep
+    np.testing.assert_allclose(_run(m, x)[0], ref, atol=1e-5, rtol=1e-5)
 
 
 def test_transformer_block_fuses_all_three():

@@ -14,7 +14,7 @@ import onnx
 from onnx import numpy_helper
 
 from .._io import tensor_array
-from ..graph import GraphIndex, NameAllocator, PassResult, float_attr, int_attr, set_attr
+from ..graph import GraphIndex, NameAllocator, PassResult, float_attr, int_attr, per_channel, set_attr
 
 __all__ = ["AFFINE_OPS", "BN_HOSTS", "KEPT_REASON", "fold_affine", "fold_batchnorm", "unfolded_note"]
 
@@ -147,17 +147,6 @@ def _drop(g: onnx.GraphProto, removed: set[int]) -> None:
         g.node.extend(keep)
 
 
-def _per_channel(c: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
-    """`c` as one value per channel (axis 1 of a rank-`rank` output), or None when its
-    broadcast varies along another axis (or would widen the output)."""
-    if c.ndim > rank:
-        return None
-    shape = (1,) * (rank - c.ndim) + c.shape
-    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
-        return None
-    return np.broadcast_to(c.reshape(-1), (channels,))
-
-
 #: The element-wise ops with a constant that fold into the layer before them: Add / Sub join its
 #: bias, Mul / Div scale its weight and bias.
 AFFINE_OPS = ("Add", "Sub", "Mul", "Div")
@@ -209,7 +198,7 @@ def fold_affine(model: onnx.ModelProto, base_dir: str | os.PathLike | None = Non
         if w_t is None or c_t.data_type != onnx.TensorProto.FLOAT or w_t.data_type != onnx.TensorProto.FLOAT:
             continue
         rank, channels = _channels(host, w_t)
-        c = _per_channel(tensor_array(c_t, base_dir), rank, channels)
+        c = per_channel(tensor_array(c_t, base_dir), rank, channels)
         if c is None:
             continue
         kind = "scale" if op.op_type in ("Mul", "Div") else "shift"

@@ -1,8 +1,9 @@
 """Recognise normalisations and activations written out as element-wise ops and fuse them into
 the native ONNX op: LayerNormalization (opset 17), Gelu (opset 20), Softmax, HardSwish /
-HardSigmoid (relu6(x + 3) / 6, as exporters write them before opset 14) and Mish (x *
-tanh(softplus(x)), before opset 18); and an Einsum
-that is a matrix product (with a weight, or batched, as attention), rewritten as MatMul.
+HardSigmoid (relu6(x + 3) / 6, as exporters write them before opset 14), Mish (x *
+tanh(softplus(x)), before opset 18) and GroupNormalization (opset 21; torch writes it as an
+InstanceNormalization of x reshaped to groups, then a per-channel scale and shift); and an
+Einsum that is a matrix product (with a weight, or batched, as attention), rewritten as MatMul.
 
 Why: a LayerNorm written out as ReduceMean/Sub/Mul/Sqrt/Div (or, from JAX, with the variance as
 E[x^2] - E[x]^2) exposes every intermediate to quantization, and the variance cancels
@@ -25,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..graph import GraphIndex, NameAllocator, float_attr, int_attr
+from ..graph import GraphIndex, NameAllocator, float_attr, int_attr, per_channel
 
 #: Relative tolerance of the constants a pattern needs (0.5, 1, sqrt(2), sqrt(2/pi), 0.044715, 1/n).
 CONST_RTOL = 1e-4
@@ -695,6 +696,75 @@ def _match_mish(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     return _unary(idx, used, x, y, "Mish", 18, anchor.name or y)
 
 
+# ---------------------------------------------------------------------------- GroupNorm
+def _channel_affine(idx: _Index, t: str, op: str, rank: int, channels: int,
+                    used: list[onnx.NodeProto]) -> tuple[str, np.ndarray | None]:
+    """(its output, the constant per channel) where `t`'s one reader is `op` (Mul or Add) by a
+    constant that is one value per channel (the node is appended to `used`), else (t, None)."""
+    rc = idx.consumers.get(t, [])
+    if len(rc) != 1 or rc[0].op_type != op or rc[0].domain not in ("", "ai.onnx"):
+        return t, None
+    other = _other(rc[0], t)
+    c = idx.const(other) if other is not None else None
+    v = per_channel(c, rank, channels) if c is not None else None
+    if v is None:
+        return t, None
+    used.append(rc[0])
+    return rc[0].output[0], v
+
+
+def _match_groupnorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
+    """Anchor: an InstanceNormalization (scale 1, bias 0) of x reshaped to (N, G, -1), then
+    reshaped back to x's shape and (optionally) times a per-channel gamma plus a per-channel
+    beta: how torch exports nn.GroupNorm. Fused into GroupNormalization (opset 21: per-channel
+    scale and bias), quantized at its input and output only."""
+    if len(anchor.input) != 3:
+        return None
+    scale, bias = idx.const(anchor.input[1]), idx.const(anchor.input[2])
+    reshape = idx.prod(anchor.input[0], "Reshape")
+    target = idx.const(reshape.input[1]) if reshape is not None and len(reshape.input) > 1 else None
+    if scale is None or bias is None or reshape is None or target is None:
+        return None
+    if target.ndim != 1 or target.size != 3 or int(target[2]) != -1 or int(target[1]) != scale.size:
+        return None
+    if not (np.all(scale == 1) and np.all(bias == 0)):
+        return f"InstanceNormalization {anchor.name!r}: its own scale / bias are not 1 / 0"
+    groups, x = int(target[1]), reshape.input[0]
+    shape = idx.shape(x)
+    if shape is None or len(shape) < 3 or not shape[1]:
+        return f"InstanceNormalization {anchor.name!r}: the rank or the channels of {x!r} are not known"
+    if (int(target[0]) != 0 or int_attr(reshape, "allowzero", 0)) and shape[0] != int(target[0]):
+        return f"Reshape {reshape.name!r}: its target does not keep the batch dim of {x!r}"
+    rank, channels = len(shape), int(shape[1])
+    if channels % groups:
+        return f"InstanceNormalization {anchor.name!r}: {channels} channels are not {groups} groups"
+    rc = idx.consumers.get(anchor.output[0], [])
+    back = rc[0] if len(rc) == 1 and rc[0].op_type == "Reshape" and len(rc[0].input) > 1 else None
+    if back is None:
+        return f"InstanceNormalization {anchor.name!r}: its output is not reshaped back alone"
+    used: list[onnx.NodeProto] = [reshape, anchor, back]
+    src = idx.prod(back.input[1], "Shape")
+    back_target = idx.const(back.input[1])
+    if src is not None and src.input[0] == x and not src.attribute:
+        used.append(src)
+    elif back_target is None or any(d is None for d in shape) or [int(d) for d in back_target] != shape:
+        return f"Reshape {back.name!r}: the normalized tensor is not reshaped back to the shape of {x!r}"
+    y, gamma = _channel_affine(idx, back.output[0], "Mul", rank, channels, used)
+    y, beta = _channel_affine(idx, y, "Add", rank, channels, used)
+    why = _check_private(idx, used, y)
+    if why is not None:
+        return why
+    if idx.opset < 21:
+        return f"GroupNormalization with per-channel scale needs opset 21 (the model has {idx.opset})"
+    dtype = helper.tensor_dtype_to_np_dtype(idx.elem_type(x))
+    params = [gamma if gamma is not None else np.ones(channels), beta if beta is not None else np.zeros(channels)]
+    names = [idx.fresh(f"{y}_gn_{p}") for p in ("scale", "bias")]
+    inits = [numpy_helper.from_array(np.ascontiguousarray(v, dtype), n) for v, n in zip(params, names)]
+    node = helper.make_node("GroupNormalization", [x, *names], [y], name=idx.fresh(f"{anchor.name or y}_groupnorm"),
+                            num_groups=groups, epsilon=float_attr(anchor, "epsilon", 1e-5))
+    return _Match(used, y, node, inits)
+
+
 # ---------------------------------------------------------------------------- Einsum as MatMul
 def _match_einsum(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     """Anchor: an Einsum of a run-time tensor and a constant weight that is a matrix product:
@@ -838,6 +908,7 @@ _RULES: list[tuple[str, tuple[str, ...], Callable[[_Index, onnx.NodeProto], _Mat
     ("Softmax", ("Exp",), _match_softmax),
     ("HardSwish", ("Clip", "HardSigmoid"), _match_hardswish),
     ("Mish", ("Tanh",), _match_mish),
+    ("GroupNormalization", ("InstanceNormalization",), _match_groupnorm),
     ("MatMul", ("Einsum",), _match_einsum),
 ]
 
@@ -877,7 +948,7 @@ def _apply(model: onnx.ModelProto, matches: list[_Match]) -> None:
 
 
 def recognize(model: onnx.ModelProto, kept: Callable[[str], bool] = lambda name: False) -> RecognizeReport:
-    """Fuse written-out LayerNorm, GELU, Softmax, HardSwish and Mish of `model`'s main graph into the native ops,
+    """Fuse written-out LayerNorm, GELU, Softmax, HardSwish, Mish and GroupNorm of `model`'s main graph into the native ops,
     in place, where the fusion is exact in meaning. Run it on a model whose shapes are inferred
     (the ReduceSum-times-1/n forms and the normalised axes need static shapes). A match holding
     a node `kept` names (one a config names) is declined: the config must still find it."""
