@@ -391,3 +391,35 @@ def test_an_exclude_nodes_pattern_excludes_what_it_matches():
     x = [{"x": RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)} for _ in range(4)]
     res = mixq.quantize(_pad_conv(), mixq.get_default_config("A8W8").with_options(exclude_nodes={"con*"}), x)
     assert "conv" in res.plan.float_nodes and res.rewrite.weights_quantized == 0
+
+
+@pytest.mark.parametrize("opset", [18, 20])
+def test_a_deprecated_group_normalization_is_expanded_and_fused_back(opset):
+    """GroupNormalization-18 (scale and bias per group) is deprecated by ONNX: the checker
+    refuses the model (mixq used to stop there, telling the user to re-export), the opset
+    converter has no adapter for it, but onnxruntime runs it. Prepare writes it as the ops it
+    computes and fuses those into GroupNormalization-21 with per-channel parameters: the same
+    outputs, and every preset quantizes it."""
+    rng = np.random.default_rng(opset)
+    c, groups = 8, 4
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (c, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.uniform(0.5, 2, groups).astype(np.float32), "scale"),
+             numpy_helper.from_array(rng.normal(0, 1, groups).astype(np.float32), "bias")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("GroupNormalization", ["c", "scale", "bias"], ["gn"], num_groups=groups, epsilon=1e-3),
+             helper.make_node("Relu", ["gn"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", c, 6, 6])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+    with pytest.raises(onnx.checker.ValidationError, match="deprecated"):
+        onnx.checker.check_model(m)
+    feeds = [{"x": rng.normal(0, 1, (2, 3, 6, 6)).astype(np.float32)} for _ in range(4)]
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
+    pipe = mixq.pipeline.Pipeline.load(m)
+    assert [n.op_type for n in pipe.model.graph.node] == ["Conv", "GroupNormalization"] + ["Relu"]
+    got = ort.InferenceSession(pipe.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert any("deprecated" in n for n in pipe.prepare_report.notes)
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    q = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
+    assert 10 * np.log10(np.sum(want ** 2) / np.sum((want - q) ** 2)) > 25

@@ -301,11 +301,12 @@ def test_mish_near_misses_do_not_fuse():
 
 
 def _groupnorm(g: _G, x: str, groups: int, gamma, beta, back: str = "shape", eps: float = 1e-5,
-               inner_scale: float = 1.0) -> str:
+               inner_scale=1.0, inner_bias=0.0) -> str:
     """nn.GroupNorm as torch's exporter writes it: x reshaped to (N, G, -1), an
     InstanceNormalization with scale 1 and bias 0, reshaped back, times gamma, plus beta."""
     r = g.op("Reshape", x, g.ints([0, groups, -1]))
-    n = g.op("InstanceNormalization", r, g.c(np.full(groups, inner_scale)), g.c(np.zeros(groups)), epsilon=eps)
+    n = g.op("InstanceNormalization", r, g.c(np.broadcast_to(inner_scale, groups)),
+             g.c(np.broadcast_to(inner_bias, groups)), epsilon=eps)
     target = g.op("Shape", x) if back == "shape" else g.ints(back)
     y = g.op("Reshape", n, target)
     if gamma is not None:
@@ -323,17 +324,21 @@ def _gn_model(g: _G, y: str, shape=(2, 8, 3, 3), opset: int = 21) -> onnx.ModelP
 
 
 @pytest.mark.parametrize("affine,back", [("both", "shape"), ("gamma", "shape"), ("none", "shape"),
-                                         ("both", "static"), ("both", "shape_1d")])
+                                         ("both", "static"), ("both", "shape_1d"), ("inner", "shape")])
 def test_groupnorm_as_torch_exports_it_fuses(affine, back):
     """Five nodes (and the reshape's Shape) whose normalized tensor and product were each
     quantized on a grid of their own become one GroupNormalization (opset 21: per-channel
     scale and bias), computing the same values."""
     rng = np.random.default_rng(3)
     shape = (2, 8, 3, 3) if back != "shape_1d" else (2, 8, 7)
-    gamma = rng.uniform(0.5, 2, (8,) + (1,) * (len(shape) - 2)) if affine != "none" else None
-    beta = rng.standard_normal((8,) + (1,) * (len(shape) - 2)) if affine == "both" else None
+    gamma = rng.uniform(0.5, 2, (8,) + (1,) * (len(shape) - 2)) if affine in ("both", "gamma", "inner") else None
+    beta = rng.standard_normal((8,) + (1,) * (len(shape) - 2)) if affine in ("both", "inner") else None
     g = _G()
-    y = _groupnorm(g, "x", 4, gamma, beta, back=[2, 8, 3, 3] if back == "static" else "shape")
+    # "inner": the InstanceNormalization scales and shifts its groups itself too (how prepare
+    # expands the deprecated GroupNormalization-18); the fused op takes both affines
+    y = _groupnorm(g, "x", 4, gamma, beta, back=[2, 8, 3, 3] if back == "static" else "shape",
+                   inner_scale=1.0 if affine != "inner" else rng.uniform(0.5, 2, 4),
+                   inner_bias=0.0 if affine != "inner" else rng.standard_normal(4))
     m = _gn_model(g, y, shape)
     if back == "static":  # a constant target needs static dims
         m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
@@ -351,9 +356,11 @@ def test_groupnorm_as_torch_exports_it_fuses(affine, back):
 def test_groupnorm_near_misses_do_not_fuse():
     rng = np.random.default_rng(4)
     gamma, beta = rng.uniform(0.5, 2, (8, 1, 1)), rng.standard_normal((8, 1, 1))
-    g = _G()  # the InstanceNormalization scales its groups itself
-    rep = recognize(_gn_model(g, _groupnorm(g, "x", 4, gamma, beta, inner_scale=2.0)))
-    assert not rep.fused and "scale / bias are not 1 / 0" in rep.declined[0].reason
+    g = _G()  # a group scale that is not finite
+    r = g.op("Reshape", "x", g.ints([0, 4, -1]))
+    n = g.op("InstanceNormalization", r, g.c(np.array([1, 2, np.inf, 1])), g.c(np.zeros(4)))
+    rep = recognize(_gn_model(g, g.op("Reshape", n, g.op("Shape", "x"))))
+    assert not rep.fused and "one finite value per group" in rep.declined[0].reason
     g = _G()  # reshaped back to another shape
     rep = recognize(_gn_model(g, _groupnorm(g, "x", 4, gamma, beta, back=[0, 8, 9])))
     assert not rep.fused and "not reshaped back" in rep.declined[0].reason

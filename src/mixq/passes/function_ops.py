@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
 from ..errors import ModelError
-from ..graph import GraphIndex, PassResult, walk_graphs
+from ..graph import GraphIndex, NameAllocator, PassResult, float_attr, int_attr, model_opset, walk_graphs
 
-__all__ = ["expand_function_ops", "stranded_ops"]
+__all__ = ["expand_deprecated_group_norm", "expand_function_ops", "stranded_ops"]
 
 
 def _schema(op_type: str, opset: int) -> onnx.defs.OpSchema | None:
@@ -195,3 +196,47 @@ def _converted_runs(node: onnx.NodeProto, ins: list[int], outs: list[int], sourc
     except Exception:  # noqa: BLE001 - the converter raises bare RuntimeErrors
         return False
     return not _try(converted, "CPUExecutionProvider")
+
+
+def expand_deprecated_group_norm(model: onnx.ModelProto) -> PassResult:
+    """GroupNormalization at opsets 18-20 (scale and bias per group), written as the ops it
+    computes: x reshaped to (N, G, -1), InstanceNormalization with the group's scale and bias,
+    reshaped back to Shape(x). In place, every graph.
+
+    ONNX deprecated that version (its scale and bias are per group where opset 21's are per
+    channel), so the checker refuses a model that holds it, and the opset converter has no
+    adapter to 21 for it: converted, the per-group scale meets opset 21's per-channel broadcast
+    and the model fails at run time. onnxruntime still runs it. The expansion is exact (the
+    same statistics over the same elements, the same affine), valid at every opset, and
+    `passes.recognize` fuses it back into GroupNormalization-21 once the model is at opset 21
+    and the channel count is known."""
+    result = PassResult("expand GroupNormalization-18")
+    opset = model_opset(model)
+    if not 18 <= opset < 21:
+        return result
+    names = NameAllocator.for_model(model)
+    for g in walk_graphs(model.graph):
+        out: list[onnx.NodeProto] = []
+        for n in g.node:
+            if n.op_type != "GroupNormalization" or n.domain not in ("", "ai.onnx") or len(n.input) != 3:
+                out.append(n)
+                continue
+            base = n.name or n.output[0]
+            groups = int_attr(n, "num_groups", 0)
+            target = names.value(base, "groups")
+            g.initializer.append(onnx.numpy_helper.from_array(np.array([0, groups, -1], np.int64), target))
+            r, norm, shape = (names.value(base, s) for s in ("grouped", "normalized", "shape"))
+            out += [onnx.helper.make_node("Reshape", [n.input[0], target], [r], name=names.value(base, "reshape")),
+                    onnx.helper.make_node("InstanceNormalization", [r, n.input[1], n.input[2]], [norm],
+                                          name=names.value(base, "instancenorm"),
+                                          epsilon=float_attr(n, "epsilon", 1e-5)),
+                    onnx.helper.make_node("Shape", [n.input[0]], [shape], name=names.value(base, "shape_of")),
+                    onnx.helper.make_node("Reshape", [norm, shape], [n.output[0]], name=names.value(base, "back"))]
+            result.changed += 1
+        if result.changed:
+            del g.node[:]
+            g.node.extend(out)
+    if result.changed:
+        result.notes.append(f"{result.changed} GroupNormalization(s) of opset {opset} (deprecated by ONNX: "
+                            "scale and bias per group) written as Reshape, InstanceNormalization, Reshape")
+    return result

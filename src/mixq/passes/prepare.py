@@ -22,7 +22,7 @@ from ..formats.base import MIXQ_DOMAIN
 from ..graph import GraphIndex, NameAllocator, PassResult, model_opset, name_matcher, walk_graphs
 from .equalize import equalize_imbalanced
 from .float16 import compute_float16_in_float32
-from .function_ops import expand_function_ops
+from .function_ops import expand_deprecated_group_norm, expand_function_ops
 from .layer_fold import fold_affine, fold_batchnorm, unfolded_note
 from .recognize import RecognizeReport, recognize
 from .unfuse import admit_runtime_ops, unfuse
@@ -771,11 +771,12 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
     except Exception as exc:  # noqa: BLE001 - a model the checker refuses next, saying why
         declared = PassResult("repair output shapes")
         declared.decline("model", f"output shapes not repaired: {_first_line(exc)}")
+    group_norm = expand_deprecated_group_norm(m)  # a version the checker refuses
     check_input_model(m)
     check_float_model(m)
     rep = PrepareReport(opset_from=model_opset(m))
-    rep.passes.append(declared)
-    rep.notes += declared.notes
+    rep.passes += [declared, group_norm]
+    rep.notes += declared.notes + group_norm.notes
     # graph inputs that shadow initializers (IR < 4 lists every initializer as an input) make
     # them overridable: drop that first, before a fold or the opset conversion replaces the
     # initializer and leaves its input behind as one the data would have to feed

@@ -714,10 +714,12 @@ def _channel_affine(idx: _Index, t: str, op: str, rank: int, channels: int,
 
 
 def _match_groupnorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
-    """Anchor: an InstanceNormalization (scale 1, bias 0) of x reshaped to (N, G, -1), then
-    reshaped back to x's shape and (optionally) times a per-channel gamma plus a per-channel
-    beta: how torch exports nn.GroupNorm. Fused into GroupNormalization (opset 21: per-channel
-    scale and bias), quantized at its input and output only."""
+    """Anchor: an InstanceNormalization (constant per-group scale and bias: 1 and 0 as torch
+    exports nn.GroupNorm, the group's own as prepare expands the deprecated
+    GroupNormalization-18) of x reshaped to (N, G, -1), then reshaped back to x's shape and
+    (optionally) times a per-channel gamma plus a per-channel beta. Fused into
+    GroupNormalization (opset 21: per-channel scale and bias), quantized at its input and
+    output only."""
     if len(anchor.input) != 3:
         return None
     scale, bias = idx.const(anchor.input[1]), idx.const(anchor.input[2])
@@ -727,8 +729,8 @@ def _match_groupnorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
         return None
     if target.ndim != 1 or target.size != 3 or int(target[2]) != -1 or int(target[1]) != scale.size:
         return None
-    if not (np.all(scale == 1) and np.all(bias == 0)):
-        return f"InstanceNormalization {anchor.name!r}: its own scale / bias are not 1 / 0"
+    if scale.size != bias.size or not (np.all(np.isfinite(scale)) and np.all(np.isfinite(bias))):
+        return f"InstanceNormalization {anchor.name!r}: its scale / bias are not one finite value per group"
     groups, x = int(target[1]), reshape.input[0]
     shape = idx.shape(x)
     if shape is None or len(shape) < 3 or not shape[1]:
@@ -757,7 +759,10 @@ def _match_groupnorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
     if idx.opset < 21:
         return f"GroupNormalization with per-channel scale needs opset 21 (the model has {idx.opset})"
     dtype = helper.tensor_dtype_to_np_dtype(idx.elem_type(x))
-    params = [gamma if gamma is not None else np.ones(channels), beta if beta is not None else np.zeros(channels)]
+    # gamma * (s_g * x_hat + b_g) + beta, per channel c of group g
+    g64 = gamma.astype(np.float64) if gamma is not None else np.ones(channels)
+    s_c, b_c = (np.repeat(v.astype(np.float64).reshape(-1), channels // groups) for v in (scale, bias))
+    params = [g64 * s_c, g64 * b_c + (beta.astype(np.float64) if beta is not None else 0.0)]
     names = [idx.fresh(f"{y}_gn_{p}") for p in ("scale", "bias")]
     inits = [numpy_helper.from_array(np.ascontiguousarray(v, dtype), n) for v, n in zip(params, names)]
     node = helper.make_node("GroupNormalization", [x, *names], [y], name=idx.fresh(f"{anchor.name or y}_groupnorm"),
