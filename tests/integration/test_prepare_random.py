@@ -123,7 +123,8 @@ class _Chain:
 
     def groupnorm(self, src: str, arg: int) -> str:
         """nn.GroupNorm as torch exports it: reshaped to (N, G, -1), InstanceNormalization with
-        scale 1 (near miss: 2) and bias 0, reshaped back by Shape(x), times gamma, plus beta."""
+        scale 1 and bias 0 (or the groups scaled by 2 inside it), reshaped back by Shape(x), times
+        gamma, plus beta."""
         c = self.c
         groups = [g for g in (1, 2, c) if c % g == 0][arg % (2 if c % 2 else 3)] if c > 1 else 1
         r = self.node("Reshape", [src, self.const([0, groups, -1], "shape", np.int64)])
