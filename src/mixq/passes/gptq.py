@@ -168,6 +168,7 @@ class _Patches:
 
     def __init__(self, node: onnx.NodeProto, kshape: list[int], groups: int, spatial: tuple[int, ...]) -> None:
         nd = len(kshape)
+        self.spatial = spatial
         self.strides = _ints(node, "strides", [1] * nd)
         dil = _ints(node, "dilations", [1] * nd)
         pads = _ints(node, "pads", [0] * 2 * nd)
@@ -267,7 +268,7 @@ class GramTap:
         self._span: tuple[int, int, int] | None = None
         self._edges: dict[int, list[tuple[int, np.ndarray]]] = {}
         self._block: dict[int, int] = {}  # samples per block of each target (by its input's rank)
-        self._patches: dict[tuple[int, tuple[int, ...]], _Patches] = {}  # a Conv's geometry per input size
+        self._patches: dict[int, _Patches] = {}  # each Conv's geometry for the last input size it saw
 
     def _view(self, t: _Target) -> tuple[object, ...]:
         """What H depends on besides the data: the input and how the layer reads it."""
@@ -289,11 +290,10 @@ class GramTap:
             block = self._block[ti] = ROW_BLOCK if v.ndim == 2 else SAMPLE_BLOCK
             geo = None
             if t.kind == "conv":
-                key = (ti, v.shape[2:])
-                geo = self._patches.get(key)
-                if geo is None:
-                    geo = self._patches[key] = _Patches(t.node, list(self._shapes[t.weight][2:]), t.groups,
-                                                        tuple(v.shape[2:]))
+                geo = self._patches.get(ti)
+                if geo is None or geo.spatial != tuple(v.shape[2:]):  # one geometry a layer: memory stays bounded
+                    geo = self._patches[ti] = _Patches(t.node, list(self._shapes[t.weight][2:]), t.groups,
+                                                       tuple(v.shape[2:]))
                 v = geo.padded(v)  # once per batch
             for j in range(v.shape[0]):
                 if v.ndim == 2:  # one row per sample
