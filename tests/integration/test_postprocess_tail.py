@@ -209,3 +209,39 @@ def test_nothing_a_subgraph_reads_is_tail():
              helper.make_node("If", ["cond"], ["y"], then_branch=branch("a"), else_branch=branch("b"), name="if")]
     names = {nodes[i].name for i in postprocess_tail(nodes)}
     assert names == {"tanh"}  # the Sigmoid feeds the If's branches (by capture)
+
+
+@pytest.mark.parametrize("layout", ["Transpose", "Reshape", "Flatten"])
+def test_a_layout_op_after_the_tail_stays_float_with_it(layout):
+    """Boxes (hundreds) and scores (0..1) concatenated, then transposed or reshaped to the
+    output, as many detector exports end: the Concat is tail, and the layout op after it
+    stayed out of the tail as a pass-through, so the Concat's output was quantized as its input
+    on one grid, the scores one or two codes (0 dB), with the guard quiet (the boxes dominate
+    the output's SQNR). A pass-through op reading a tail node's output now stays float with it."""
+    rng = np.random.default_rng(0)
+    g = helper.make_graph([], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    w = _init(g, "w", rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32))
+    g.node.extend([helper.make_node("Conv", ["x", w], ["c"], pads=[1, 1, 1, 1], name="head"),
+                   helper.make_node("Mul", ["c", _init(g, "stride", np.array(300.0, np.float32))], ["boxes"],
+                                    name="decode"),
+                   helper.make_node("Sigmoid", ["c"], ["scores"], name="scores"),
+                   helper.make_node("Concat", ["boxes", "scores"], ["cat"], axis=1, name="cat")])
+    if layout == "Transpose":
+        g.node.append(helper.make_node("Transpose", ["cat"], ["y"], perm=[0, 2, 3, 1], name="layout"))
+    elif layout == "Reshape":
+        g.node.append(helper.make_node("Reshape", ["cat", _init(g, "shape", np.array([0, 8, -1], np.int64))], ["y"],
+                                       name="layout"))
+    else:
+        g.node.append(helper.make_node("Flatten", ["cat"], ["y"], axis=2, name="layout"))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    assert "layout" in {m.graph.node[i].name for i in postprocess_tail(m.graph.node)}
+    cal = [{"x": rng.normal(0, 1, (4, 3, 6, 6)).astype(np.float32)} for _ in range(8)]
+    test = {"x": rng.normal(0, 1, (8, 3, 6, 6)).astype(np.float32)}
+    res = mixq.quantize(m, "A8W8", calibration_data=cal, check_kernels=False)
+    assert res.plan.float_nodes["layout"] == TAIL_REASON
+    want, got = (graphs.run(q, test)[0].reshape(8, 8, -1) if layout != "Transpose" else
+                 graphs.run(q, test)[0].transpose(0, 3, 1, 2).reshape(8, 8, -1) for q in (m, res.model))
+    scores_w, scores_g = want[:, 4:], got[:, 4:]
+    assert 10 * np.log10(np.sum(scores_w ** 2) / np.sum((scores_w - scores_g) ** 2)) > 30

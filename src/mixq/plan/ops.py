@@ -225,11 +225,12 @@ def postprocess_tail(nodes: Iterable[onnx.NodeProto],
     (COMPUTE_OPS) from which no compute op, nor any op with subgraphs, is reachable. Left out,
     as parts of the layer before them: a bias Add (an Add of a constant of `constants`, name ->
     dims, with one non-unit dim) and a Relu/Clip that read a layer's output alone (one kernel
-    with it); and pass-through ops (Reshape, Split, ...), which carry their input's grid
-    exactly or stay float with it: a float Reshape after a DequantizeLinear is what
+    with it); and pass-through ops (Reshape, Split, ...) that read a tensor outside the tail,
+    which carry its grid exactly: a float Reshape after a DequantizeLinear is what
     onnxruntime's QDQ propagation turns into a QuantizeLinear it then rejects ("output_dtype
-    INT8 does not match y_zero_point type UINT8"). A graph with no compute op has no tail.
-    Order-independent."""
+    INT8 does not match y_zero_point type UINT8"). A pass-through op that reads a tail node's
+    output stays float with it (a Transpose after a Concat of boxes and scores: quantized, it
+    put both on one grid). A graph with no compute op has no tail. Order-independent."""
     nodes = list(nodes)
     consts = dict(constants or {})
     producer: dict[str, int] = {}
@@ -288,10 +289,17 @@ def postprocess_tail(nodes: Iterable[onnx.NodeProto],
                 tail.discard(i)
                 layer_ends.add(i)
                 changed = True
-    for i in sorted(tail):
-        sem = semantics(nodes[i])
-        if sem is not None and sem.passthrough:
-            tail.discard(i)
+    changed = True
+    while changed:  # a pass-through op on a quantized tensor carries its grid (and so the next)
+        changed = False
+        for i in sorted(tail):
+            sem = semantics(nodes[i])
+            if sem is None or not sem.passthrough:
+                continue
+            p = producer.get(nodes[i].input[0]) if nodes[i].input else None
+            if p is None or p not in tail:
+                tail.discard(i)
+                changed = True
     return tail
 
 
