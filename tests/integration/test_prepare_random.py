@@ -137,6 +137,39 @@ class _Chain:
             y = self.node("Add", [y, self.const(self.rng.standard_normal((c, 1, 1)) * 0.5)])
         return y
 
+    # -- the first wave's failure classes (issue 16), drawn into chains ---------------------------
+    def concat_ranges(self, src: str, arg: int) -> str:
+        """A detector head: box-like values (tens to hundreds) and Sigmoid scores (0..1)
+        concatenated along the channels, one tensor of two ranges."""
+        boxes = self.node("Mul", [src, self.const(float(10 ** (1 + arg % 3)))])
+        out = self.node("Concat", [boxes, self.node("Sigmoid", [src])], axis=1)
+        self.c *= 2
+        return out
+
+    def masked_softmax(self, src: str, arg: int) -> str:
+        """An additive attention mask (-1e4 or the float minimum where masked) before a Softmax
+        over the last axis: the mask sets the tensor's range, the scores sit far above it."""
+        mask = np.zeros((1, 1, 1, self.hw), np.float32)
+        mask[..., self.hw // 2:] = -1e4 if arg % 2 else np.finfo(np.float32).min
+        return self.node("Softmax", [self.node("Add", [src, self.const(mask)])], axis=-1)
+
+    def layernorm_var(self, src: str, arg: int) -> str:
+        """LayerNorm over the last axis written out with the variance as E[x^2] - E[x]^2 (JAX),
+        or as E[(x - mean)^2]: the first cancels once its terms are rounded."""
+        mean = self.node("ReduceMean", [src], axes=[-1])  # opset 17: axes as an attribute
+        centered = self.node("Sub", [src, mean])
+        if arg % 2:
+            var = self.node("Sub", [self.node("ReduceMean", [self.node("Mul", [src, src])], axes=[-1]),
+                                    self.node("Mul", [mean, mean])])
+        else:
+            var = self.node("ReduceMean", [self.node("Mul", [centered, centered])], axes=[-1])
+        std = self.node("Sqrt", [self.node("Add", [var, self.const(1e-5)])])
+        return self.node("Div", [centered, std])
+
+    def log_magnitude(self, src: str, arg: int) -> str:
+        """A spectrogram's Log of a magnitude: small values carry the information."""
+        return self.node("Log", [self.node("Add", [self.node("Mul", [src, src]), self.const(1e-6)])])
+
     def silu(self, src: str, arg: int) -> str:
         return self.node("Mul", [src, self.node("Sigmoid", [src])])
 
@@ -174,7 +207,8 @@ _OPS = {"conv": _Chain.conv, "bn": _Chain.bn,
         "add": lambda ch, s, a: ch.arith("Add", s, a), "sub": lambda ch, s, a: ch.arith("Sub", s, a),
         "hardswish": _Chain.hardswish, "gate": _Chain.gate, "mish": _Chain.mish, "gelu": _Chain.gelu,
         "silu": _Chain.silu, "relu6": _Chain.relu6, "residual": _Chain.residual, "groupnorm": _Chain.groupnorm,
-        "branch": _Chain.branch}
+        "branch": _Chain.branch, "concat_ranges": _Chain.concat_ranges, "masked_softmax": _Chain.masked_softmax,
+        "layernorm_var": _Chain.layernorm_var, "log_magnitude": _Chain.log_magnitude}
 
 
 def _build(ops: list[tuple[str, int]], c: int, hw: int, seed: int, fanout: int) -> onnx.ModelProto:

@@ -394,10 +394,23 @@ def _small_value_roots(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto
     return roots
 
 
+def _power_of_one(n: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> float | None:
+    """e where `n` raises one run-time tensor to a constant power e: x * x (2), Pow(x, e)."""
+    if n.domain not in ("", "ai.onnx") or len(n.input) != 2:
+        return None
+    if n.op_type == "Mul" and n.input[0] == n.input[1] and n.input[0] not in inits:
+        return 2.0
+    if n.op_type == "Pow" and n.input[0] not in inits:
+        e = _scalar(inits, n.input[1])
+        return e if e is not None and e != 0 and math.isfinite(e) else None
+    return None
+
+
 def root_output_sqnr_db(st: TensorStats, step: float, power: float | None) -> float:
     """(b) The SQNR a uniform grid of spacing `step` leaves at the output of a root op reading
     the tensor of statistics `st` (directly, or through ops that keep each element's relative
-    error: an added epsilon, a scale, a reshape), predicted from its histogram: a value v
+    error: an added epsilon, a scale, a reshape; or raise it to a constant power, which the
+    caller folds into `power`), predicted from its histogram: a value v
     rounds with a relative error of step / sqrt(12) / v, and one under half a step to 0 (all
     of it lost). Log turns a
     relative error into an absolute one (a lost value: `LOG_LOST` nepers), judged against the
@@ -459,8 +472,12 @@ def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | N
         p = producer.get(name)
         if p is None or depth >= 8:
             continue
-        direct = direct and p.op_type in _RELATIVE_KEEP_OPS and p.domain in ("", "ai.onnx") \
-            and sum(1 for i in p.input if i and i not in inits) <= 1
+        exponent = _power_of_one(p, inits)
+        if exponent is not None:  # x * x, Pow(x, e): relative errors scale by e, and so does the root's power
+            power = power * exponent if power is not None else None  # log(x ** e) = e log(x): its SQNR is x's
+        else:
+            direct = direct and p.op_type in _RELATIVE_KEEP_OPS and p.domain in ("", "ai.onnx") \
+                and sum(1 for i in p.input if i and i not in inits) <= 1
         for i in p.input:
             if not i or i in inits or i in out or i in passed:
                 continue
