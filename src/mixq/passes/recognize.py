@@ -257,6 +257,15 @@ def _check_private(idx: _Index, nodes: list[onnx.NodeProto], output: str) -> str
     return None
 
 
+def _why_not(idx: _Index, used: list[onnx.NodeProto], y: str, op: str, since: int) -> str | None:
+    """Why the nodes `used` (writing y) cannot become `op`: an intermediate read elsewhere, or a
+    model opset before `since`, where the standard defines `op`; None when they can."""
+    why = _check_private(idx, used, y)
+    if why is None and idx.opset < since:
+        why = f"{op} needs opset {since} (the model has {idx.opset})"
+    return why
+
+
 # ---------------------------------------------------------------------------- LayerNorm
 def _variance_of(idx: _Index, v: str, x: str, axes: tuple[int, ...], used: list[onnx.NodeProto]
                  ) -> str | None:
@@ -421,11 +430,9 @@ def _match_layernorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
             params.append(np.broadcast_to(val.reshape(val.shape[len(lead):]), norm_shape))
         except ValueError:
             return f"the {name} of shape {list(val.shape)} does not broadcast to {norm_shape}"
-    why = _check_private(idx, used, y)
+    why = _why_not(idx, used, y, "LayerNormalization", 17)
     if why is not None:
         return why
-    if idx.opset < 17:
-        return f"LayerNormalization needs opset 17 (the model has {idx.opset})"
     dtype = helper.tensor_dtype_to_np_dtype(idx.elem_type(x))
     inits = []
     ins = [x]
@@ -451,11 +458,9 @@ def _unary(idx: _Index, used: list[onnx.NodeProto], x: str, y: str, op: str, sin
            kind: str | None = None, **attrs: Any) -> _Match | str:
     """The match of `used` (x in, y out) as the one-input op `op` (in the standard from opset
     `since`), or why not: an intermediate read elsewhere, or an older opset."""
-    why = _check_private(idx, used, y)
+    why = _why_not(idx, used, y, op, since)
     if why is not None:
         return why
-    if idx.opset < since:
-        return f"{op} needs opset {since} (the model has {idx.opset})"
     return _Match(used, y, helper.make_node(op, [x], [y], name=idx.fresh(f"{base}_{op.lower()}"), **attrs), kind=kind)
 
 
@@ -753,11 +758,9 @@ def _match_groupnorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
         return f"Reshape {back.name!r}: the normalized tensor is not reshaped back to the shape of {x!r}"
     y, gamma = _channel_affine(idx, back.output[0], "Mul", rank, channels, used)
     y, beta = _channel_affine(idx, y, "Add", rank, channels, used)
-    why = _check_private(idx, used, y)
+    why = _why_not(idx, used, y, "GroupNormalization", 21)  # opset 21: scale and bias per channel
     if why is not None:
         return why
-    if idx.opset < 21:
-        return f"GroupNormalization with per-channel scale needs opset 21 (the model has {idx.opset})"
     dtype = helper.tensor_dtype_to_np_dtype(idx.elem_type(x))
     # gamma * (s_g * x_hat + b_g) + beta, per channel c of group g
     g64 = gamma.astype(np.float64) if gamma is not None else np.ones(channels)
