@@ -206,6 +206,26 @@ def with_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx
     return m
 
 
+def conv_padding(auto_pad: str, pads: list[int], spatial: list[int] | tuple[int, ...], kernel: list[int],
+                 strides: list[int], dilations: list[int]) -> list[tuple[int, int]]:
+    """(begin, end) padding of each spatial dim of a Conv (or pooling) over an input of
+    `spatial` dims: `pads` (begin dims, then end dims) as given, none for VALID, and SAME_UPPER
+    / SAME_LOWER as ONNX sizes it (the output ceil(in / stride); the odd pixel at the end for
+    UPPER, at the start for LOWER)."""
+    nd = len(kernel)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = []
+        for i, dim in enumerate(spatial):
+            span = (kernel[i] - 1) * dilations[i] + 1
+            total = max((-(-dim // strides[i]) - 1) * strides[i] + span - dim, 0)
+            small = total // 2
+            out.append((small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small))
+        return out
+    if auto_pad == "VALID":
+        return [(0, 0)] * nd
+    return [(pads[i], pads[i + nd]) for i in range(nd)]
+
+
 def per_channel(c: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
     """The constant `c`, broadcast against a rank-`rank` tensor, as one value per channel (axis
     1), or None when it varies along another axis (or would widen the tensor)."""

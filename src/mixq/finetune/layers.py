@@ -14,6 +14,7 @@ import onnx
 from onnx import helper
 
 from ..errors import ModelError
+from ..graph import conv_padding
 from ._torch import require_torch
 
 
@@ -71,21 +72,9 @@ class LayerSpec:
         F = torch.nn.functional
         nd, k, strides, dil = self._spatial(w)
         a = self.attrs
-        auto_pad = a.get("auto_pad", "NOTSET")
-        in_sp = list(x.shape[2:])
-        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            begin, end = [], []
-            for i in range(nd):
-                out = -(-in_sp[i] // strides[i])
-                total = max(0, (out - 1) * strides[i] + (k[i] - 1) * dil[i] + 1 - in_sp[i])
-                small, big = total // 2, total - total // 2
-                begin.append(small if auto_pad == "SAME_UPPER" else big)
-                end.append(big if auto_pad == "SAME_UPPER" else small)
-        elif auto_pad == "VALID":
-            begin, end = [0] * nd, [0] * nd
-        else:
-            pads = list(a.get("pads", [0] * (2 * nd)))
-            begin, end = pads[:nd], pads[nd:]
+        padding = conv_padding(a.get("auto_pad", "NOTSET"), list(a.get("pads", [0] * (2 * nd))),
+                               list(x.shape[2:]), k, strides, dil)
+        begin, end = [lo for lo, _ in padding], [hi for _, hi in padding]
         conv = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
         group = int(a.get("group", 1))
         if begin == end:

@@ -40,7 +40,7 @@ from ..calibration.data import feed_rows
 from ..errors import MixqError
 from ..formats import QParams, get_format
 from ..formats.integer import IntFormat, expand_param
-from ..graph import with_outputs
+from ..graph import conv_padding, with_outputs
 from ..plan.plan import PrecisionPlan
 
 __all__ = ["GPTQ_DAMP", "GPTQ_BLOCK", "MAX_ROWS", "GramTap", "WeightRounder", "WeightRoundingReport",
@@ -171,19 +171,11 @@ class _Patches:
         self.spatial = spatial
         self.strides = _ints(node, "strides", [1] * nd)
         dil = _ints(node, "dilations", [1] * nd)
-        pads = _ints(node, "pads", [0] * 2 * nd)
-        auto = _str(node, "auto_pad", "NOTSET")
         span = [(k - 1) * d + 1 for k, d in zip(kshape, dil)]
-        if auto == "VALID":
-            pads = [0] * 2 * nd
-        elif auto in ("SAME_UPPER", "SAME_LOWER"):
-            pads = [0] * 2 * nd
-            for i, dim in enumerate(spatial):
-                total = max((-(-dim // self.strides[i]) - 1) * self.strides[i] + span[i] - dim, 0)
-                small = total // 2
-                pads[i], pads[i + nd] = (small, total - small) if auto == "SAME_UPPER" else (total - small, small)
-        self.pads = [(pads[i], pads[i + nd]) for i in range(nd)] if any(pads) else None
-        size = [s + (p[0] + p[1] if self.pads else 0) for s, p in zip(spatial, self.pads or [(0, 0)] * nd)]
+        pads = conv_padding(_str(node, "auto_pad", "NOTSET"), _ints(node, "pads", [0] * 2 * nd), spatial,
+                            kshape, self.strides, dil)
+        self.pads = pads if any(b or e for b, e in pads) else None
+        size = [s + b + e for s, (b, e) in zip(spatial, pads)]
         self.size = int(np.prod(size))
         self.out = tuple((p - sp) // st + 1 for p, sp, st in zip(size, span, self.strides))
         self.groups, self.taps = groups, int(np.prod(kshape))
