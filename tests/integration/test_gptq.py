@@ -61,6 +61,12 @@ def test_conv_patches_of_random_convs_are_what_onnxruntime_convolves(data):
     _check_patches(spatial, kernel, data.draw(st.sampled_from([1, 2, 8])), attrs, data.draw(st.integers(0, 99)))
 
 
+def _conv_rows(x, node, kernel, group):
+    """The patches GPTQ reads from the batch x for `node`, positions drawn with seed 0."""
+    geo = gptq._Patches(node, kernel, group, tuple(x.shape[2:]))
+    return geo.rows(geo.padded(x), np.random.default_rng(0))
+
+
 def _check_patches(spatial, kernel, group, attrs, seed):
     rng = np.random.default_rng(seed)
     cin, cout = 8, 8
@@ -71,7 +77,7 @@ def _check_patches(spatial, kernel, group, attrs, seed):
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                           [numpy_helper.from_array(w, "w")])
     y = _run(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), {"x": x})
-    rows = gptq._conv_rows(x, node, list(kernel), group, np.random.default_rng(0))  # all positions
+    rows = _conv_rows(x, node, list(kernel), group)  # all positions
     assert rows.shape[1] == y.shape[0] * int(np.prod(y.shape[2:]))
     wg = w.reshape(group, cout // group, -1)
     got = np.matmul(rows, wg.transpose(0, 2, 1))  # (group, N*positions, cout/group)
@@ -83,8 +89,8 @@ def test_conv_patches_are_capped_with_a_fixed_seed(monkeypatch):
     monkeypatch.setattr(gptq, "MAX_ROWS", 50)
     x = np.random.default_rng(0).normal(size=(2, 4, 10, 10)).astype(np.float32)
     node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
-    a = gptq._conv_rows(x, node, [3, 3], 1, np.random.default_rng(0))
-    b = gptq._conv_rows(x, node, [3, 3], 1, np.random.default_rng(0))
+    a = _conv_rows(x, node, [3, 3], 1)
+    b = _conv_rows(x, node, [3, 3], 1)
     assert a.shape == (1, 50, 36) and np.array_equal(a, b)
 
 

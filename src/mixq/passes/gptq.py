@@ -218,13 +218,6 @@ class _Patches:
         return patches.reshape(self.groups, c // self.groups * self.taps, -1).transpose(0, 2, 1)
 
 
-def _conv_rows(x: np.ndarray, node: onnx.NodeProto, kshape: list[int], groups: int,
-               rng: np.random.Generator) -> np.ndarray:
-    """`_Patches.rows` of the batch x (N, C, *spatial), padded here."""
-    geo = _Patches(node, kshape, groups, tuple(x.shape[2:]))
-    return geo.rows(geo.padded(x), rng)
-
-
 class GramTap:
     """The layer inputs' second moments H of every GPTQ target of `plan`, accumulated from the
     batches a calibration run shows it (`names`: the tensors it reads; `update` per batch) or
