@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import mixq
+from mixq.evaluate import compare
 from mixq.fidelity import BROKEN_SQNR_DB
 
-from ..graphs import run
 from .test_prepare_random import _OPS, _build
 
 #: the first wave's failure classes among the chains' ops (a Concat of two ranges, an additive
@@ -33,12 +33,6 @@ STEADY = sorted(set(_OPS) - set(FRAGILE))
 #: output SQNR floor (dB) on fresh samples, per preset
 FLOOR_DB = {"A8W8": 12.0, "U8S8": 12.0, "XINT8": 12.0, "A16W8": 35.0, "S16S16": 55.0, "BF16": 35.0,
             "FP16": 50.0, "MXINT8": 28.0, "MXFP8_E4M3": 12.0}
-
-
-def _sqnr_db(want: np.ndarray, got: np.ndarray) -> float:
-    noise = float(np.sum((want.astype(np.float64) - got) ** 2))
-    signal = float(np.sum(want.astype(np.float64) ** 2))
-    return 10.0 * np.log10(signal / noise) if noise > 0 else float("inf")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -61,7 +55,7 @@ def _quantized(preset: str, ops: list[tuple[str, int]], c: int, hw: int, seed: i
     calib = [{"x": (rng.standard_normal((4, c, hw, hw)) * 2).astype(np.float32)} for _ in range(12)]
     fresh = {"x": (rng.standard_normal((16, c, hw, hw)) * 2).astype(np.float32)}
     res = mixq.quantize(m, preset, calib, check_kernels=False)
-    return res, _sqnr_db(run(m, fresh, optimize=False)[0], run(res.model, fresh)[0])
+    return res, compare(m, res.model, [fresh]).first().sqnr_db
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
