@@ -877,6 +877,15 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
             m.graph.value_info.extend(keep_vi)
     if rep.recognized.counts().get("MatMul"):  # an Einsum's Reshapes: new values to give shapes
         m = infer_shapes(m, PassResult("infer shapes", in_place=False))
+    # once more on the prepared graph: with its constants folded, inference can follow a
+    # Reshape whose target the exporter computed at run time (ddddocr's CTC head declares
+    # (1, seqlen) and computes (T, 1, C)); the rewrite's QuantizeLinear before such an output
+    # then contradicts the declaration, and the checker refused the quantized model
+    late = repair_output_shapes(m)
+    if late.changed:
+        declared.changed += late.changed
+        declared.notes += late.notes
+        rep.notes += late.notes
     return m, rep
 
 
