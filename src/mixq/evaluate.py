@@ -195,6 +195,12 @@ def flip_exposure(quantized: np.ndarray, reference: np.ndarray,
 
 #: Samples (rows of axis 0) an output's variation is measured over, at least.
 MIN_VARIATION_SAMPLES = 4
+#: An output's channels along one axis fall into two parts, each read on its own, where their
+#: rms, in order, jumps by at least this factor (boxes of 0..640 beside scores of 0..1): the
+#: SQNR of the whole output is then the loud part's, and hides the quiet part's loss
+PART_GAP = 16.0
+#: Axes of at most this many channels are split into parts (longer ones are positions, frames)
+PART_MAX_CHANNELS = 4096
 #: An output whose variation SQNR is this far below its SQNR sits on an offset (`offset_hidden`).
 OFFSET_DB = 10.0
 
@@ -227,6 +233,15 @@ class OutputMetrics:
     pairs: int = 0
     #: the SQNR on the output's variation across samples (`ErrorStats.variation_sqnr_db`)
     variation_sqnr_db: float | None = None
+    #: the quiet part of an output whose channels lie on two scales (`ErrorStats.quiet_part`):
+    #: which channels, and their own SQNR; None where no axis splits so
+    part: "QuietPart | None" = None
+
+    @property
+    def judged_sqnr_db(self) -> float:
+        """The SQNR an output is judged by: its own, or its quiet part's where that is lower
+        (scores of 0..1 beside boxes of 0..640 lost at 6 dB while the whole reads 26)."""
+        return self.sqnr_db if self.part is None else min(self.sqnr_db, self.part.sqnr_db)
 
     @property
     def offset_hidden(self) -> bool:
@@ -240,6 +255,51 @@ class OutputMetrics:
     def decisive_flips(self) -> int:
         """How many of the decisive rows changed their top-1 class."""
         return round((1.0 - (self.decisive_agreement or 0.0)) * self.decisive_rows)
+
+
+class QuietPart(NamedTuple):
+    """Channels of an output, along `axis`, whose rms lies `gap` times or more below the rest:
+    a quantity on a scale of its own concatenated beside a louder one; `sqnr_db` is theirs."""
+
+    axis: int
+    channels: tuple[int, ...]
+    size: int
+    gap: float
+    sqnr_db: float
+
+    def describe(self) -> str:
+        """'channels 4..21 of 22 along axis 1'."""
+        runs: list[str] = []
+        start = prev = self.channels[0]
+        for c in [*self.channels[1:], None]:
+            if c is not None and c == prev + 1:
+                prev = c
+                continue
+            runs.append(str(start) if start == prev else f"{start}..{prev}")
+            if c is not None:
+                start = prev = c
+        shown = ", ".join(runs[:4]) + (", ..." if len(runs) > 4 else "")
+        return f"channel{'s' if len(self.channels) > 1 else ''} {shown} of {self.size} along axis {self.axis}"
+
+
+def quiet_part(sig: np.ndarray, noise: np.ndarray, axis: int, gap: float = PART_GAP) -> QuietPart | None:
+    """The quiet part of one axis from its channels' signal and noise powers (sums over the
+    other axes and the samples): the channels below the largest jump of `gap` or more in their
+    rms, sorted (channels that are 0 in float everywhere take no part). None without such a
+    jump."""
+    live = np.flatnonzero(sig > 0)
+    if live.size < 2:
+        return None
+    order = live[np.argsort(-sig[live], kind="stable")]
+    rms = np.sqrt(sig[order])
+    jumps = rms[:-1] / rms[1:]
+    k = int(np.argmax(jumps))
+    if not jumps[k] >= gap:
+        return None
+    quiet = np.sort(order[k + 1:])
+    s, n = float(sig[quiet].sum()), float(noise[quiet].sum())
+    db = math.inf if n == 0.0 else 10.0 * math.log10(s / n)
+    return QuietPart(axis, tuple(int(c) for c in quiet), int(sig.size), float(jumps[k]), db)
 
 
 @dataclass
@@ -278,6 +338,11 @@ class ErrorStats:
     esum: np.ndarray | None = None
     en: int = 0
     eshape_varies: bool = False
+    #: per axis (from 1) of at most PART_MAX_CHANNELS channels: each channel's signal and noise
+    #: power over the other axes and the samples (`quiet_part`); an axis whose length changes
+    #: between samples is dropped
+    chan: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    chan_dropped: set[int] = field(default_factory=set)
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
         ref, got = np.asarray(ref), np.asarray(got)
@@ -292,6 +357,7 @@ class ErrorStats:
         r, q = np.where(finite, r, 0.0), np.where(finite, q, 0.0)  # zeros add nothing to a sum
         self.sig += float(np.sum(r * r))
         self.noise += float(np.sum((r - q) ** 2))
+        self._channels(r, q)
         if r.ndim and not self.eshape_varies:
             if self.esum is None:
                 self.esum = r.sum(axis=0)
@@ -322,6 +388,35 @@ class ErrorStats:
         else:
             self.classifier = False
         return self
+
+    def _channels(self, r: np.ndarray, q: np.ndarray) -> None:
+        """Add each axis's per-channel signal and noise powers (see `chan`)."""
+        if r.ndim < 2 or r.size == 0:
+            return
+        e2 = (r - q) ** 2
+        s2 = r * r
+        for axis in range(1, r.ndim):
+            n = r.shape[axis]
+            if axis in self.chan_dropped or not 2 <= n <= PART_MAX_CHANNELS:
+                continue
+            others = tuple(a for a in range(r.ndim) if a != axis)
+            had = self.chan.get(axis)
+            if had is not None and had[0].shape != (n,):
+                del self.chan[axis]
+                self.chan_dropped.add(axis)
+                continue
+            s, e = s2.sum(axis=others), e2.sum(axis=others)
+            self.chan[axis] = (s, e) if had is None else (had[0] + s, had[1] + e)
+
+    def quiet_part(self) -> QuietPart | None:
+        """The quietest part (lowest SQNR) over the axes whose channels split into two scales
+        (`quiet_part`); None where none does, or where the whole output is already worse."""
+        parts = [p for axis, (sg, ns) in sorted(self.chan.items())
+                 if (p := quiet_part(sg, ns, axis)) is not None]
+        if not parts or self.bad:
+            return None
+        worst = min(parts, key=lambda p: p.sqnr_db)
+        return worst if worst.sqnr_db < self.sqnr_db else None
 
     def _changed(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
         """A pair of different shapes: a decision output's leading rows are compared as far as
@@ -380,7 +475,8 @@ class ErrorStats:
                              self.agree_decisive / decisive if decisive else None, decisive,
                              self.rows if self.classifier else 0,
                              1.0 - self.risk_decisive / decisive if decisive and self.samples else None,
-                             self.decisions, self.shape_changed, self.pairs, self.variation_sqnr_db)
+                             self.decisions, self.shape_changed, self.pairs, self.variation_sqnr_db,
+                             None if (top1 is not None or self.decisions) else self.quiet_part())
 
 
 @dataclass

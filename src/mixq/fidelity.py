@@ -159,8 +159,8 @@ class FidelityReport:
         return min(low, key=lambda o: o.expected_agreement or 0.0) if low else None
 
     def worst(self) -> OutputMetrics | None:
-        """The output with the lowest SQNR."""
-        return min(self.outputs, key=lambda o: o.sqnr_db) if self.outputs else None
+        """The output with the lowest SQNR (its quiet part's, where lower: `judged_sqnr_db`)."""
+        return min(self.outputs, key=lambda o: o.judged_sqnr_db) if self.outputs else None
 
     def lines(self, runtime: bool = True) -> list[str]:
         """Markdown lines for the quantize summary (`runtime` False: without the runtime check's
@@ -175,6 +175,8 @@ class FidelityReport:
              + (f" ({o.variation_sqnr_db:.1f} dB on its variation across samples: it sits on an offset)"
                 if o.offset_hidden else "")
              + f", cosine {o.cosine:.4f}"
+             + (f"; its {o.part.describe()}, on a scale {o.part.gap:.0f}x below the rest, {o.part.sqnr_db:.1f} dB"
+                if o.part is not None else "")
              + (f", top-1 agreement {100 * o.top1_agreement:.1f}%" if o.top1_agreement is not None else "")
              + (f" ({100 * o.decisive_agreement:.1f}% on the {o.decisive_rows} rows that are no near-ties)"
                 if o.decisive_agreement is not None and o.decisive_rows < o.rows else ""))
@@ -207,7 +209,8 @@ class FidelityReport:
         if self.broken or likely is not None:
             if self.broken:
                 reshaped = any(o.shape_changed for o in self.outputs)
-                out.append(f"WARNING: the quantized model looks broken (SQNR < {BROKEN_SQNR_DB:g} dB or "
+                out.append(f"WARNING: the quantized model looks broken (SQNR < {BROKEN_SQNR_DB:g} dB, of an "
+                           "output or of the channels of one on a scale of their own, or "
                            f"agreement < {100 * BROKEN_AGREEMENT:.0f}% on rows that are no near-ties; class "
                            f"scores under {BROKEN_FLOOR_DB:g} dB whatever their agreement"
                            + (f", or outputs of another shape than float's on more than "
@@ -271,7 +274,11 @@ class FidelityReport:
                              "decisive_agreement": num(o.decisive_agreement),
                              "decisive_rows": o.decisive_rows,
                              "expected_agreement": num(o.expected_agreement),
-                             "variation_sqnr_db": num(o.variation_sqnr_db)} for o in self.outputs],
+                             "variation_sqnr_db": num(o.variation_sqnr_db),
+                             "part": None if o.part is None else {
+                                 "axis": o.part.axis, "channels": list(o.part.channels), "size": o.part.size,
+                                 "gap": float(o.part.gap), "sqnr_db": num(o.part.sqnr_db)}}
+                            for o in self.outputs],
                 "offset_losses": [o.name for o in self.offset_losses],
                 "random_ops": list(self.random_ops),
                 "unscored": list(self.unscored),
@@ -293,7 +300,8 @@ def is_broken(outputs: list[OutputMetrics]) -> bool:
     """Any output with NaN/inf where float is finite, a value output with another shape than
     float's on more than 1 - BROKEN_AGREEMENT of the samples, a class-score output with top-1
     agreement (`judged_agreement`) below BROKEN_AGREEMENT, or another output below
-    BROKEN_SQNR_DB. Class scores are judged by agreement, down to BROKEN_FLOOR_DB: probabilities
+    BROKEN_SQNR_DB, whole or in its quiet part (`OutputMetrics.judged_sqnr_db`: a detector's
+    class scores beside its box coordinates read 6 dB where the whole output read 26). Class scores are judged by agreement, down to BROKEN_FLOOR_DB: probabilities
     near 0 and 1 give a low SQNR for small, harmless errors (a CTC recognizer at A8W8: 9.5 dB,
     the same characters), but an error above the output's own power is no small error. An
     output on an offset whose variation is lost is warned of (`FidelityReport.offset_losses`),
@@ -304,7 +312,7 @@ def is_broken(outputs: list[OutputMetrics]) -> bool:
         if not o.decisions and o.sqnr_db < BROKEN_FLOOR_DB:
             return True  # whatever the agreement
         agreement = judged_agreement(o)
-        return agreement < BROKEN_AGREEMENT if agreement is not None else o.sqnr_db < BROKEN_SQNR_DB
+        return agreement < BROKEN_AGREEMENT if agreement is not None else o.judged_sqnr_db < BROKEN_SQNR_DB
 
     return any(o.sqnr_db == -math.inf or bad(o) for o in outputs)
 
@@ -413,7 +421,7 @@ def _worst_sqnr(model: onnx.ModelProto, names: list[str], refs: list[list[np.nda
     """The lowest output SQNR of `model` (QDQ semantics: basic optimizations) on `feeds`
     against the float outputs `refs`: one session and one run, what each probe costs."""
     s = make_session(model, optimize="basic")
-    return min(o.sqnr_db for o in _score(names, refs, [s.run(names, f) for f in feeds]))
+    return min(o.judged_sqnr_db for o in _score(names, refs, [s.run(names, f) for f in feeds]))
 
 
 def _noise_db(pairs: dict[str, list[str]], qmodel: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]
@@ -808,7 +816,7 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
         whole = all(a is b for a, b in zip(pf, feeds))  # no feed cut: its outputs are at hand
         prefs = refs[:len(pf)] if whole else [fs().run(names, f) for f in pf]
         pgots = gots[:len(pf)] if whole else [qs().run(names, f) for f in pf]
-        base = min(o.sqnr_db for o in _score(names, prefs, pgots))
+        base = min(o.judged_sqnr_db for o in _score(names, prefs, pgots))
         t0 = time.perf_counter()
         acts = probe_culprits(q, names, prefs, pf, max_probed=max_probed, stats=stats, base_sqnr_db=base)
         rep.culprits, rep.probed, rep.together_gain_db, rep.group = acts[:4]

@@ -17,6 +17,7 @@ import mixq
 import mixq.api
 import mixq.passes.prepare
 import mixq.plan.numerics
+import mixq.plan.rules
 from mixq.evaluate import compare
 from mixq.passes.recognize import RecognizeReport
 
@@ -41,6 +42,17 @@ def policies_off(monkeypatch):
         monkeypatch.setattr(mixq.api, "apply_numerics", lambda plan, model, stats, **kw: (plan, []))
         monkeypatch.setattr(mixq.passes.prepare, "recognize", lambda m, kept=None: RecognizeReport())
     return off
+
+
+def _islands_kept_float(m, preset, feeds, tensors, monkeypatch):
+    """The island policy already keeps `tensors` float (no quantized layer reads them, between
+    float ops); then switch it off, so that the numerics policy the test is about is tested on
+    its own."""
+    plan = mixq.quantize(m, preset, feeds, check_kernels=False).plan
+    for t in tensors:
+        tp = plan.tensors.get(t)
+        assert tp is not None and tp.format is None and "no quantized layer" in tp.reason, (t, tp)
+    monkeypatch.setattr(mixq.plan.rules, "_drop_layerless_islands", lambda *a: None)
 
 
 def _quantize_and_compare(m, preset, feeds, *, part=None):
@@ -433,6 +445,7 @@ def test_quiet_waveforms_before_an_stft(preset, monkeypatch):
     without statistics and the waveform was quantized (the walk-through switched off below)."""
     m, feeds = _waveform_log_mel()
     quiet = feeds[2::3]
+    _islands_kept_float(m, preset, feeds, ["wave", "w3"], monkeypatch)  # between the input and the STFT
     res = mixq.quantize(m, preset, feeds, check_kernels=False)
     reasons = {f.tensor: f.reason for f in res.numerics}
     assert "wave" in reasons and "through Unsqueeze" in reasons["wave"], reasons
@@ -563,12 +576,14 @@ def test_timestep_embedding_keeps_its_phase(preset, policies_off):
 
 
 @pytest.mark.parametrize("preset", ["A8W8", "U8S8", "BF16", "FP16"])
-def test_a_feature_bucketized_in_the_graph_keeps_its_buckets(preset, policies_off):
+def test_a_feature_bucketized_in_the_graph_keeps_its_buckets(preset, policies_off, monkeypatch):
     """Floor(age * 0.1) picks a decade's embedding: a grid spacing ages 0 .. 110 by 0.87 (int8)
     or 0.5 (bf16) moves every age near a decade's edge into the next bucket. (h) measures a
     Floor / Ceil / Round's input against its unit step as a Sin's against its period.
     Measured: 39.9 (A8W8), 40.2 (U8S8), 50.7 (BF16), 67.0 dB (FP16); off 16.3, 18.2, 15.3, 20.1."""
     m, feeds = bucketized_feature()
+    if preset in ("A8W8", "U8S8"):  # the scaled age, between the input and the Floor: an island
+        _islands_kept_float(m, preset, feeds, ["age", "a10"], monkeypatch)
     res = mixq.quantize(m, preset, feeds, check_kernels=False)
     assert compare(m, res.model, feeds).first().sqnr_db >= 35.0, res.summary()
     kept = {f.tensor: f.reason for f in res.numerics if f.policy == "phase"}
@@ -664,7 +679,7 @@ def test_a_fractional_power_keeps_its_small_values(preset, policies_off):
 
 
 @pytest.mark.parametrize("preset", ["A8W8", "U8S8"])
-def test_a_running_sum_before_a_log_keeps_its_early_steps(preset, policies_off):
+def test_a_running_sum_before_a_log_keeps_its_early_steps(preset, policies_off, monkeypatch):
     """A running energy (CumSum over 200 frames of a squared feature, plus an epsilon, then a
     Log): its values spread from one frame's energy to 200 frames', and a grid sized for the
     last rounds the first frames to a few codes or to 0, where the Log's output is off by
@@ -681,6 +696,7 @@ def test_a_running_sum_before_a_log_keeps_its_early_steps(preset, policies_off):
                 "axis": np.array(1, np.int64), "eps": np.float32(1e-3)})
     feeds = [{"x": rng.normal(0, 1, (4, 200, 4)).astype(np.float32)} for _ in range(8)]
     fresh = [{"x": rng.normal(0, 1, (4, 200, 4)).astype(np.float32)} for _ in range(4)]
+    _islands_kept_float(m, preset, feeds, ["run", "p"], monkeypatch)  # between the CumSum and the Log
     res = mixq.quantize(m, preset, feeds, check_kernels=False)
     reasons = {f.tensor: f.reason for f in res.numerics}
     assert "would keep about" in reasons["run"] and "Log" in reasons["run"], res.summary()

@@ -24,8 +24,8 @@ from ..errors import ConfigError, did_you_mean
 from ..formats import get_format
 from ..granularity import PerBlock, PerChannel
 from ..graph import GraphIndex, float_attr, is_float_type, subgraphs, walk_graphs
-from .ops import (SHAPE_ONLY_REASON, TAIL_REASON, postprocess_tail, semantics, shape_only_tensors,
-                  unsupported_reason)
+from .ops import (COMPUTE_OPS, SHAPE_ONLY_REASON, TAIL_REASON, postprocess_tail, semantics,
+                  shape_only_tensors, unsupported_reason)
 from .plan import PrecisionPlan, TensorPrecision
 
 __all__ = ["build_plan", "float_tensors", "tensor_ranks"]
@@ -359,6 +359,69 @@ def _leave_empty_block_tensors(ix: GraphIndex, tensors: dict[str, TensorPrecisio
                                     reason="zero-size tensor: nothing to quantize, left float")
 
 
+def island_reason(ends: list[str]) -> str:
+    """Why an activation of a quantized island without a layer stays float (the plan's reason);
+    `ends`: what the island is read from and feeds (float nodes, graph inputs and outputs)."""
+    shown = ", ".join(ends[:3]) + (f" and {len(ends) - 3} more" if len(ends) > 3 else "")
+    return ("no quantized layer (Conv, ConvTranspose, Gemm, MatMul) computes with it, directly or through "
+            "the data movement and element-wise ops around it: it lies between " + (shown or "float nodes")
+            + ", where a grid adds rounding and no integer kernel runs; left float")
+
+
+def _drop_layerless_islands(ix: GraphIndex, config: QuantConfig, tensors: dict[str, TensorPrecision],
+                            req: _Requests) -> None:
+    """Activations on a calibrated grid (integer, scaled fp8) that no quantized layer reads or
+    writes, through the quantized nodes connecting them, stay float (`island_reason`): a Transpose
+    between a graph input and an LSTM, a Squeeze between two LSTMs. Quantized, such an island
+    is a round trip of rounding between float ops that no backend computes in integer (on an
+    NPU, a partition of its own); onnxruntime's quantizer leaves them float too (resemblyzer's
+    speaker encoder at A16W8: a linear mel input rounded on its way to the LSTM, cosine 0.93
+    against onnxruntime's 0.9998). Whole islands only: a grid cut inside one leaves a
+    DequantizeLinear -> pass-through -> float pattern onnxruntime's QDQ propagation rejects.
+    A model with no quantized layer at all keeps its plan (the user quantizes element-wise ops
+    on purpose), and an island holding a tensor override or a node a layer rule names keeps its
+    grids."""
+    def gridded(tp: TensorPrecision) -> bool:
+        return tp.role == "activation" and any(get_format(f).needs_qparams for f in tp.formats())
+
+    planned = {n for n, tp in tensors.items() if gridded(tp)}
+    live = [n for n in ix.graph.node if id(n) not in req.float_ids]
+    if not planned or not any(n.op_type in COMPUTE_OPS for n in live):
+        return
+    islands = _Groups()
+    keep: set[str] = {t for t, _ in config.tensor_formats if t in planned}
+    for node in live:
+        touched = [t for t in dict.fromkeys([*node.input, *node.output]) if t in planned]
+        for t in touched:
+            islands.union(touched[0], t)
+        named = any(r.matches("", node.name) for r in config.layer_rules)
+        if touched and (node.op_type in COMPUTE_OPS or named):
+            keep.add(touched[0])
+    kept_roots = {islands.find(t) for t in keep}
+    ends: dict[str, list[str]] = {}
+    outputs = {o.name for o in ix.graph.output}
+    for t in planned:
+        root = islands.find(t)
+        if root in kept_roots:
+            continue
+        here = ends.setdefault(root, [])
+        p = ix.producer(t)
+        around = [p] if p is not None else []
+        around += ix.consumers(t)
+        for n in around:
+            if id(n) in req.float_ids and n.op_type not in ("Shape", "Size"):  # they read no values
+                here.append(f"{n.op_type} {n.name!r} ({req.float_ids[id(n)].split(':')[0]})")
+        if p is None and t in ix.inputs:
+            here.append(f"graph input {t!r}")
+        if t in outputs:
+            here.append(f"graph output {t!r}")
+    for t in planned:
+        root = islands.find(t)
+        if root not in kept_roots:
+            tensors[t] = replace(tensors[t], format=None, consumer_formats={}, calibrate=False,
+                                 reason=island_reason(list(dict.fromkeys(ends[root]))))
+
+
 #: Policies on the requests, before formats are resolved (each may drop or change requests).
 REQUEST_POLICIES: tuple[Callable[[GraphIndex, QuantConfig, _Requests], None], ...] = (
     _fuse_activations,
@@ -565,6 +628,7 @@ def build_plan(model: onnx.ModelProto, config: QuantConfig, *,
         policy(ix, config, req)
     tensors = _resolve(ix, config, req)
     _requantize_fused(tensors, req)
+    _drop_layerless_islands(ix, config, tensors, req)
     _carry_grids_through_float_passthrough(ix, config, tensors, req)
     _leave_empty_block_tensors(ix, tensors)
     position = {n: i for i, n in enumerate(ix.values())}  # graph order, fused inputs included
