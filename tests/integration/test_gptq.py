@@ -140,16 +140,27 @@ def test_grams_are_the_inputs_second_moments_shared_and_batch_size_free():
 
 @settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 150), batch=st.sampled_from([1, 3, 8, 13]), shards=st.integers(1, 5),
-       huge=st.booleans(), seed=st.integers(0, 2**16))
-def test_grams_of_shards_are_the_bytes_of_one_pass(n, batch, shards, huge, seed):
+       huge=st.booleans(), seed=st.integers(0, 2**16), capped=st.booleans())
+def test_grams_of_shards_are_the_bytes_of_one_pass(n, batch, shards, huge, seed, capped):
     """Calibration cut into shards (any count, edges anywhere in a block of samples, blocks of
     SAMPLE_BLOCK samples for the Convs and ROW_BLOCK rows for the Gemm and MatMul) gives every
     layer's H the bits of one pass over the samples, rescaled blocks (values > 2^40) included;
-    the grams are summed on the workers, with no float pass of the driver's own."""
+    the grams are summed on the workers, with no float pass of the driver's own. `capped`: a
+    budget that takes the Convs' H from their first 16 samples (GRAM_BUDGET), the same ones
+    whatever the shards."""
     from mixq.calibration.sharded import calibrate_sharded
     from mixq.distributed import SerialExecutor
     from mixq.pipeline import Pipeline
 
+    if capped:
+        budget = gptq.GRAM_BUDGET
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(gptq, "GRAM_BUDGET", 16 * 64 * 27 * 27)  # the first Conv: 64 rows x k = 27
+            mp.setattr(gptq, "MIN_SAMPLES", 8)
+            test_grams_of_shards_are_the_bytes_of_one_pass.hypothesis.inner_test(
+                n, batch, shards, huge, seed, False)
+        assert gptq.GRAM_BUDGET == budget
+        return
     m, _ = _model()
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, 3, 8, 8)).astype(np.float32)
@@ -172,6 +183,29 @@ def test_grams_of_shards_are_the_bytes_of_one_pass(n, batch, shards, huge, seed)
     for a, b in zip(one.targets, part.targets):
         assert a.finite == b.finite
         assert a.gram is not None and a.gram.tobytes() == b.gram.tobytes(), a.weight
+
+
+def test_a_wide_layers_gram_comes_from_its_first_samples(monkeypatch):
+    """rows x k^2 over GRAM_BUDGET: the layer's H is its first samples' (whole blocks), the
+    other layers' all of them; the summary names the layer."""
+    from mixq.pipeline import Pipeline
+
+    m, feeds = _model()
+    x = np.concatenate([f["x"] for f in feeds])
+    pipe = Pipeline.load(m)
+    plan = pipe.plan(mixq.get_default_config("A8W8"))
+    monkeypatch.setattr(gptq, "GRAM_BUDGET", 8 * 64 * 27 * 27)  # w1: 64 rows of k = 27 a sample
+    monkeypatch.setattr(gptq, "MIN_SAMPLES", 8)
+    tap = gptq.GramTap(pipe.model, plan)
+    tap.run(pipe.model, [{"x": x[i:i + 3]} for i in range(0, len(x), 3)])
+    by = {t.weight: t for t in tap.targets}
+    assert by["w1"].cap == 8 and by["g"].cap is None
+    first = gptq.GramTap(pipe.model, plan)
+    first.run(pipe.model, [{"x": x[:8]}])
+    assert by["w1"].gram.tobytes() == {t.weight: t for t in first.targets}["w1"].gram.tobytes()
+    assert by["w2"].gram.tobytes() != {t.weight: t for t in first.targets}["w2"].gram.tobytes()
+    res = mixq.quantize(m, "A8W8", feeds)
+    assert "wide layer(s) measured on their first 8 samples" in res.summary() and "w1" in res.summary()
 
 
 def _model() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:

@@ -166,6 +166,44 @@ class _Chain:
         std = self.node("Sqrt", [self.node("Add", [var, self.const(1e-5)])])
         return self.node("Div", [centered, std])
 
+    def layernorm_jax(self, src: str, arg: int) -> str:
+        """flax's LayerNorm as jax2tf writes it, over the width (the last axis) or the channels:
+        sums with keepdims=0 times 1/n, the variance as max(0, E[x^2] - E[x]^2), both put back by
+        a Reshape and an Expand to constant shapes, rsqrt times a scale along the axis, then a
+        shift. A near miss puts the reduced axis back in another place (a different function:
+        the mean broadcast along H), which must stay as written."""
+        axis = 3 if arg % 2 else 1
+        n = self.hw if axis == 3 else self.c
+        kept = [1, self.c, self.hw, 1] if axis == 3 else [1, 1, self.hw, self.hw]
+        if arg >= NEAR and axis == 3 and self.hw > 1:
+            kept = [1, self.c, 1, self.hw]
+        target = self.const([0, *kept[1:]], "shape", np.int64)  # 0: the batch as it comes
+        spread = self.const(kept, "shape", np.int64)
+
+        def back(t: str) -> str:
+            r = self.node("Reshape", [t, target])
+            return self.node("Expand", [r, spread]) if arg % 3 else r
+
+        ax = self.const([axis], "axes", np.int64)
+        mean = self.node("Mul", [self.node("ReduceSum", [src, ax], keepdims=0), self.const(1.0 / n)])
+        ex2 = self.node("Mul", [self.node("ReduceSum", [self.node("Mul", [src, src]), ax], keepdims=0),
+                                self.const(1.0 / n)])
+        var = self.node("Max", [self.const(0.0), self.node("Sub", [ex2, self.node("Mul", [mean, mean])])])
+        inv = self.node("Reciprocal", [self.node("Sqrt", [self.node("Add", [back(var), self.const(1e-6)])])])
+        pshape = (self.hw,) if axis == 3 else (self.c, 1, 1)
+        scaled = self.node("Mul", [inv, self.const(self.rng.uniform(0.5, 2, pshape))])
+        y = self.node("Mul", [self.node("Sub", [src, back(mean)]), scaled])
+        return self.node("Add", [y, self.const(self.rng.standard_normal(pshape) * 0.3)])
+
+    def gelu_jax(self, src: str, arg: int) -> str:
+        """tanh-GELU as jax2tf writes it: 0.044715 x^3 as x * (x * (0.044715 * x)); a near miss
+        has another coefficient."""
+        c3 = self.node("Mul", [src, self.node("Mul", [src, self.node("Mul", [
+            self.const(0.05 if arg >= NEAR else 0.044715), src])])])
+        inner = self.node("Mul", [self.const(math.sqrt(2.0 / math.pi)), self.node("Add", [src, c3])])
+        cdf = self.node("Mul", [self.const(0.5), self.node("Add", [self.const(1.0), self.node("Tanh", [inner])])])
+        return self.node("Mul", [src, cdf])
+
     def log_magnitude(self, src: str, arg: int) -> str:
         """A spectrogram's Log of a magnitude: small values carry the information."""
         return self.node("Log", [self.node("Add", [self.node("Mul", [src, src]), self.const(1e-6)])])
@@ -208,7 +246,8 @@ _OPS = {"conv": _Chain.conv, "bn": _Chain.bn,
         "hardswish": _Chain.hardswish, "gate": _Chain.gate, "mish": _Chain.mish, "gelu": _Chain.gelu,
         "silu": _Chain.silu, "relu6": _Chain.relu6, "residual": _Chain.residual, "groupnorm": _Chain.groupnorm,
         "branch": _Chain.branch, "concat_ranges": _Chain.concat_ranges, "masked_softmax": _Chain.masked_softmax,
-        "layernorm_var": _Chain.layernorm_var, "log_magnitude": _Chain.log_magnitude}
+        "layernorm_var": _Chain.layernorm_var, "log_magnitude": _Chain.log_magnitude,
+        "layernorm_jax": _Chain.layernorm_jax, "gelu_jax": _Chain.gelu_jax}
 
 
 def _build(ops: list[tuple[str, int]], c: int, hw: int, seed: int, fanout: int) -> onnx.ModelProto:
@@ -272,6 +311,7 @@ def test_prepare_keeps_the_function_of_random_exported_chains(ops, c, hw, seed, 
 @pytest.mark.parametrize("act,arg,fused", [("hardswish", 0, "HardSwish"), ("hardswish", 1, "HardSwish"),
                                             ("hardswish", 2, "HardSwish"), ("hardswish", 3, "HardSwish"),
                                             ("mish", 0, "Mish"), ("mish", 1, "Mish"), ("gelu", 0, "Gelu"),
+                                            ("gelu_jax", 0, "Gelu"), ("layernorm_jax", 1, "LayerNormalization"),
                                             ("groupnorm", 1, "GroupNormalization")])
 def test_a_written_activation_after_a_learned_affine_leaves_one_node(act, arg, fused):
     """The property test's chains are what the recognisers match, and the layer folds run again

@@ -26,7 +26,7 @@ from .test_prepare_random import _OPS, _build
 #: the first wave's failure classes among the chains' ops (a Concat of two ranges, an additive
 #: mask before a Softmax, a LayerNorm's variance as E[x^2] - E[x]^2, the Log of a power): no
 #: preset keeps every such chain near float, so they have a test of their own below
-FRAGILE = ("concat_ranges", "masked_softmax", "layernorm_var", "log_magnitude")
+FRAGILE = ("concat_ranges", "masked_softmax", "layernorm_var", "log_magnitude", "layernorm_jax", "gelu_jax")
 #: the other ops, which every preset keeps near float
 STEADY = sorted(set(_OPS) - set(FRAGILE))
 

@@ -222,6 +222,124 @@ def test_softmax_near_misses_do_not_fuse():
     assert not rep.fused and rep.declined
 
 
+# ------------------------------------------------------------- jax2tf spellings (Magika)
+def _jax_model(g: _G, y: str, shape=("N", T, C)) -> onnx.ModelProto:
+    """x of `shape` (a dynamic batch): what jax2tf -> tf2onnx writes."""
+    g2 = helper.make_graph(g.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                           [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], g.inits)
+    m = helper.make_model(g2, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(m, data_prop=True)
+
+
+def _broadcast_back(g: _G, t: str, kept: list[int], *, expand: bool = True, at_batch: str = "x") -> str:
+    """jax2tf's BroadcastTo of a keepdims=0 reduction: Reshape to (batch, *kept) with the batch
+    read from Shape(x) at run time, then an Expand to the same shape."""
+    batch = g.op("Slice", g.op("Shape", at_batch), g.ints([0]), g.ints([1]))
+    target = g.op("Concat", batch, g.ints(kept), axis=0)
+    r = g.op("Reshape", t, target)
+    return g.op("Expand", r, target) if expand else r
+
+
+def _jax_layernorm(g: _G, axis: int, kept: list[int], n: int, gamma, beta) -> str:
+    """flax's LayerNorm as jax2tf writes it: sums with keepdims=0 times 1/n, the variance as
+    max(0, E[x^2] - E[x]^2), both broadcast back, rsqrt * gamma, then beta."""
+    mean = g.op("Mul", g.op("ReduceSum", "x", g.ints([axis]), keepdims=0), g.c(1.0 / n))
+    ex2 = g.op("Mul", g.op("ReduceSum", g.op("Mul", "x", "x"), g.ints([axis]), keepdims=0), g.c(1.0 / n))
+    var = g.op("Max", g.c(0.0), g.op("Sub", ex2, g.op("Mul", mean, mean)))
+    inv = g.op("Reciprocal", g.op("Sqrt", g.op("Add", _broadcast_back(g, var, kept), g.c(1e-6))))
+    d = g.op("Sub", "x", _broadcast_back(g, mean, kept))
+    return g.op("Add", g.op("Mul", d, g.op("Mul", inv, g.c(gamma))), g.c(beta))
+
+
+def _check_same(m: onnx.ModelProto, fused: onnx.ModelProto, shape) -> None:
+    x = (np.random.default_rng(0).standard_normal(shape) * 2.0 + 1.5).astype(np.float32)
+    for r, q in zip(_run(m, x), _run(fused, x)):
+        np.testing.assert_allclose(q, r, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("axis", [2, 1])
+def test_jax_layernorm_with_sums_broadcast_back_fuses(axis):
+    """Over the last axis: LayerNormalization. Over an inner one (Magika's first LayerNorm
+    normalises axis 1 of (N, 512, 256)): Transpose, LayerNormalization, Transpose back; the
+    scale and shift (1, T, 1) moved with it. Before, both were declined ('the subtracted value
+    is not mean(x)'): the means were taken with keepdims=0 and broadcast back."""
+    rng = np.random.default_rng(2)
+    g = _G()
+    if axis == 2:
+        y = _jax_layernorm(g, 2, [T, 1], C, rng.uniform(0.5, 1.5, C), rng.normal(0, 0.1, C))
+    else:
+        y = _jax_layernorm(g, 1, [1, C], T, rng.uniform(0.5, 1.5, (1, T, 1)), rng.normal(0, 0.1, (1, T, 1)))
+    m = _jax_model(g, y)
+    fused = onnx.ModelProto()
+    fused.CopyFrom(m)
+    rep = recognize(fused)
+    onnx.checker.check_model(fused, full_check=True)
+    assert [f.kind for f in rep.fused] == ["LayerNormalization"], rep
+    ops = [n.op_type for n in fused.graph.node if n.op_type not in ("Shape", "Slice", "Concat")]
+    assert ops == (["LayerNormalization"] if axis == 2 else ["Transpose", "LayerNormalization", "Transpose"])
+    _check_same(m, fused, (3, T, C))
+
+
+def test_jax_layernorm_near_misses_do_not_fuse():
+    """The reduced axis put back in another place ((N, C, 1) for a sum over T), and a put-back
+    Reshape with two unknown dims (batch and time dynamic: nothing proves the order): declined."""
+    rng = np.random.default_rng(2)
+    g = _G()
+    y = _jax_layernorm(g, 1, [C, 1], T, rng.uniform(0.5, 1.5, (1, T, 1)), rng.normal(0, 0.1, (1, T, 1)))
+    m = _jax_model(g, y, shape=("N", T, T))  # square, so that (N, T, 1) broadcasts as well
+    rep = recognize(m)
+    assert not rep.fused and rep.declined, rep
+    g = _G()
+    y = _jax_layernorm(g, 2, [T, 1], C, np.ones(C), np.zeros(C))
+    g.nodes = [n for n in g.nodes]
+    m = _jax_model(g, y, shape=("N", "T", C))
+    rep = recognize(m)
+    assert not rep.fused, rep
+
+
+@pytest.mark.parametrize("order", ["c_first", "c_last", "pow"])
+def test_jax_gelu_with_the_cubic_coefficient_anywhere_fuses(order):
+    """jax2tf writes 0.044715 x^3 as x * (x * (0.044715 * x)); a monomial of x in any order."""
+    g = _G()
+    if order == "c_first":
+        c3 = g.op("Mul", "x", g.op("Mul", "x", g.op("Mul", g.c(0.044715), "x")))
+    elif order == "c_last":
+        c3 = g.op("Mul", g.op("Mul", g.op("Mul", "x", "x"), "x"), g.c(0.044715))
+    else:
+        c3 = g.op("Mul", g.op("Pow", g.op("Mul", g.c(0.35472), "x"), g.c(3.0)), g.c(0.044715 / 0.35472 ** 3))
+    inner = g.op("Mul", g.c(math.sqrt(2 / math.pi)), g.op("Add", "x", c3))
+    cdf = g.op("Mul", g.c(0.5), g.op("Add", g.c(1.0), g.op("Tanh", inner)))
+    _check_fused(g.model(g.op("Mul", "x", cdf)), "Gelu", scale=2.0)
+    g = _G()  # x^2 is no cube
+    c2 = g.op("Mul", "x", g.op("Mul", g.c(0.044715), "x"))
+    inner = g.op("Mul", g.c(math.sqrt(2 / math.pi)), g.op("Add", "x", c2))
+    cdf = g.op("Mul", g.c(0.5), g.op("Add", g.c(1.0), g.op("Tanh", inner)))
+    assert not recognize(g.model(g.op("Mul", "x", cdf))).fused
+
+
+@pytest.mark.parametrize("expand", [True, False])
+def test_jax_softmax_with_reductions_broadcast_back_fuses(expand):
+    """max with keepdims=0 behind jax's Max(-inf, .) guard, the sum with keepdims=0, both
+    Reshaped (and Expanded) back: Softmax (Magika's classifier output)."""
+    g = _G()
+    mx = g.op("Max", g.c(-np.inf), g.op("ReduceMax", "x", g.ints([-1]), keepdims=0))
+    e = g.op("Exp", g.op("Sub", "x", _broadcast_back(g, mx, [T, 1], expand=expand)))
+    s = g.op("ReduceSum", e, g.ints([-1]), keepdims=0)
+    y = g.op("Div", e, _broadcast_back(g, s, [T, 1], expand=expand))
+    m = _jax_model(g, y)
+    fused = onnx.ModelProto()
+    fused.CopyFrom(m)
+    rep = recognize(fused)
+    assert [f.kind for f in rep.fused] == ["Softmax"], rep
+    assert [n.op_type for n in fused.graph.node if n.op_type not in ("Shape", "Slice", "Concat")] == ["Softmax"]
+    _check_same(m, fused, (3, T, C))
+    g = _G()  # the sum put back along another axis: no softmax
+    e = g.op("Exp", "x")
+    s = g.op("ReduceSum", e, g.ints([-1]), keepdims=0)
+    y = g.op("Div", e, _broadcast_back(g, s, [1, T]))
+    assert not recognize(_jax_model(g, y, shape=("N", T, T))).fused
+
+
 def _hardswish(g: _G, x: str, form: str) -> str:
     """x * relu6(x + 3) / 6 as exporters write it."""
     if form == "hardsigmoid":  # torch before opset 14

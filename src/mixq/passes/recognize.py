@@ -167,9 +167,13 @@ def _const_side(idx: _Index, n: onnx.NodeProto) -> tuple[str, float] | None:
     return None
 
 
-def _reduce_axes(idx: _Index, n: onnx.NodeProto, rank: int | None) -> tuple[int, ...] | str:
-    """Normalized (non-negative where the rank is known) axes of a Reduce* node, or a reason."""
-    if int_attr(n, "keepdims", 1) != 1:
+def _reduce_axes(idx: _Index, n: onnx.NodeProto, rank: int | None, squeezed: bool = False) -> tuple[int, ...] | str:
+    """Normalized (non-negative where the rank is known) axes of a Reduce* node, or a reason.
+    `squeezed`: the node must drop the reduced axes (keepdims=0; a caller checks that they are
+    put back), else keep them."""
+    if squeezed and int_attr(n, "keepdims", 1) != 0:
+        return f"{n.op_type} {n.name!r} keeps the reduced axes where a Reshape puts them back"
+    if not squeezed and int_attr(n, "keepdims", 1) != 1:
         return f"{n.op_type} {n.name!r} drops the reduced axes (keepdims=0)"
     axes: list[int] | None = None
     for a in n.attribute:
@@ -191,13 +195,81 @@ def _reduce_axes(idx: _Index, n: onnx.NodeProto, rank: int | None) -> tuple[int,
     return tuple(sorted(axes))
 
 
-def _mean_of(idx: _Index, t: str, used: list[onnx.NodeProto]) -> tuple[str, tuple[int, ...]] | str | None:
+def _through_expands(idx: _Index, t: str, used: list[onnx.NodeProto]) -> str:
+    """The source of `t` through Expand nodes that broadcast nothing known (the BroadcastTo
+    jax2tf writes before a broadcasting op: the same rank, and no static dim that changes),
+    appended to `used`: the op that reads `t` broadcasts their input alike."""
+    while True:
+        e = idx.prod(t, "Expand")
+        a = idx.shape(e.input[0]) if e is not None else None
+        b = idx.shape(t) if e is not None else None
+        if e is None or a is None or b is None or len(a) != len(b) or \
+                any((u is None) != (v is None) or u != v for u, v in zip(a, b)):
+            return t
+        used.append(e)
+        t = e.input[0]
+
+
+def _put_back(idx: _Index, t: str, x: str, axes: tuple[int, ...], used: list[onnx.NodeProto]) -> str | None:
+    """The squeezed tensor s when `t` is s (x reduced over `axes` with keepdims=0) with those
+    axes put back as 1 (an Unsqueeze of exactly them, or a Reshape proven to: every static dim
+    in place, at most one dim unknown, which the element count then fixes), behind
+    broadcast-only Expands; the nodes are appended to `used`. None when it is not."""
+    sub: list[onnx.NodeProto] = []
+    t = _through_expands(idx, t, sub)
+    r = idx.prod(t, "Reshape", "Unsqueeze")
+    xs = idx.shape(x)
+    if r is None or xs is None:
+        return None
+    rank = len(xs)
+    if r.op_type == "Unsqueeze":
+        ax = idx.const(r.input[1]) if len(r.input) > 1 else None
+        got = [a.ints for a in r.attribute if a.name == "axes"]
+        put = [int(v) for v in ax.reshape(-1)] if ax is not None else (list(got[0]) if got else None)
+        if put is None or sorted(a + rank if a < 0 else a for a in put) != list(axes):
+            return None
+    else:
+        out = idx.shape(r.output[0])
+        if out is None or len(out) != rank or any(out[a] != 1 for a in axes):
+            return None
+        rest = [j for j in range(rank) if j not in axes]
+        if any(out[j] is not None and xs[j] is not None and out[j] != xs[j] for j in rest) or \
+                sum(out[j] is None or xs[j] is None for j in rest) > 1:
+            return None
+    used += [*sub, r]
+    return r.input[0]
+
+
+def _mean_of(idx: _Index, t: str, used: list[onnx.NodeProto], squeezed: bool = False
+             ) -> tuple[str, tuple[int, ...]] | str | None:
     """(x, axes) when `t` is the mean of x over axes (ReduceMean, or ReduceSum times 1/n or
-    divided by n); appends the nodes to `used`."""
+    divided by n), with the axes kept (or, `squeezed`, dropped: keepdims=0); appends the nodes
+    to `used`. A mean taken with keepdims=0 and put back (`_put_back`) counts as kept."""
+    if not squeezed:
+        direct = _mean_of_here(idx, t, used, False)
+        if direct is not None:
+            return direct
+        # keepdims=0, then a Reshape / Unsqueeze (and a broadcast-only Expand) back: jax2tf
+        r = idx.prod(_through_expands(idx, t, []), "Reshape", "Unsqueeze")
+        if r is None:
+            return None
+        sub: list[onnx.NodeProto] = []
+        m = _mean_of_here(idx, r.input[0], sub, True)
+        if not isinstance(m, tuple):
+            return m
+        if _put_back(idx, t, m[0], m[1], sub) != r.input[0]:
+            return "a mean taken with keepdims=0 is reshaped to something else than its reduced axes put back"
+        used += sub
+        return m
+    return _mean_of_here(idx, t, used, True)
+
+
+def _mean_of_here(idx: _Index, t: str, used: list[onnx.NodeProto], squeezed: bool
+                  ) -> tuple[str, tuple[int, ...]] | str | None:
     rm = idx.prod(t, "ReduceMean")
     if rm is not None:
         shape = idx.shape(rm.input[0])
-        axes = _reduce_axes(idx, rm, len(shape) if shape is not None else None)
+        axes = _reduce_axes(idx, rm, len(shape) if shape is not None else None, squeezed)
         if isinstance(axes, str):
             return axes
         used.append(rm)
@@ -215,7 +287,7 @@ def _mean_of(idx: _Index, t: str, used: list[onnx.NodeProto]) -> tuple[str, tupl
     if rs is None:
         return None
     shape = idx.shape(rs.input[0])
-    axes = _reduce_axes(idx, rs, len(shape) if shape is not None else None)
+    axes = _reduce_axes(idx, rs, len(shape) if shape is not None else None, squeezed)
     if isinstance(axes, str):
         return axes
     if shape is None or any(a < 0 or a >= len(shape) or not shape[a] for a in axes):
@@ -269,7 +341,20 @@ def _why_not(idx: _Index, used: list[onnx.NodeProto], y: str, op: str, since: in
 # ---------------------------------------------------------------------------- LayerNorm
 def _variance_of(idx: _Index, v: str, x: str, axes: tuple[int, ...], used: list[onnx.NodeProto]
                  ) -> str | None:
-    """None when `v` is the (biased) variance of x over `axes`, else a reason."""
+    """None when `v` is the (biased) variance of x over `axes`, else a reason: computed with
+    the axes kept, or with keepdims=0 and the axes put back after (jax2tf, `_put_back`)."""
+    sub: list[onnx.NodeProto] = []
+    inner = _put_back(idx, v, x, axes, sub)
+    if inner is None:
+        return _variance_here(idx, v, x, axes, used, False)
+    why = _variance_here(idx, inner, x, axes, sub, True)
+    if why is None:
+        used += sub
+    return why
+
+
+def _variance_here(idx: _Index, v: str, x: str, axes: tuple[int, ...], used: list[onnx.NodeProto],
+                   squeezed: bool) -> str | None:
     clamp = idx.prod(v, "Relu", "Max")  # flax: max(0, E[x^2] - E[x]^2)
     if clamp is not None:
         if clamp.op_type == "Max":
@@ -281,7 +366,7 @@ def _variance_of(idx: _Index, v: str, x: str, axes: tuple[int, ...], used: list[
         else:
             used.append(clamp)
             v = clamp.input[0]
-    mean_sq = _mean_of(idx, v, used)
+    mean_sq = _mean_of(idx, v, used, squeezed)
     if isinstance(mean_sq, tuple):  # (x - mean)^2 form
         sq, ax2 = mean_sq
         d = _square_of(idx, sq, used)
@@ -300,7 +385,7 @@ def _variance_of(idx: _Index, v: str, x: str, axes: tuple[int, ...], used: list[
     sub = idx.prod(v, "Sub")  # E[x^2] - E[x]^2 form
     if sub is None:
         return "the value under the epsilon is not a recognised variance"
-    ex2 = _mean_of(idx, sub.input[0], used)
+    ex2 = _mean_of(idx, sub.input[0], used, squeezed)
     if not isinstance(ex2, tuple):
         return ex2 or "E[x^2] - E[x]^2: the first term is not a mean"
     if ex2[1] != axes or _square_of(idx, ex2[0], used) != x:
@@ -308,7 +393,7 @@ def _variance_of(idx: _Index, v: str, x: str, axes: tuple[int, ...], used: list[
     msq = _square_of(idx, sub.input[1], used)
     if msq is None:
         return "E[x^2] - E[x]^2: the second term is not a square"
-    m = _mean_of(idx, msq, used)
+    m = _mean_of(idx, msq, used, squeezed)
     if not isinstance(m, tuple) or m != (x, axes):
         return "E[x^2] - E[x]^2: the second term is not the square of mean(x) over the same axes"
     used.append(sub)
@@ -386,15 +471,18 @@ def _match_layernorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
         return why
     shape = idx.shape(x)
     rank = len(shape) if shape is not None else None
+    perm: list[int] | None = None  # reduced axes that are not the trailing ones: moved there and back
     if rank is None:
         if axes != (-1,):
             return "x has an unknown rank and the axes are not just the last one"
         axis, norm_shape = -1, None  # type: tuple[int, list[int] | None]
     else:
-        if any(a < 0 for a in axes) or list(axes) != list(range(rank - len(axes), rank)):
-            return f"the reduced axes {list(axes)} are not the trailing axes of a rank-{rank} tensor"
+        if any(a < 0 or a >= rank for a in axes):
+            return f"the reduced axes {list(axes)} are not axes of a rank-{rank} tensor"
         axis = rank - len(axes)
-        dims = shape[axis:]  # type: ignore[index]
+        if list(axes) != list(range(axis, rank)):  # LayerNormalization normalises trailing axes
+            perm = [j for j in range(rank) if j not in axes] + list(axes)
+        dims = [shape[a] for a in axes]  # type: ignore[index]
         norm_shape = [int(v or 0) for v in dims] if all(v for v in dims) else None
     y = norm_op.output[0]
     beta: np.ndarray | None = None
@@ -423,6 +511,13 @@ def _match_layernorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
         if norm_shape is None:
             return f"the {name} cannot be checked against a normalised shape that is not static"
         k = len(norm_shape)
+        if perm is not None:  # x's axes: the parameter must vary along the reduced ones only
+            if val.ndim > len(perm):
+                return f"the {name} of shape {list(val.shape)} has more axes than x"
+            full = val.reshape((1,) * (len(perm) - val.ndim) + val.shape)
+            if any(full.shape[j] != 1 for j in perm[:len(perm) - k]):
+                return f"the {name} of shape {list(val.shape)} varies outside the normalised axes"
+            val = np.transpose(full, perm)
         lead = val.shape[:-k] if val.ndim > k else ()
         if any(s != 1 for s in lead):
             return f"the {name} of shape {list(val.shape)} varies outside the normalised axes"
@@ -449,9 +544,21 @@ def _match_layernorm(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None
         bname = idx.fresh(f"{y}_ln_bias")
         inits.append(numpy_helper.from_array(np.ascontiguousarray(params[-1], dtype), bname))
         ins.append(bname)
-    node = helper.make_node("LayerNormalization", ins, [y], name=idx.fresh(f"{norm_op.name or y}_layernorm"),
-                            axis=axis, epsilon=float(eps))
-    return _Match(list({id(n): n for n in used}.values()), y, node, inits)
+    nodes = list({id(n): n for n in used}.values())
+    base = norm_op.name or y
+    if perm is None:
+        node = helper.make_node("LayerNormalization", ins, [y], name=idx.fresh(f"{base}_layernorm"),
+                                axis=axis, epsilon=float(eps))
+        return _Match(nodes, y, node, inits)
+    # normalised over inner axes (jax2tf: a LayerNorm over axis 1 of (N, 512, 256)): the axes
+    # moved last, normalised, moved back; Transposes move values without changing them
+    xt, yt = idx.fresh(f"{y}_ln_in"), idx.fresh(f"{y}_ln_out")
+    into = helper.make_node("Transpose", [x], [xt], name=idx.fresh(f"{base}_ln_transpose_in"), perm=perm)
+    ln = helper.make_node("LayerNormalization", [xt, *ins[1:]], [yt], name=idx.fresh(f"{base}_layernorm"),
+                          axis=-len(axes), epsilon=float(eps))
+    back = helper.make_node("Transpose", [yt], [y], name=idx.fresh(f"{base}_ln_transpose_out"),
+                            perm=[int(i) for i in np.argsort(perm)])
+    return _Match(nodes, y, back, inits, before=[into, ln], kind="LayerNormalization")
 
 
 def _unary(idx: _Index, used: list[onnx.NodeProto], x: str, y: str, op: str, since: int, base: str,
@@ -504,22 +611,34 @@ def _gelu_tail(idx: _Index, g_out: str, x: str, used: list[onnx.NodeProto]) -> s
     return m1.output[0]
 
 
-def _cube_of(idx: _Index, t: str, used: list[onnx.NodeProto]) -> str | None:
-    p = idx.prod(t, "Pow", "Mul")
-    if p is None or len(p.input) != 2:
+def _monomial(idx: _Index, t: str, x: str, used: list[onnx.NodeProto], depth: int = 0
+              ) -> tuple[int, float] | None:
+    """(p, c) when `t` is c * x^p as a tree of Mul nodes over x and scalar constants, with
+    Pow(., integer) (jax2tf writes 0.044715 x^3 as x * (x * (0.044715 * x))); the tree's nodes
+    are appended to `used`. None when `t` is not such a product of x."""
+    if t == x:
+        return 1, 1.0
+    c = idx.scalar(t)
+    if c is not None:
+        return 0, c
+    p = idx.prod(t, "Mul", "Pow")
+    if p is None or len(p.input) != 2 or depth > 8:
         return None
+    sub: list[onnx.NodeProto] = []
     if p.op_type == "Pow":
-        if _close(idx.scalar(p.input[1]), 3.0):
-            used.append(p)
-            return p.input[0]
-        return None
-    for a, b in ((0, 1), (1, 0)):
-        sub: list[onnx.NodeProto] = []
-        x = _square_of(idx, p.input[a], sub)
-        if x is not None and x == p.input[b]:
-            used += [p, *sub]
-            return x
-    return None
+        e = idx.scalar(p.input[1])
+        base = _monomial(idx, p.input[0], x, sub, depth + 1)
+        if e is None or base is None or e != int(e) or not 1 <= e <= 4:
+            return None
+        power, coeff = base[0] * int(e), base[1] ** int(e)
+    else:
+        a = _monomial(idx, p.input[0], x, sub, depth + 1)
+        b = _monomial(idx, p.input[1], x, sub, depth + 1)
+        if a is None or b is None:
+            return None
+        power, coeff = a[0] + b[0], a[1] * b[1]
+    used += [*sub, p]
+    return power, coeff
 
 
 def _match_gelu(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
@@ -551,17 +670,13 @@ def _match_gelu(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
             return None
         x = None
         for a, b in ((0, 1), (1, 0)):
-            m = idx.prod(add.input[b], "Mul")
-            mcs = _const_side(idx, m) if m is not None else None
-            if m is None or mcs is None:
-                continue
             sub: list[onnx.NodeProto] = []
-            cx = _cube_of(idx, mcs[0], sub)
-            if cx is not None and cx == add.input[a]:
-                if not _close(mcs[1], 0.044715):
-                    return f"Tanh {anchor.name!r}: the cubic coefficient is {mcs[1]:g}, not 0.044715"
-                x = cx
-                used += [p, add, m, *sub]
+            mono = _monomial(idx, add.input[b], add.input[a], sub)
+            if mono is not None and mono[0] == 3:  # x + c x^3, c x^3 written in any order
+                if not _close(mono[1], 0.044715):
+                    return f"Tanh {anchor.name!r}: the cubic coefficient is {mono[1]:g}, not 0.044715"
+                x = add.input[a]
+                used += [p, add, *sub]
                 break
         if x is None:
             return None
@@ -576,7 +691,9 @@ def _match_gelu(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
 
 # ---------------------------------------------------------------------------- Softmax
 def _match_softmax(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
-    """Anchor: the Exp of exp(x - max(x)) / sum(exp(x - max(x))) (the max is optional)."""
+    """Anchor: the Exp of exp(x - max(x)) / sum(exp(x - max(x))) (the max is optional); the
+    sum and the max taken with the axis kept, or with keepdims=0 and put back (`_put_back`;
+    the max behind jax's Max(-inf, .) guard)."""
     e = anchor.output[0]
     rc = idx.consumers.get(e, [])
     rs = [c for c in rc if c.op_type == "ReduceSum"]
@@ -586,32 +703,29 @@ def _match_softmax(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
     if len(rc) != 2 or len(rs) != 1 or len(dv) != 1:
         return f"Exp {anchor.name!r} is read by {[c.op_type for c in rc]}, not one ReduceSum and one Div"
     rsum, div = rs[0], dv[0]
-    if div.input[1] != rsum.output[0]:
-        return f"Div {div.name!r} does not divide by the sum of the exponentials"
     used = [anchor, rsum, div]
-    x = anchor.input[0]
-    sub = idx.prod(x, "Sub")
-    if sub is not None:
-        mx = idx.prod(sub.input[1], "ReduceMax")
-        if mx is not None and mx.input[0] == sub.input[0]:
-            shape = idx.shape(mx.input[0])
-            max_axes = _reduce_axes(idx, mx, len(shape) if shape is not None else None)
-            if isinstance(max_axes, str):
-                return max_axes
-            used = [mx, sub, *used]
-            x = sub.input[0]
-        else:
-            max_axes = None
-    else:
-        max_axes = None
-    shape = idx.shape(x)
-    axes = _reduce_axes(idx, rsum, len(shape) if shape is not None else None)
+    shape = idx.shape(e)
+    rank = len(shape) if shape is not None else None
+    squeezed = div.input[1] != rsum.output[0]
+    axes = _reduce_axes(idx, rsum, rank, squeezed)
+    if squeezed:
+        back: list[onnx.NodeProto] = []
+        if isinstance(axes, str) or _put_back(idx, div.input[1], e, axes, back) != rsum.output[0]:
+            return f"Div {div.name!r} does not divide by the sum of the exponentials"
+        used += back
     if isinstance(axes, str):
         return axes
     if len(axes) != 1:
         return f"ReduceSum {rsum.name!r} sums over {len(axes)} axes; Softmax takes one"
-    if max_axes is not None and max_axes != axes:
-        return f"the max is taken over axes {list(max_axes)}, the sum over {list(axes)}"
+    x = anchor.input[0]
+    sub = idx.prod(x, "Sub")
+    if sub is not None:
+        found = _max_of(idx, sub.input[1], sub.input[0], axes)
+        if isinstance(found, str):
+            return found
+        if found is not None:
+            used = [*found, sub, *used]
+            x = sub.input[0]
     y = div.output[0]
     why = _check_private(idx, used, y)
     if why is not None:
@@ -620,6 +734,40 @@ def _match_softmax(idx: _Index, anchor: onnx.NodeProto) -> _Match | str | None:
         return f"Softmax over one axis needs opset 13 (the model has {idx.opset})"
     node = helper.make_node("Softmax", [x], [y], name=idx.fresh(f"{div.name or y}_softmax"), axis=axes[0])
     return _Match(used, y, node)
+
+
+def _max_of(idx: _Index, m: str, x: str, axes: tuple[int, ...]) -> list[onnx.NodeProto] | str | None:
+    """The nodes when `m` is max(x) over `axes` (ReduceMax with them kept, or dropped and put
+    back, behind a Max(-inf, .) guard); a reason when it is a max over other axes; None when it
+    is no max of x."""
+    used: list[onnx.NodeProto] = []
+    mx = idx.prod(m, "ReduceMax")
+    squeezed = False
+    if mx is None:
+        r = idx.prod(_through_expands(idx, m, []), "Reshape", "Unsqueeze")
+        if r is None:
+            return None
+        inner = r.input[0]
+        guard = idx.prod(inner, "Max")
+        if guard is not None:
+            cs = _const_side(idx, guard)
+            if cs is None or cs[1] != -math.inf:
+                return None
+            used.append(guard)
+            inner = cs[0]
+        mx = idx.prod(inner, "ReduceMax")
+        if mx is None or _put_back(idx, m, x, axes, used) != r.input[0]:
+            return None
+        squeezed = True
+    if mx.input[0] != x:
+        return None
+    shape = idx.shape(x)
+    max_axes = _reduce_axes(idx, mx, len(shape) if shape is not None else None, squeezed)
+    if isinstance(max_axes, str):
+        return max_axes
+    if max_axes != axes:
+        return f"the max is taken over axes {list(max_axes)}, the sum over {list(axes)}"
+    return [mx, *used]
 
 
 # ---------------------------------------------------------------------------- HardSwish
