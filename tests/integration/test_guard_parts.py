@@ -106,3 +106,35 @@ def test_the_guard_calls_scores_lost_beside_boxes_broken(preset, broken):
         assert d["channels"] == [4, 5, 6] and math.isclose(d["sqnr_db"], out.part.sqnr_db)
     else:
         assert out.part.sqnr_db > 20.0
+
+
+def test_the_searchs_relative_l2_reads_the_quiet_part_too():
+    """`mixq auto`'s L2 (and SQNR) target is measured as the guard judges: the worst of the
+    whole output's relative L2 and its quiet part's. Before, the scores lost beside the boxes
+    read 0.04 (the boxes') and an L2 target of 0.1 accepted the broken plan."""
+    from mixq.search.workbench import quiet_parts, relative_l2
+
+    rng = np.random.default_rng(0)
+    boxes, scores = _boxes_and_scores(rng)
+    ref = np.concatenate([boxes, scores], axis=1)
+    got = ref.copy()
+    got[:, 4:] = np.round(got[:, 4:] / 5.0) * 5.0
+    m = _detector_head()
+    parts = quiet_parts(m, 0, [ref])
+    assert parts == [(1, tuple(range(4, 22)))]
+    whole = relative_l2([(got, ref)])
+    assert whole < 0.01 < 0.5 < relative_l2([(got, ref)], parts)
+    assert quiet_parts(m, 0, [ref[:, :, 0]]) == []  # rank 2: class scores, judged by agreement
+
+
+def test_auto_with_an_l2_target_keeps_the_scores():
+    from mixq.search import AutoConfig, Candidate, auto_quantize
+
+    m = _detector_head()
+    rng = np.random.default_rng(5)
+    feeds = [{"x": rng.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(40)]
+    base = mixq.get_default_config("A16W8").with_options(quantize_tail=True)
+    auto = AutoConfig(base=base, candidates=(Candidate("int8", "int8"),), l2_target=0.1, cache_dir=None)
+    res = auto_quantize(m, auto, feeds)
+    assert res.target_met and res.metric <= 0.1
+    assert res.narrow_metric is not None and res.narrow_metric > 0.3  # all int8: the scores lost

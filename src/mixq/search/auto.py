@@ -947,7 +947,8 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
 
     cacheable = evaluate_function is None
     ev_key_base = _key("eval/margin", sens_key, objective.describe(), None if labels is None else
-                       hashlib.sha256(np.ascontiguousarray(labels).tobytes()).hexdigest())
+                       hashlib.sha256(np.ascontiguousarray(labels).tobytes()).hexdigest(),
+                       *([wb.parts] if wb.parts else []))  # L2 and SQNR read the quiet parts too
     ev_cache = (cache.get(ev_key_base) or {}) if cacheable else {}
     rows = (sum(o.shape[0] for o in wb.float_outputs if o.ndim)
             if evaluate_function is None and (labels is not None or auto.metric == "agreement")

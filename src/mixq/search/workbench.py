@@ -52,16 +52,46 @@ def run_output(model: onnx.ModelProto, feeds: Feeds, index: int, threads: int | 
     return [sess.run([name], f)[0] for f in feeds]
 
 
-def relative_l2(pairs) -> float:
+def relative_l2(pairs, parts: Sequence[tuple[int, tuple[int, ...]]] = ()) -> float:
     """sqrt(sum (q - f)^2 / sum f^2) over (quantized, float) array pairs; a pair of different
-    shapes (a detector's box count changed) counts as unrelated: sum q^2 + sum f^2."""
+    shapes (a detector's box count changed) counts as unrelated: sum q^2 + sum f^2. With
+    `parts` ((axis, channels) of the float output's quiet parts, `quiet_parts`): the largest
+    of the whole output's and each part's own relative L2, as the guard judges an output."""
+    pairs = list(pairs)
     num = den = 0.0
     for q, f in pairs:
         f64, q64 = np.asarray(f, dtype=np.float64), np.asarray(q, dtype=np.float64)
         num += float(np.sum((q64 - f64) ** 2)) if q64.shape == f64.shape else \
             float(np.sum(q64 ** 2) + np.sum(f64 ** 2))
         den += float(np.sum(f64 ** 2))
-    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+    whole = float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+    worst = whole
+    for axis, channels in parts:
+        sub = [(np.take(np.asarray(q), channels, axis=axis), np.take(np.asarray(f), channels, axis=axis))
+               for q, f in pairs if np.asarray(q).shape == np.asarray(f).shape and np.asarray(f).ndim > axis]
+        if sub:
+            worst = max(worst, relative_l2(sub))
+    return worst
+
+
+def quiet_parts(model: onnx.ModelProto, index: int, outputs: Sequence[np.ndarray]
+                ) -> list[tuple[int, tuple[int, ...]]]:
+    """The quiet parts (`mixq.evaluate.quiet_part`) of output `index`'s float values: channels
+    along an axis whose rms lies PART_GAP times below the rest (a detector's scores beside its
+    boxes), which a relative L2 of the whole output does not see. None for class scores (rank
+    2, or written by a Softmax), which the guard judges by agreement, not by parts."""
+    from ..evaluate import ErrorStats, quiet_part
+    from ..fidelity import class_score_outputs
+
+    name = model.graph.output[index].name if index < len(model.graph.output) else None
+    if not outputs or name is None or name in class_score_outputs(model) or \
+            any(np.asarray(o).ndim <= 2 for o in outputs):
+        return []
+    acc = ErrorStats(classifier=False)
+    for f in outputs:
+        acc.update(f, f)
+    return [(axis, p.channels) for axis, (sg, ns) in sorted(acc.chan.items())
+            if (p := quiet_part(sg, ns, axis)) is not None]
 
 
 @dataclass
@@ -82,6 +112,8 @@ class Workbench:
     rounder: Any = None
     #: what each tensor's statistics alone decide in the numerics policies, across the plans
     _numerics: StatsMemo = field(default_factory=StatsMemo, init=False, repr=False)
+    #: the output's quiet parts (`quiet_parts`), which `relative_l2` measures beside the whole
+    parts: list[tuple[int, tuple[int, ...]]] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         from ..evaluate import decision_outputs, make_session
@@ -101,6 +133,7 @@ class Workbench:
             self.float_outputs = [sess.run([out.name], f)[0] for f in self.eval_feeds]
         self.eval_digest = feeds_digest(self.eval_feeds)
         self.nonfinite = nonfinite_initializers(self.model)
+        self.parts = quiet_parts(self.model, self.output_index, self.float_outputs)
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -149,8 +182,9 @@ class Workbench:
         return run_output(model, self.eval_feeds, self.output_index)
 
     def relative_l2(self, outputs: list[np.ndarray]) -> float:
-        """Relative L2 of `outputs` to the float outputs over the held-out data."""
-        return relative_l2(zip(outputs, self.float_outputs))
+        """Relative L2 of `outputs` to the float outputs over the held-out data (the worst of
+        the whole output's and its quiet parts')."""
+        return relative_l2(zip(outputs, self.float_outputs), self.parts)
 
     def top1_agree_rows(self, outputs: list[np.ndarray]) -> np.ndarray:
         """1.0 for each output row whose top-1 class is the float model's, else 0.0."""
