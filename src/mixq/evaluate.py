@@ -201,6 +201,11 @@ MIN_VARIATION_SAMPLES = 4
 PART_GAP = 16.0
 #: Axes of at most this many channels are split into parts (longer ones are positions, frames)
 PART_MAX_CHANNELS = 4096
+#: ... and the split must hold in every sample: each quiet channel's rms in any sample at least
+#: this factor below each loud channel's in any other. A quantity concatenated beside another is
+#: quiet in every sample (scores beside boxes); the rows of a text detector's probability map
+#: are not (a background row of one page is a text row of the next), nor an image's
+PART_SAMPLE_GAP = 4.0
 #: An output whose variation SQNR is this far below its SQNR sits on an offset (`offset_hidden`).
 OFFSET_DB = 10.0
 
@@ -282,11 +287,13 @@ class QuietPart(NamedTuple):
         return f"channel{'s' if len(self.channels) > 1 else ''} {shown} of {self.size} along axis {self.axis}"
 
 
-def quiet_part(sig: np.ndarray, noise: np.ndarray, axis: int, gap: float = PART_GAP) -> QuietPart | None:
+def quiet_part(sig: np.ndarray, noise: np.ndarray, axis: int, gap: float = PART_GAP,
+               lo: np.ndarray | None = None, hi: np.ndarray | None = None) -> QuietPart | None:
     """The quiet part of one axis from its channels' signal and noise powers (sums over the
     other axes and the samples): the channels below the largest jump of `gap` or more in their
-    rms, sorted (channels that are 0 in float everywhere take no part). None without such a
-    jump."""
+    rms, sorted (channels that are 0 in float everywhere take no part). With `lo` / `hi` (each
+    channel's least and greatest power in one sample) the split must hold in every sample
+    (PART_SAMPLE_GAP). None without such a jump."""
     live = np.flatnonzero(sig > 0)
     if live.size < 2:
         return None
@@ -295,6 +302,9 @@ def quiet_part(sig: np.ndarray, noise: np.ndarray, axis: int, gap: float = PART_
     jumps = rms[:-1] / rms[1:]
     k = int(np.argmax(jumps))
     if not jumps[k] >= gap:
+        return None
+    if lo is not None and hi is not None and \
+            not float(np.max(hi[order[k + 1:]])) * PART_SAMPLE_GAP ** 2 <= float(np.min(lo[order[:k + 1]])):
         return None
     quiet = np.sort(order[k + 1:])
     s, n = float(sig[quiet].sum()), float(noise[quiet].sum())
@@ -343,6 +353,8 @@ class ErrorStats:
     #: between samples is dropped
     chan: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     chan_dropped: set[int] = field(default_factory=set)
+    #: per axis: each channel's least and greatest signal power in one sample (row of axis 0)
+    chan_range: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def update(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
         ref, got = np.asarray(ref), np.asarray(got)
@@ -399,20 +411,25 @@ class ErrorStats:
             n = r.shape[axis]
             if axis in self.chan_dropped or not 2 <= n <= PART_MAX_CHANNELS:
                 continue
-            others = tuple(a for a in range(r.ndim) if a != axis)
+            inner = tuple(a for a in range(1, r.ndim) if a != axis)
             had = self.chan.get(axis)
             if had is not None and had[0].shape != (n,):
                 del self.chan[axis]
+                self.chan_range.pop(axis, None)
                 self.chan_dropped.add(axis)
                 continue
-            s, e = s2.sum(axis=others), e2.sum(axis=others)
+            per = s2.sum(axis=inner)  # (samples, channels)
+            s, e = per.sum(axis=0), e2.sum(axis=inner).sum(axis=0)
             self.chan[axis] = (s, e) if had is None else (had[0] + s, had[1] + e)
+            lo, hi = per.min(axis=0), per.max(axis=0)
+            was = self.chan_range.get(axis)
+            self.chan_range[axis] = (lo, hi) if was is None else (np.minimum(was[0], lo), np.maximum(was[1], hi))
 
     def quiet_part(self) -> QuietPart | None:
         """The quietest part (lowest SQNR) over the axes whose channels split into two scales
         (`quiet_part`); None where none does, or where the whole output is already worse."""
         parts = [p for axis, (sg, ns) in sorted(self.chan.items())
-                 if (p := quiet_part(sg, ns, axis)) is not None]
+                 if (p := quiet_part(sg, ns, axis, PART_GAP, *self.chan_range[axis])) is not None]
         if not parts or self.bad:
             return None
         worst = min(parts, key=lambda p: p.sqnr_db)

@@ -235,7 +235,8 @@ class FidelityReport:
             if self.fix_command:
                 out.append(f"try: {self.fix_command}")
         if runtime and self.runtime_disagrees:
-            out.append(f"WARNING: with onnxruntime's default optimizations (its fused 8-bit kernels) the "
+            out.append(f"WARNING: with onnxruntime's default optimizations (its fused integer kernels: "
+                       f"QLinearConv, MatMulInteger, MatMulNBits ...) the "
                        f"model scores SQNR {self.runtime_sqnr_db:.1f} dB against float, where the QDQ "
                        f"semantics score {self.runtime_qdq_sqnr_db:.1f} dB on the same samples: the "
                        "runtime computes something else; run with graph optimizations at 'basic' "
@@ -899,11 +900,20 @@ def mean_sqnr_db(float_model: onnx.ModelProto | bytes | str, qmodels: list[onnx.
 
 def _fusable(q: onnx.ModelProto) -> bool:
     """Whether onnxruntime may fuse integer kernels: a QuantizeLinear to 8 bits (its zero point,
-    or no zero point: uint8) in the main graph."""
+    or no zero point: uint8) in the main graph, or a DequantizeLinear of an integer constant
+    read by a MatMul whose other input comes from no DequantizeLinear (its default
+    optimizations run that as MatMulNBits, which quantizes the float input on the fly: NeMo's
+    front end wrote NaN that way, finite values with basic optimizations)."""
     eight = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8}
     inits = {t.name: t.data_type for t in q.graph.initializer}
     consts = {n.output[0]: n.attribute[0].t.data_type for n in q.graph.node
               if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR}
+    dq_const = {n.output[0] for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input
+                and (n.input[0] in inits or n.input[0] in consts)}
+    dq_any = {n.output[0] for n in q.graph.node if n.op_type == "DequantizeLinear"}
+    for n in q.graph.node:
+        if n.op_type == "MatMul" and len(n.input) == 2 and n.input[1] in dq_const and n.input[0] not in dq_any:
+            return True
     for n in q.graph.node:
         if n.op_type != "QuantizeLinear" or n.domain not in ("", "ai.onnx"):
             continue

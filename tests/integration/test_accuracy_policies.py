@@ -493,6 +493,97 @@ def test_log_of_quiet_bins(preset, policies_off):
     assert cos_off < (0.9 if preset == "A8W8" else 0.97), cos_off
 
 
+def _stft_frontend():
+    """A speech front end as onnx-asr's kaldi / NeMo exports write it: pre-emphasis (edge Pad,
+    Slice, Mul by 0.97, Sub), the STFT as a Conv, the power (ReduceSumSquare), a Transpose to
+    (B, T, F), the mel filterbank as a MatMul, the Log; loud, medium and quiet recordings."""
+    N, nfft, hop, F, M = 4096, 256, 128, 129, 24
+    t, k = np.arange(nfft), np.arange(F)[:, None]
+    win = np.hanning(nfft)
+    kern = np.concatenate([(np.cos(2 * np.pi * k * t / nfft) * win)[:, None],
+                           (-np.sin(2 * np.pi * k * t / nfft) * win)[:, None]]).astype(np.float32)
+    fb = np.zeros((F, M), np.float32)
+    for j in range(M):
+        c = int(2 + j * (F - 6) / M)
+        fb[c:c + 5, j] = [0.25, 0.75, 1, 0.75, 0.25]
+    inits = {"ax": np.array([1], np.int64), "pads": np.array([0, 0, 1, 0, 0, 0], np.int64),
+             "s0": np.array([0], np.int64), "sN": np.array([N], np.int64), "a2": np.array([2], np.int64),
+             "coef": np.float32(0.97), "kern": kern, "shp": np.array([0, 2, F, -1], np.int64), "fb": fb,
+             "eps": np.float32(1e-10)}
+    nodes = [helper.make_node("Unsqueeze", ["wave", "ax"], ["w3"]),
+             helper.make_node("Pad", ["w3", "pads"], ["padded"], mode="edge"),
+             helper.make_node("Slice", ["padded", "s0", "sN", "a2"], ["prev"]),
+             helper.make_node("Mul", ["prev", "coef"], ["prev_s"]), helper.make_node("Sub", ["w3", "prev_s"], ["emph"]),
+             helper.make_node("Conv", ["emph", "kern"], ["stft"], strides=[hop]),
+             helper.make_node("Reshape", ["stft", "shp"], ["ri"]),
+             helper.make_node("ReduceSumSquare", ["ri", "ax"], ["power"], keepdims=0),
+             helper.make_node("Transpose", ["power"], ["power_t"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["power_t", "fb"], ["mel"]), helper.make_node("Add", ["mel", "eps"], ["mel_e"]),
+             helper.make_node("Log", ["mel_e"], ["feats"])]
+    m = _model(nodes, [_vi("wave", ["B", N])], [_vi("feats", ["B", None, M])], inits)
+    m.opset_import[0].version = 18  # ReduceSumSquare's axes as an input
+
+    def feeds(seed: int, n: int) -> list[dict[str, np.ndarray]]:
+        rng = np.random.default_rng(seed)
+        tt = np.arange(N) / 16000
+        return [{"wave": ([0.5, 0.05, 0.002][i % 3] * (np.sin(2 * np.pi * rng.uniform(100, 3000, (4, 1)) * tt)
+                                                       + 0.3 * rng.standard_normal((4, N)))).astype(np.float32)}
+                for i in range(n)]
+    return m, feeds(1, 12), feeds(2, 9)
+
+
+@pytest.mark.parametrize("preset", ["A8W8", "A16W8"])
+def test_a_filterbank_behind_a_transpose_keeps_its_weight_float(preset):
+    """Policy (b) keeps the STFT power float on its way to the Log; the filterbank MatMul reads it
+    through a Transpose. Its int8 weight was kept only where the MatMul read a flagged tensor by
+    name: here onnxruntime's default optimizations ran DequantizeLinear(int8) -> MatMul as
+    MatMulNBits, quantizing the power spectrum on the fly, and wrote NaN (572 of the fresh
+    features; basic optimizations: cosine 0.99999) while the guard, reading the QDQ
+    semantics, was quiet. The weight stays float now, and the guard's runtime check also runs
+    where a MatMul reads an integer weight and a float input."""
+    m, calib, fresh = _stft_frontend()
+    res = mixq.quantize(m, preset, calib, check_kernels=False)
+    fb = res.plan.tensors["fb"]
+    assert fb.format is None and "MatMulNBits" in fb.reason, fb
+    for optimize in (True, "basic"):
+        s, f = mixq.evaluate.make_session(res.model, optimize=optimize), mixq.evaluate.make_session(m)
+        got = np.concatenate([s.run(None, x)[0].ravel() for x in fresh])
+        ref = np.concatenate([f.run(None, x)[0].ravel() for x in fresh])
+        assert np.all(np.isfinite(got))
+        assert float(got @ ref / np.linalg.norm(got) / np.linalg.norm(ref)) > 0.999
+
+
+def test_the_runtime_check_reads_a_matmul_onnxruntime_would_run_as_matmulnbits(monkeypatch):
+    """The same front end with the weight left on its int8 grid (the old rule): the guard's
+    runtime check, which ran for 8-bit QuantizeLinear nodes only, now runs and says the
+    default-optimized model computes something else."""
+    monkeypatch.setattr(mixq.plan.numerics, "_float_input_weights", lambda *a: {})
+    m, calib, _ = _stft_frontend()
+    res = mixq.quantize(m, "A16W8", calib, check_kernels=False)
+    assert res.plan.tensors["fb"].format == "int8"
+    assert res.fidelity.runtime_sqnr_db is not None and res.fidelity.runtime_disagrees
+    assert "MatMulNBits" in res.summary() and "computes something else" in res.summary()
+
+
+def test_an_island_a_policy_cuts_off_stays_float(monkeypatch):
+    """A tensor a policy keeps float can leave the quantized nodes before it without a layer:
+    a pre-emphasis (x - 0.97 x[t-1]) whose output feeds an STFT Conv kept float. Those stay
+    float too (`numerics._drop_new_islands`: kaldi's front end at A8W8, 12 -> 36 dB on its
+    features); the Conv still has its int8 weight."""
+    m, calib, _ = _stft_frontend()
+    real = mixq.plan.numerics.find_numerics
+
+    def only_emph(plan, model, stats, *a, **k):  # the policy's verdict on the Conv's input alone
+        return [mixq.plan.numerics.Finding("emph", "small_values", "small values matter (test)")]
+    monkeypatch.setattr(mixq.plan.numerics, "find_numerics", only_emph)
+    res = mixq.quantize(m, "A8W8", calib, check_kernels=False)
+    for t in ("prev_s", "prev", "w3"):
+        tp = res.plan.tensors[t]
+        assert tp.format is None and "no quantized layer" in tp.reason and "output kept float" in tp.reason, tp
+    assert res.plan.tensors["kern"].format == "int8" and res.plan.tensors["stft"].format == "int8"
+    monkeypatch.setattr(mixq.plan.numerics, "find_numerics", real)
+
+
 def _waveform_log_mel():
     """The spectrogram computed in the graph from the waveform (Unsqueeze, STFT,
     ReduceSumSquare: ops mixq leaves float), then the filterbank, the Log and a layer; loud,

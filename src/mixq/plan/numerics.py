@@ -906,20 +906,31 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
     return list(found.values())
 
 
-def _float_input_weights(model: onnx.ModelProto, plan: PrecisionPlan, flagged: dict[str, Finding]
-                         ) -> dict[str, tuple[str, str]]:
-    """Integer weights of the MatMul/Gemm nodes whose input a policy keeps float: onnxruntime
+def _float_input_weights(model: onnx.ModelProto, plan: PrecisionPlan, tensors: dict[str, TensorPrecision],
+                         flagged: dict[str, Finding]) -> dict[str, tuple[str, str]]:
+    """Integer weights of the MatMul/Gemm nodes whose input was on a grid in `plan` and is float
+    in `tensors` (a policy kept it, or the source a pass-through carries, float): onnxruntime
     runs DequantizeLinear(int8 weight) -> MatMul with a float input as MatMulNBits, which
-    quantizes that input on the fly (measured: a log-mel model fell from cosine 1.00 to 0.88)."""
+    quantizes that input on the fly (measured: a log-mel model fell from cosine 1.00 to 0.88;
+    NeMo's front end, whose mel filterbank reads the STFT power through a Transpose, wrote NaN
+    at A16W8 with onnxruntime's default optimizations, finite values with basic ones)."""
+    def gridded(tp: TensorPrecision | None) -> bool:
+        return tp is not None and tp.format is not None and get_format(tp.format).kind == "int"
+
     out: dict[str, tuple[str, str]] = {}
     for n in model.graph.node:
-        if n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2 or n.input[0] not in flagged:
+        if n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2:
+            continue
+        x, was = n.input[0], plan.tensors.get(n.input[0])
+        if not gridded(was) or gridded(tensors.get(x)):
             continue
         tp = plan.tensors.get(n.input[1])
         if tp is not None and tp.role in ("weight", "constant") and tp.format is not None \
                 and get_format(tp.format).kind == "int":  # a block weight runs as its function's ops
-            out[n.input[1]] = (flagged[n.input[0]].policy,
-                               f"weight of {n.op_type} {n.name!r}, whose input {n.input[0]} is kept float "
+            root = flagged.get(x) or (flagged.get(was.group) if was is not None and was.group else None) \
+                or next(iter(flagged.values()))
+            out[n.input[1]] = (root.policy,
+                               f"weight of {n.op_type} {n.name!r}, whose input {x} is kept float "
                                "(onnxruntime would quantize that input on the fly: MatMulNBits)")
     return out
 
@@ -971,14 +982,33 @@ def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str,
                                            f"{f.reason}")
             continue
         tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {f.reason}")
-    for name, (pol, why) in _float_input_weights(model, plan, flagged).items():
-        if name in flagged:  # a policy kept it float already, for its own reason
-            continue
-        tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {why}")
-        findings.append(Finding(name, pol, why))
     for name, tp in plan.tensors.items():  # parameter sharers that calibrate nothing themselves
         if name in flagged or tp.role != "activation" or tp.calibrate or tp.group not in flagged:
             continue
         tensors[name] = replace(tp, format=None, consumer_formats={},
                                 reason=f"kept float with {tp.group}: {flagged[tp.group].reason}")
+    _drop_new_islands(plan, model, tensors)
+    for name, (pol, why) in _float_input_weights(model, plan, tensors, flagged).items():
+        if name in flagged:  # a policy kept it float already, for its own reason
+            continue
+        tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {why}")
+        findings.append(Finding(name, pol, why))
     return replace(plan, tensors=tensors), findings
+
+
+def _drop_new_islands(plan: PrecisionPlan, model: onnx.ModelProto, tensors: dict[str, TensorPrecision]) -> None:
+    """The quantized islands without a layer that the policies' float tensors cut off (the
+    plan's own were dropped when it was built: `plan.rules.layerless_islands`), in place: a
+    waveform's pre-emphasis left on an int8 grid between the graph input and an STFT Conv whose
+    input a policy keeps float (kaldi's front end at A8W8: 12 dB on its log-mel features)."""
+    from ..config import LayerRule
+    from .rules import layerless_islands
+
+    rules = [LayerRule(**{k: v for k, v in r.items() if k in ("op_types", "nodes", "activation", "weight")})
+             for r in (plan.config or {}).get("layer_rules", [])]
+    named = {n.name for n in model.graph.node if any(r.nodes and r.matches("", n.name) for r in rules)}
+    keep = {t for t, tp in plan.tensors.items() if tp.reason == "tensor override"}
+    ix = GraphIndex.of(model)
+    found = layerless_islands(ix, tensors, lambda n: plan.float_nodes.get(n.name), keep, named)
+    for t, why in found.items():
+        tensors[t] = replace(tensors[t], format=None, consumer_formats={}, calibrate=False, reason=why)

@@ -28,7 +28,7 @@ from .ops import (COMPUTE_OPS, SHAPE_ONLY_REASON, TAIL_REASON, postprocess_tail,
                   shape_only_tensors, unsupported_reason)
 from .plan import PrecisionPlan, TensorPrecision
 
-__all__ = ["build_plan", "float_tensors", "tensor_ranks"]
+__all__ = ["build_plan", "float_tensors", "layerless_islands", "tensor_ranks"]
 
 
 def float_tensors(model: onnx.ModelProto) -> set[str]:
@@ -371,33 +371,46 @@ def island_reason(ends: list[str]) -> str:
 def _drop_layerless_islands(ix: GraphIndex, config: QuantConfig, tensors: dict[str, TensorPrecision],
                             req: _Requests) -> None:
     """Activations on a calibrated grid (integer, scaled fp8) that no quantized layer reads or
-    writes, through the quantized nodes connecting them, stay float (`island_reason`): a Transpose
-    between a graph input and an LSTM, a Squeeze between two LSTMs. Quantized, such an island
-    is a round trip of rounding between float ops that no backend computes in integer (on an
-    NPU, a partition of its own); onnxruntime's quantizer leaves them float too (resemblyzer's
-    speaker encoder at A16W8: a linear mel input rounded on its way to the LSTM, cosine 0.93
-    against onnxruntime's 0.9998). Whole islands only: a grid cut inside one leaves a
-    DequantizeLinear -> pass-through -> float pattern onnxruntime's QDQ propagation rejects.
-    A model with no quantized layer at all keeps its plan (the user quantizes element-wise ops
-    on purpose), and an island holding a tensor override or a node a layer rule names keeps its
-    grids."""
+    writes, through the quantized nodes connecting them, stay float (`layerless_islands`)."""
+    named = {n.name for n in ix.graph.node if any(r.matches("", n.name) for r in config.layer_rules)}
+    found = layerless_islands(ix, tensors, lambda n: req.float_ids.get(id(n)),
+                              {t for t, _ in config.tensor_formats}, named)
+    for t, why in found.items():
+        tensors[t] = replace(tensors[t], format=None, consumer_formats={}, calibrate=False, reason=why)
+
+
+def layerless_islands(ix: GraphIndex, tensors: dict[str, TensorPrecision],
+                      float_reason: Callable[[onnx.NodeProto], str | None], keep: set[str],
+                      named: set[str]) -> dict[str, str]:
+    """{activation: reason} for the activations on a calibrated grid (integer, scaled fp8) of
+    quantized islands without a layer: the groups of nodes left quantized (`float_reason` None)
+    connected through such activations, none of them a Conv, ConvTranspose, Gemm or MatMul. A
+    Transpose between a graph input and an LSTM, a Squeeze between two LSTMs, or (after the
+    numerics policies kept a Log's inputs float) a waveform's pre-emphasis before an STFT Conv
+    whose input is float: quantized, such an island is a round trip of rounding between float
+    ops that no backend computes in integer (on an NPU, a partition of its own); onnxruntime's
+    quantizer leaves them float too (resemblyzer's speaker encoder at A16W8: a linear mel input
+    rounded on its way to the LSTM, cosine 0.93 against onnxruntime's 0.9998). Whole islands
+    only: a grid cut inside one leaves a DequantizeLinear -> pass-through -> float pattern
+    onnxruntime's QDQ propagation rejects. A model with no quantized layer at all keeps its
+    plan (the user quantizes element-wise ops on purpose), and an island holding a tensor of
+    `keep` (overrides) or a node of `named` (layer rules) keeps its grids."""
     def gridded(tp: TensorPrecision) -> bool:
         return tp.role == "activation" and any(get_format(f).needs_qparams for f in tp.formats())
 
     planned = {n for n, tp in tensors.items() if gridded(tp)}
-    live = [n for n in ix.graph.node if id(n) not in req.float_ids]
+    live = [n for n in ix.graph.node if float_reason(n) is None]
     if not planned or not any(n.op_type in COMPUTE_OPS for n in live):
-        return
+        return {}
     islands = _Groups()
-    keep: set[str] = {t for t, _ in config.tensor_formats if t in planned}
+    kept = {t for t in keep if t in planned}
     for node in live:
         touched = [t for t in dict.fromkeys([*node.input, *node.output]) if t in planned]
         for t in touched:
             islands.union(touched[0], t)
-        named = any(r.matches("", node.name) for r in config.layer_rules)
-        if touched and (node.op_type in COMPUTE_OPS or named):
-            keep.add(touched[0])
-    kept_roots = {islands.find(t) for t in keep}
+        if touched and (node.op_type in COMPUTE_OPS or node.name in named):
+            kept.add(touched[0])
+    kept_roots = {islands.find(t) for t in kept}
     ends: dict[str, list[str]] = {}
     outputs = {o.name for o in ix.graph.output}
     for t in planned:
@@ -406,20 +419,19 @@ def _drop_layerless_islands(ix: GraphIndex, config: QuantConfig, tensors: dict[s
             continue
         here = ends.setdefault(root, [])
         p = ix.producer(t)
-        around = [p] if p is not None else []
-        around += ix.consumers(t)
-        for n in around:
-            if id(n) in req.float_ids and n.op_type not in ("Shape", "Size"):  # they read no values
-                here.append(f"{n.op_type} {n.name!r} ({req.float_ids[id(n)].split(':')[0]})")
+        for n in ([p] if p is not None else []) + ix.consumers(t):
+            why = float_reason(n)
+            if why is not None and n.op_type not in ("Shape", "Size"):  # they read no values
+                here.append(f"{n.op_type} {n.name!r} ({why.split(':')[0]})")
+            elif why is None and (q := tensors.get(n.output[0] if n.output else "")) is not None \
+                    and q.role == "activation" and q.format is None and n is not p:
+                here.append(f"{n.op_type} {n.name!r} (output kept float)")
         if p is None and t in ix.inputs:
             here.append(f"graph input {t!r}")
         if t in outputs:
             here.append(f"graph output {t!r}")
-    for t in planned:
-        root = islands.find(t)
-        if root not in kept_roots:
-            tensors[t] = replace(tensors[t], format=None, consumer_formats={}, calibrate=False,
-                                 reason=island_reason(list(dict.fromkeys(ends[root]))))
+    return {t: island_reason(list(dict.fromkeys(ends[islands.find(t)])))
+            for t in planned if islands.find(t) not in kept_roots}
 
 
 #: Policies on the requests, before formats are resolved (each may drop or change requests).
