@@ -392,9 +392,11 @@ def layerless_islands(ix: GraphIndex, tensors: dict[str, TensorPrecision],
     quantizer leaves them float too (resemblyzer's speaker encoder at A16W8: a linear mel input
     rounded on its way to the LSTM, cosine 0.93 against onnxruntime's 0.9998). Whole islands
     only: a grid cut inside one leaves a DequantizeLinear -> pass-through -> float pattern
-    onnxruntime's QDQ propagation rejects. A model with no quantized layer at all keeps its
-    plan (the user quantizes element-wise ops on purpose), and an island holding a tensor of
-    `keep` (overrides) or a node of `named` (layer rules) keeps its grids."""
+    onnxruntime's QDQ propagation rejects; tensors of one parameter group (a float
+    pass-through's output on its input's grid) are one island for that reason. A model with no
+    quantized layer at all keeps its plan (the user quantizes element-wise ops on purpose), and
+    an island holding a tensor of `keep` (overrides) or a node of `named` (layer rules) keeps
+    its grids."""
     def gridded(tp: TensorPrecision) -> bool:
         return tp.role == "activation" and any(get_format(f).needs_qparams for f in tp.formats())
 
@@ -410,6 +412,10 @@ def layerless_islands(ix: GraphIndex, tensors: dict[str, TensorPrecision],
             islands.union(touched[0], t)
         if touched and (node.op_type in COMPUTE_OPS or node.name in named):
             kept.add(touched[0])
+    for t in planned:  # one grid (a pass-through left float carries its input's): one island
+        g = tensors[t].group
+        if g is not None and g in planned:
+            islands.union(g, t)
     kept_roots = {islands.find(t) for t in kept}
     ends: dict[str, list[str]] = {}
     outputs = {o.name for o in ix.graph.output}
