@@ -71,6 +71,11 @@ SMALL_LOG2 = 8
 #: op's output under this SQNR (a running sum of energies into a Log: its early steps are a few
 #: codes of a grid sized for the last), whatever its share of tiny values
 SMALL_MIN_DB = 20.0
+#: (b) how many computing ops back from a root the walk looks (data movement does not count)
+SMALL_WALK_DEPTH = 8
+#: (b) ops that only move data (`SMALL_WALK_DEPTH` does not count them)
+_MOVES_DATA = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand",
+                         "Tile", "Slice", "Gather", "Concat", "Split", "Pad", "DepthToSpace", "SpaceToDepth"})
 #: (b) ops that pass each element's relative rounding error on to one output element unchanged
 #: (data movement, an added epsilon, a scale): the predicted-SQNR rule follows them only; a sum
 #: (CumSum, MatMul, a Reduce) averages its terms' errors, and its inputs are left to the share rule
@@ -443,7 +448,8 @@ def root_output_sqnr_db(st: TensorStats, step: float, power: float | None) -> fl
 def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | None = None, *,
                        share: float = SMALL_SHARE,
                        spacing: Callable[[str, float], float | None] | None = None,
-                       min_db: float = SMALL_MIN_DB) -> dict[str, str]:
+                       min_db: float = SMALL_MIN_DB,
+                       noise: Callable[[onnx.NodeProto], list[tuple[str, str, float]]] | None = None) -> dict[str, str]:
     """(b) Run-time inputs of Log, Reciprocal, Sqrt, Pow with a negative or fractional exponent
     and the divisor of Div; then, walking back through their producers, every run-time input whose
     statistics hold a small-value population (`share` of the non-zero values more than 2^8
@@ -453,7 +459,10 @@ def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | N
     planned ones behind them: a quiet waveform rounded to 0 is a spectrogram of zeros. With
     `spacing` (a tensor's grid spacing at a value, None where it has no grid), a walked tensor
     whose grid `root_output_sqnr_db` predicts to leave the root's output under `min_db` stays
-    float too, whatever its share of tiny values."""
+    float too, whatever its share of tiny values. With `noise` (`layer_noise`), the weight or input of a
+    layer whose walked output has `share` of its non-zero values under the noise that operand's
+    grid adds (`swamped_share`) stays float too, whether the output does or not: a constant-Q
+    transform's 8-bit filters leak its loud bins into the quiet ones."""
     inits = {t.name: t for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output if o}
     out: dict[str, str] = {}
@@ -467,11 +476,32 @@ def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | N
             stack.append((name, what, power, 0, True))
     passed: set[str] = set()  # uncalibrated tensors walked through (float already: an STFT's output)
     index: GraphIndex | None = None
+
+    def layer_operands(t: str, what: str, depth: int) -> None:
+        """Keep float the operands of the layer writing `t` (`depth` ops from the root) whose
+        grids' noise hides t's small values; walk on from a kept input."""
+        q = producer.get(t)
+        if noise is None or q is None or not stats or t not in stats:
+            return
+        for operand, kind, rms in noise(q):
+            if operand in out or (sw := swamped_share(stats[t], rms)) < share:
+                continue
+            out[operand] = (f"small values matter: {kind} of {q.op_type} {q.name!r}, whose output {t} feeds the "
+                            f"tensor {what}; its grid adds noise of about {rms:.3g} to each output, above "
+                            f"{100 * sw:.0f}% of that output's non-zero values")
+            if kind == "input":
+                stack.append((operand, what, None, depth + 1, False))
+
+    for name, what, _, _, _ in list(stack):
+        layer_operands(name, what, 0)
     while stats and stack:
         name, what, power, depth, direct = stack.pop()
         p = producer.get(name)
-        if p is None or depth >= 8:
+        if p is None or depth >= SMALL_WALK_DEPTH:
             continue
+        # data movement computes nothing: a chain of Concats that stacks a transform's octaves
+        # one by one puts the first octave as far from the root as the number of octaves
+        step_depth = depth if p.op_type in _MOVES_DATA and p.domain in ("", "ai.onnx") else depth + 1
         exponent = _power_of_one(p, inits)
         if exponent is not None:  # x * x, Pow(x, e): relative errors scale by e, and so does the root's power
             power = power * exponent if power is not None else None  # log(x ** e) = e log(x): its SQNR is x's
@@ -485,9 +515,10 @@ def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | N
                 index = index or GraphIndex.of(model)
                 if is_float_type(index.elem_type(i)):  # values, not a shape computed from Shape/Size
                     passed.add(i)
-                    stack.append((i, what, power, depth + 1, direct))
+                    stack.append((i, what, power, step_depth, direct))
                 continue
             st = stats[i]
+            layer_operands(i, what, step_depth)
             sh = small_share(st)
             step = spacing(i, st.absmax) if direct and spacing is not None and math.isfinite(st.absmax) else None
             db = root_output_sqnr_db(st, step, power) if step else math.inf
@@ -500,7 +531,7 @@ def small_value_inputs(model: onnx.ModelProto, stats: dict[str, TensorStats] | N
                           f"so coarsely that the op's output would keep about {db:.0f} dB (needs {min_db:.0f})")
             else:
                 continue
-            stack.append((i, what, power, depth + 1, direct))
+            stack.append((i, what, power, step_depth, direct))
     return out
 
 
@@ -885,7 +916,8 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
     detectors = {
         "sentinel": lambda: sentinel_tensors(cal, memo=memo),
         # the predicted-SQNR rule reads integer and scaled grids (a block's exponent is local)
-        "small_values": lambda: small_value_inputs(model, {**cal, **blocks}, spacing=_spacing({n: acts[n] for n in cal})),
+        "small_values": lambda: small_value_inputs(model, {**cal, **blocks}, spacing=_spacing({n: acts[n] for n in cal}),
+                                                   noise=layer_noise(plan, model, every)),
         "cancellation": lambda: cancellation_inputs(model, every),
         "rescaled": lambda: rescaled_inputs(model, every, _spacing(acts)),
         "concat": lambda: concat_range_outputs(model, cal),
@@ -897,8 +929,8 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
         if pol not in policies:
             continue
         for t, why in detectors[pol]().items():
-            # (c) and (h) flag the constants on the way too
-            tp = plan.tensors.get(t) if pol in ("phase", "cancellation") else acts.get(t)
+            # (b), (c) and (h) flag constants too (a layer's weight, the constants on the way)
+            tp = plan.tensors.get(t) if pol in ("phase", "cancellation", "small_values") else acts.get(t)
             if tp is None or t in found or not _gridded(tp, int_only=pol == "outliers", blocks=pol == "small_values") \
                     or tp.reason == "tensor override":  # the user's word wins
                 continue
@@ -994,6 +1026,78 @@ def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str,
         tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {why}")
         findings.append(Finding(name, pol, why))
     return replace(plan, tensors=tensors), findings
+
+
+def _fan_in(n: onnx.NodeProto, w: np.ndarray) -> int:
+    """Products per output element of layer `n` with weight `w` (the weight's size over its
+    output channels)."""
+    if n.op_type == "Gemm":
+        axis = 0 if any(a.name == "transB" and a.i for a in n.attribute) else 1
+    elif n.op_type == "MatMul":
+        axis = w.ndim - 1
+    else:  # Conv (out, in / groups, k...), ConvTranspose (in, out / groups, k...)
+        axis = 1 if n.op_type == "ConvTranspose" else 0
+    return max(1, w.size // max(1, w.shape[axis]))
+
+
+#: (b) layers whose operands' rounding `layer_noise` estimates at their output
+_WEIGHTED_LAYERS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+
+
+def layer_noise(plan: PrecisionPlan, model: onnx.ModelProto, stats: Mapping[str, TensorStats]
+                ) -> Callable[[onnx.NodeProto], list[tuple[str, str, float]]]:
+    """(b) For a layer node with a constant weight: (operand, "weight" or "input", the rms of
+    the noise that operand's planned grid adds to each output element) for each operand on a
+    grid. The weight's: spacing / sqrt(12) * sqrt(fan-in) * the input's rms; the input's: its
+    spacing / sqrt(12) * the weight's L2 norm per output channel (spacings and norms averaged
+    in power over the output channels). Neither shrinks with the output: a small output of a
+    dot product is a cancellation (a filter's stopband), and rounding errors do not cancel with
+    it. A pass-through input (a Reshape of the waveform) is read on its source's statistics."""
+    inits = {t.name: t for t in model.graph.initializer}
+    memo: dict[str, tuple[float, float]] = {}  # weight -> (weight factor, mean squared channel norm)
+
+    def noise(n: onnx.NodeProto) -> list[tuple[str, str, float]]:
+        if n.op_type not in _WEIGHTED_LAYERS or n.domain not in ("", "ai.onnx") or len(n.input) < 2 \
+                or n.input[1] not in inits:
+            return []
+        x, w_name = n.input[0], n.input[1]
+        xp, tp = plan.tensors.get(x), plan.tensors.get(w_name)
+        src = x if x in stats or xp is None or not xp.group else xp.group
+        st = stats.get(src)
+        if st is None or tp is None or tp.role not in ("weight", "constant"):
+            return []
+        if w_name not in memo:
+            w = onnx.numpy_helper.to_array(inits[w_name]).astype(np.float64)
+            if w.ndim < 2 or not w.size:
+                return []
+            fan_in = _fan_in(n, w)
+            ch = tp.channel_axis % w.ndim if tp.channel_axis is not None else None
+            others = tuple(a for a in range(w.ndim) if a != ch)
+            peaks = np.abs(w).max(axis=others).ravel() if ch is not None else np.array([np.abs(w).max()])
+            step2 = float(np.mean([grid_spacing(tp.formats()[0], float(v)) ** 2 for v in peaks])) \
+                if tp.formats() else 0.0
+            memo[w_name] = (math.sqrt(step2 / 12.0 * fan_in), float(np.sum(w * w)) * fan_in / w.size)
+        w_factor, norm2 = memo[w_name]
+        out = []
+        if w_factor > 0.0:
+            out.append((w_name, "weight", w_factor * _rms(st)))
+        fmts = xp.formats() if xp is not None else []
+        if fmts and math.isfinite(st.absmax) and st.absmax > 0.0:
+            step = max(grid_spacing(f, st.absmax) for f in fmts)
+            out.append((x, "input", step / math.sqrt(12.0) * math.sqrt(norm2)))
+        return out
+    return noise
+
+
+def swamped_share(st: TensorStats, noise: float) -> float:
+    """Share of the non-zero values of `st` under half the step of a grid whose rounding noise
+    is `noise` (sqrt(3) * noise): what an added noise of that rms hides."""
+    lo, hi, cnt = st.abs_bins()
+    nz = lo > 0
+    total = float(np.sum(cnt[nz]))
+    if total == 0.0 or noise <= 0.0:
+        return 0.0
+    return float(np.sum(cnt[nz & (hi <= math.sqrt(3.0) * noise)])) / total
 
 
 def _drop_new_islands(plan: PrecisionPlan, model: onnx.ModelProto, tensors: dict[str, TensorPrecision]) -> None:
