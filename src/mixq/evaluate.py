@@ -356,6 +356,12 @@ class ErrorStats:
     #: per axis: each channel's least and greatest signal power in one sample (row of axis 0)
     chan_range: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # a decision output is judged by its equal elements whatever op wrote it (a frame
+        # count a Div computed is no value output: it was reported as "0.0% of 0")
+        if self.decisions:
+            self.classifier = True
+
     def update(self, ref: np.ndarray, got: np.ndarray) -> "ErrorStats":
         ref, got = np.asarray(ref), np.asarray(got)
         self.pairs += 1

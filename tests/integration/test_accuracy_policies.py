@@ -1084,6 +1084,26 @@ def test_rows_a_selection_picks_are_no_class_scores():
     assert not res.fidelity.broken, res.summary()
 
 
+def test_an_integer_output_a_value_op_wrote_is_judged_by_its_equal_elements():
+    """A speech front end's frame counts (lengths, Cast -> Div by the hop -> Cast to int64)
+    are decisions by their type, and a Div wrote them, which marks value outputs: the guard
+    read them as neither and printed "values equal to float's: 0.0% of 0" (onnx-asr's kaldi
+    front end). A decision output is judged by its equal elements whatever op wrote it."""
+    rng = np.random.default_rng(0)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Cast", ["lens"], ["lf"], to=1),
+                helper.make_node("Div", ["lf", "hop"], ["frames_f"]),
+                helper.make_node("Cast", ["frames_f"], ["frames"], to=TensorProto.INT64)],
+               [_vi("x", ["B", 8]), _vi("lens", ["B"], TensorProto.INT64)],
+               [_vi("y", ["B", 4]), _vi("frames", ["B"], TensorProto.INT64)],
+               {"w": rng.normal(0, 1, (8, 4)).astype(np.float32), "hop": np.float32(160.0)})
+    feeds = [{"x": rng.normal(0, 1, (4, 8)).astype(np.float32),
+              "lens": rng.integers(1000, 20000, 4).astype(np.int64)} for _ in range(8)]
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    out = {o.name: o for o in res.fidelity.outputs}
+    assert out["frames"].decisions and out["frames"].rows == 32 and out["frames"].top1_agreement == 1.0
+    assert "frames: values equal to float's: 100.0% of 32" in res.summary(), res.summary()
+
+
 def test_a_model_that_draws_random_values_is_compared_on_the_same_draws():
     """A VAE samples z = mu + sigma * RandomNormalLike(mu) at every run: the guard compared two
     independent draws and called every preset broken (about 10 dB, float against float
