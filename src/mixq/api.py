@@ -311,6 +311,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         warnings.insert(0, unknown_layers)
     if not (rew.activations_quantized or rew.weights_quantized):
         warnings.insert(0, _nothing_quantized(the_plan, cfg.name))
+    elif (float_layers := _float_layers(qmodel, the_plan, cfg)) is not None:
+        warnings.insert(0, float_layers)
     if constant_data is not None:
         warnings.insert(0, f"WARNING: {constant_data}")
     if bad_data is not None:
@@ -410,6 +412,28 @@ def _nothing_quantized(plan: PrecisionPlan, preset: str) -> str:
     return (f"WARNING: nothing was quantized: the output computes exactly what the float model does, "
             f"not {preset}" + (f" ({len(plan.skipped)} float tensors not planned, mostly: {top}; "
                                "`mixq plan` lists every reason)" if top else ""))
+
+
+def _float_layers(qmodel: onnx.ModelProto, plan: PrecisionPlan, cfg: QuantConfig) -> str | None:
+    """The warning for an integer preset's output whose every layer (Conv, ConvTranspose, Gemm,
+    MatMul) computes in float, no DequantizeLinear feeding its input or weight (a speech front
+    end whose STFT and filterbank the small-value policy keeps exact): the few element-wise ops
+    left on a grid make it no smaller and no faster. None where a layer reads a dequantized
+    operand, where there is no layer, or for float and block presets."""
+    from .plan.ops import COMPUTE_OPS
+
+    if not any(get_format(f).kind == "int" for f in (cfg.activation, cfg.weight) if f is not None):
+        return None
+    layers = [n for n in qmodel.graph.node if n.domain in ("", "ai.onnx") and n.op_type in COMPUTE_OPS]
+    dequantized = {o for n in qmodel.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    if not layers or any(i in dequantized for n in layers for i in n.input[:2]):
+        return None
+    kept = sum(1 for n in layers for i in n.input[:2]
+               if (tp := plan.tensors.get(i)) is not None and tp.reason.startswith("kept float"))
+    return (f"WARNING: no layer is {cfg.name}: all {len(layers)} Conv/ConvTranspose/Gemm/MatMul layer(s) compute "
+            f"in float" + (f" ({kept} of their inputs and weights kept float by the numerics policies: the "
+                           "'kept float' lines say why)" if kept else "")
+            + "; the model is about as large and as slow as float, and computes about what it does")
 
 
 def _has_integer_weights(cfg: QuantConfig) -> bool:

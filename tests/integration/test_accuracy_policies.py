@@ -557,6 +557,19 @@ def test_a_filterbank_behind_a_transpose_keeps_its_weight_float(preset, monkeypa
         assert float(got @ ref / np.linalg.norm(got) / np.linalg.norm(ref)) > 0.999
 
 
+def test_a_front_end_whose_layers_all_stay_float_says_so():
+    """The speech front end at A8W8: the small-value policy keeps its STFT Conv and its
+    filterbank MatMul exact, operands and all, and a constant stays on a grid, so "nothing was
+    quantized" did not fire and the summary said nothing of a model as large and slow as float.
+    It says so now; a model with a quantized layer (the log-mel graph's last MatMul) does not."""
+    m, calib, _ = _stft_frontend()
+    res = mixq.quantize(m, "A8W8", calib, check_kernels=False)
+    assert any(w.startswith("WARNING: no layer is A8W8: all 2 ") for w in res.warnings), res.warnings
+    assert "no layer is A8W8" in res.summary()
+    m2, feeds = _log_mel()
+    assert not any("no layer is" in w for w in mixq.quantize(m2, "A8W8", feeds, check_kernels=False).warnings)
+
+
 def test_the_runtime_check_reads_a_matmul_onnxruntime_would_run_as_matmulnbits(monkeypatch):
     """The same front end with the weight left on its int8 grid (the old rule): the guard's
     runtime check, which ran for 8-bit QuantizeLinear nodes only, now runs and says the
