@@ -53,6 +53,7 @@ from ..formats import get_format
 from ..formats.integer import IntFormat
 from ..graph import GraphIndex, is_float_type
 from .memo import StatsMemo
+from .ops import COMPUTE_OPS
 from .plan import PrecisionPlan, TensorPrecision
 
 #: (a) an empty gap of this many binades below the largest values marks a sentinel cluster
@@ -1040,10 +1041,6 @@ def _fan_in(n: onnx.NodeProto, w: np.ndarray) -> int:
     return max(1, w.size // max(1, w.shape[axis]))
 
 
-#: (b) layers whose operands' rounding `layer_noise` estimates at their output
-_WEIGHTED_LAYERS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
-
-
 def layer_noise(plan: PrecisionPlan, model: onnx.ModelProto, stats: Mapping[str, TensorStats]
                 ) -> Callable[[onnx.NodeProto], list[tuple[str, str, float]]]:
     """(b) For a layer node with a constant weight: (operand, "weight" or "input", the rms of
@@ -1057,7 +1054,7 @@ def layer_noise(plan: PrecisionPlan, model: onnx.ModelProto, stats: Mapping[str,
     memo: dict[str, tuple[float, float]] = {}  # weight -> (weight factor, mean squared channel norm)
 
     def noise(n: onnx.NodeProto) -> list[tuple[str, str, float]]:
-        if n.op_type not in _WEIGHTED_LAYERS or n.domain not in ("", "ai.onnx") or len(n.input) < 2 \
+        if n.op_type not in COMPUTE_OPS or n.domain not in ("", "ai.onnx") or len(n.input) < 2 \
                 or n.input[1] not in inits:
             return []
         x, w_name = n.input[0], n.input[1]
