@@ -393,6 +393,26 @@ def test_bisection_returns_the_widest_plan_of_its_size():
     assert all(e.k in starts or e.k == n for e in res.evaluations if e.k >= 0)
 
 
+def test_activation_only_candidates_narrow_as_far_as_the_target_allows():
+    """Candidates that differ only in their activations (int16/int8, int8/int8: the guard's
+    own suggestion) leave every plan of the path the same weight bytes, so the bisection over
+    the first point of each size evaluated the two ends and returned the all-wide plan for any
+    target that plan met: a search that narrowed nothing. Every point is a level there now:
+    the plan returned is the last one of the path meeting the target, between the ends."""
+    model, calib, ev = small_cnn(), feeds(32, 8), feeds(32, 16, seed=9)
+    wide = Candidate("int16", "int8")
+    ends = auto_quantize(model, AutoConfig(base=base_from_candidate(wide), candidates=(Candidate("int8", "int8"),),
+                                           l2_target=1.0), calib, ev)
+    n = len(ends.path_labels)
+    narrow_l2 = ends.metric
+    assert ends.chosen_k == n and narrow_l2 > 0
+    res = auto_quantize(model, AutoConfig(base=base_from_candidate(wide), candidates=(Candidate("int8", "int8"),),
+                                          l2_target=narrow_l2 * 0.9), calib, ev)
+    met = {e.k: e.ok for e in res.evaluations if e.k >= 0}
+    assert res.target_met and 0 < res.chosen_k < n, (res.chosen_k, met)
+    assert met.get(res.chosen_k + 1) is False  # the next point along the path misses
+
+
 def test_a_node_reading_one_tensor_twice_is_measured():
     """Concat(f, f) (Llama's rotary embedding) and x * x: the one-node model of the sensitivity
     pass took the tensor as two graph inputs of one name, which onnxruntime refuses."""

@@ -736,7 +736,12 @@ class _Search:
 
     def levels(self, p: _Path) -> list[int]:
         """The points of `p` where the model size changes (P[0], then each point whose move
-        changes a weighted layer's weight format), and the all-narrow end."""
+        changes a weighted layer's weight format), and the all-narrow end. Where no two
+        candidates differ in their weights (activation-only candidates: int16/int8, int8/int8)
+        every point is a level: narrower activations are all such a search can buy, and the
+        widest plan would be its answer for any target the all-wide plan meets."""
+        if len({c.weight for c in self.cands}) == 1:
+            return list(range(p.n + 1))
         current = {layer: p.start.get(layer, self.cands[0]) for layer in self.layers}
         pts = [0]
         for k, (layer, c) in enumerate(p.moves, 1):
