@@ -570,6 +570,35 @@ def test_a_front_end_whose_layers_all_stay_float_says_so():
     assert not any("no layer is" in w for w in mixq.quantize(m2, "A8W8", feeds, check_kernels=False).warnings)
 
 
+def test_a_passthrough_of_a_kept_float_grid_is_not_planned_on_it():
+    """kaldi's front end: the gained waveform is kept float by (b), a Reshape after it shares its
+    (float) grid, and the Unsqueeze after that, the STFT Conv's input, is flagged too. The rule
+    that keeps a flagged pass-through on its input's grid looked only at whether that input was
+    flagged, not at the grid it shares: the plan put the Unsqueeze on the gained waveform's
+    "int8 grid", a grid kept float, and the rewrite, finding no statistics, left it float (the
+    plan said one thing and the model another). No planned tensor shares a float grid now."""
+    m, calib, _ = _stft_frontend()
+    # the pre-emphasized waveform -> Mul by a gain -> Reshape to (B, N) -> Unsqueeze -> the STFT Conv
+    nodes = []
+    for n in m.graph.node:
+        if n.op_type == "Conv":
+            nodes += [helper.make_node("Mul", ["emph", "gain"], ["gained"]),
+                      helper.make_node("Reshape", ["gained", "flat"], ["flat_w"]),
+                      helper.make_node("Unsqueeze", ["flat_w", "ax"], ["framed"])]
+            n.input[0] = "framed"
+        nodes.append(n)
+    inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    inits.update(gain=np.float32(0.8), flat=np.array([0, -1], np.int64))
+    m2 = _model(nodes, list(m.graph.input), list(m.graph.output), inits)
+    m2.opset_import[0].version = 18
+    plan = mixq.quantize(m2, "A8W8", calib, check_kernels=False).plan
+    assert plan.tensors["gained"].format is None and plan.tensors["framed"].format is None, \
+        {t: (plan.tensors[t].format, plan.tensors[t].reason[:80]) for t in ("gained", "flat_w", "framed")}
+    on_float = {t: tp.group for t, tp in plan.tensors.items()
+                if tp.format is not None and tp.group and plan.tensors[tp.group].format is None}
+    assert not on_float, on_float
+
+
 def test_the_runtime_check_reads_a_matmul_onnxruntime_would_run_as_matmulnbits(monkeypatch):
     """The same front end with the weight left on its int8 grid (the old rule): the guard's
     runtime check, which ran for 8-bit QuantizeLinear nodes only, now runs and says the

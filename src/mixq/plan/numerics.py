@@ -983,7 +983,8 @@ def _passthrough_inputs(model: onnx.ModelProto, plan: PrecisionPlan, flagged: di
         sem = semantics(n)
         src = plan.tensors.get(n.input[0])
         if sem is None or not sem.passthrough or src is None or src.tensor in flagged or src.format is None \
-                or src.role != "activation" or get_format(src.format).kind != "int":
+                or src.role != "activation" or get_format(src.format).kind != "int" \
+                or (src.group is not None and src.group in flagged):  # the grid it shares is kept float
             continue
         out[n.output[0]] = src.group or src.tensor
     return out
