@@ -431,11 +431,15 @@ class ErrorStats:
             was = self.chan_range.get(axis)
             self.chan_range[axis] = (lo, hi) if was is None else (np.minimum(was[0], lo), np.maximum(was[1], hi))
 
+    def quiet_parts(self) -> list[QuietPart]:
+        """The quiet part (`quiet_part`) of each axis whose channels split into two scales."""
+        return [p for axis, (sg, ns) in sorted(self.chan.items())
+                if (p := quiet_part(sg, ns, axis, PART_GAP, *self.chan_range[axis])) is not None]
+
     def quiet_part(self) -> QuietPart | None:
         """The quietest part (lowest SQNR) over the axes whose channels split into two scales
-        (`quiet_part`); None where none does, or where the whole output is already worse."""
-        parts = [p for axis, (sg, ns) in sorted(self.chan.items())
-                 if (p := quiet_part(sg, ns, axis, PART_GAP, *self.chan_range[axis])) is not None]
+        (`quiet_parts`); None where none does, or where the whole output is already worse."""
+        parts = self.quiet_parts()
         if not parts or self.bad:
             return None
         worst = min(parts, key=lambda p: p.sqnr_db)

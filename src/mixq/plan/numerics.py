@@ -366,12 +366,17 @@ def _scalar(inits: dict[str, onnx.TensorProto], name: str) -> float | None:
 def small_share(st: TensorStats, log2_below: int = SMALL_LOG2) -> float:
     """Share of the non-zero values more than 2^log2_below below the absmax (what an 8-bit grid
     rounds to 0 or to its first code)."""
+    return _share_under(st, st.absmax * 2.0 ** -log2_below)
+
+
+def _share_under(st: TensorStats, bound: float) -> float:
+    """Share of the non-zero values of `st` whose histogram bucket lies at or under `bound`."""
     lo, hi, cnt = st.abs_bins()
     nz = lo > 0
     total = float(np.sum(cnt[nz]))
     if total == 0.0:
         return 0.0
-    return float(np.sum(cnt[nz & (hi <= st.absmax * 2.0 ** -log2_below)])) / total
+    return float(np.sum(cnt[nz & (hi <= bound)])) / total
 
 
 def _small_value_roots(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto]
@@ -1032,13 +1037,11 @@ def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str,
 
 def _fan_in(n: onnx.NodeProto, w: np.ndarray) -> int:
     """Products per output element of layer `n` with weight `w` (the weight's size over its
-    output channels)."""
-    if n.op_type == "Gemm":
-        axis = 0 if any(a.name == "transB" and a.i for a in n.attribute) else 1
-    elif n.op_type == "MatMul":
-        axis = w.ndim - 1
-    else:  # Conv (out, in / groups, k...), ConvTranspose (in, out / groups, k...)
-        axis = 1 if n.op_type == "ConvTranspose" else 0
+    output channels, on the axis `ops.semantics` gives)."""
+    from .ops import semantics
+
+    sem = semantics(n)
+    axis = (sem.weight_channel_axis if sem is not None and sem.weight_channel_axis is not None else 0) % w.ndim
     return max(1, w.size // max(1, w.shape[axis]))
 
 
@@ -1090,12 +1093,7 @@ def layer_noise(plan: PrecisionPlan, model: onnx.ModelProto, stats: Mapping[str,
 def swamped_share(st: TensorStats, noise: float) -> float:
     """Share of the non-zero values of `st` under half the step of a grid whose rounding noise
     is `noise` (sqrt(3) * noise): what an added noise of that rms hides."""
-    lo, hi, cnt = st.abs_bins()
-    nz = lo > 0
-    total = float(np.sum(cnt[nz]))
-    if total == 0.0 or noise <= 0.0:
-        return 0.0
-    return float(np.sum(cnt[nz & (hi <= math.sqrt(3.0) * noise)])) / total
+    return _share_under(st, math.sqrt(3.0) * noise) if noise > 0.0 else 0.0
 
 
 def _drop_new_islands(plan: PrecisionPlan, model: onnx.ModelProto, tensors: dict[str, TensorPrecision]) -> None:

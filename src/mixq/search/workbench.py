@@ -80,7 +80,7 @@ def quiet_parts(model: onnx.ModelProto, index: int, outputs: Sequence[np.ndarray
     along an axis whose rms lies PART_GAP times below the rest (a detector's scores beside its
     boxes), which a relative L2 of the whole output does not see. None for class scores (rank
     2, or written by a Softmax), which the guard judges by agreement, not by parts."""
-    from ..evaluate import PART_GAP, ErrorStats, quiet_part
+    from ..evaluate import ErrorStats
     from ..fidelity import class_score_outputs
 
     name = model.graph.output[index].name if index < len(model.graph.output) else None
@@ -90,8 +90,7 @@ def quiet_parts(model: onnx.ModelProto, index: int, outputs: Sequence[np.ndarray
     acc = ErrorStats(classifier=False)
     for f in outputs:
         acc.update(f, f)
-    return [(axis, p.channels) for axis, (sg, ns) in sorted(acc.chan.items())
-            if (p := quiet_part(sg, ns, axis, PART_GAP, *acc.chan_range[axis])) is not None]
+    return [(p.axis, p.channels) for p in acc.quiet_parts()]
 
 
 @dataclass
