@@ -208,6 +208,39 @@ def test_a_wide_layers_gram_comes_from_its_first_samples(monkeypatch):
     assert "wide layer(s) measured on their first 8 samples" in res.summary() and "w1" in res.summary()
 
 
+def _weight_codes(model: onnx.ModelProto, node_op: str) -> np.ndarray:
+    """The stored codes of the weight that the (one) `node_op` node of `model` reads."""
+    inits = {t.name: t for t in model.graph.initializer}
+    node = next(n for n in model.graph.node if n.op_type == node_op)
+    dq = next(n for n in model.graph.node if node.input[1] in n.output)
+    return numpy_helper.to_array(inits[dq.input[0]])
+
+
+def test_a_layer_too_wide_for_gptqs_memory_keeps_nearest_rounding(monkeypatch):
+    """A layer whose H would pass MAX_GRAM_BYTES (VGG's first classifier layer: 25088 inputs,
+    a 4.7 GiB H, ran a 20 GiB process out of memory in the rounding) keeps nearest rounding,
+    collects no H and says why; the other layers are still rounded by GPTQ."""
+    wide = helper.make_node("Gemm", ["f", "g", "gb"], ["h"])
+    assert gptq.gram_bytes("gemm", wide, [25088, 4096]) > gptq.MAX_GRAM_BYTES
+    assert gptq.gram_bytes("gemm", wide, [8192, 360]) <= gptq.MAX_GRAM_BYTES  # torchcrepe's k
+    m, feeds = _model()
+    monkeypatch.setattr(gptq, "MAX_GRAM_BYTES", 512 * 512 * 8 - 1)  # g: k = 512; the others <= 32
+    cfg = mixq.get_default_config("A16W8")
+    res = mixq.quantize(m, cfg.with_options(weight_rounding="gptq"), feeds, check_kernels=False)
+    rep = res.weight_rounding
+    assert sorted(rep.rounded) == ["m", "w1", "w2"], rep.rounded
+    assert "too wide" in rep.skipped["g"] and "GiB" in rep.skipped["g"]
+    assert "GPTQ skipped: g: its layer is too wide" in res.summary()
+    plain = mixq.quantize(m, cfg.with_options(weight_rounding="nearest"), feeds, check_kernels=False)
+    assert np.array_equal(_weight_codes(res.model, "Gemm"), _weight_codes(plain.model, "Gemm"))
+    assert not np.array_equal(_weight_codes(res.model, "MatMul"), _weight_codes(plain.model, "MatMul"))
+    from mixq.pipeline import Pipeline
+
+    pipe = Pipeline.load(m)
+    tap = gptq.GramTap(pipe.model, pipe.plan(cfg))
+    assert "g" not in {t.weight for t in tap.targets}  # no H is collected for it
+
+
 def _model() -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]:
     """Conv -> depthwise Conv -> Gemm -> MatMul on strongly correlated inputs (a smooth image):
     rounding errors of neighbouring weights add up in the output, which GPTQ can cancel."""

@@ -43,7 +43,7 @@ from ..formats.integer import IntFormat, expand_param
 from ..graph import conv_padding, with_outputs
 from ..plan.plan import PrecisionPlan
 
-__all__ = ["GPTQ_DAMP", "GPTQ_BLOCK", "MAX_ROWS", "GramTap", "WeightRounder", "WeightRoundingReport",
+__all__ = ["GPTQ_DAMP", "GPTQ_BLOCK", "MAX_GRAM_BYTES", "MAX_ROWS", "GramTap", "WeightRounder", "WeightRoundingReport",
            "gptq_round"]
 
 #: Dampening added to H's diagonal, as a fraction of its mean (GPTQ's `percdamp`).
@@ -64,6 +64,11 @@ SAMPLE_BLOCK = 8
 GRAM_BUDGET = 2 ** 39
 #: The fewest samples a capped layer's H comes from (GPTQ's paper calibrates on 128).
 MIN_SAMPLES = 64
+#: Bytes one layer's H (groups x k x k, float64) may take; a wider layer keeps nearest rounding.
+#: The rounding holds several copies of H at once (the dampened and permuted H, its Cholesky
+#: factor and inverse): VGG's first classifier layer (k = 25088, H 4.7 GiB) ran a 20 GiB
+#: process out of memory there. 512 MiB is k = 8192 (torchcrepe's widest Conv).
+MAX_GRAM_BYTES = 2 ** 29
 
 
 @dataclass
@@ -165,6 +170,10 @@ def _targets(model: onnx.ModelProto, plan: PrecisionPlan) -> tuple[list[_Target]
             skipped[w] = "a Conv weight of rank < 3"
         elif n.op_type in ("Gemm", "MatMul") and len(inits[w].dims) != 2:
             skipped[w] = "a MatMul weight of rank != 2 (batched weights)"
+        elif (size := gram_bytes(n.op_type.lower(), n, list(inits[w].dims))) > MAX_GRAM_BYTES:
+            skipped[w] = (f"its layer is too wide: H (the input statistics GPTQ solves with) would take "
+                          f"{size / 2**30:.1f} GiB, over the {MAX_GRAM_BYTES / 2**20:.0f} MiB a layer may "
+                          "(the rounding holds several copies); nearest rounding")
         else:
             kind = n.op_type.lower()
             t = _Target(n, w, kind, _int(n, "group", 1) if kind == "conv" else 1)
@@ -188,17 +197,27 @@ def _static_rows(model: onnx.ModelProto, node: onnx.NodeProto, kind: str) -> int
     return max(1, min(MAX_ROWS, int(np.prod(known)) if known else 1))
 
 
+def _width(kind: str, node: onnx.NodeProto, wdims: list[int]) -> int:
+    """k, the inputs each output of the layer sums over: H is (groups, k, k)."""
+    if kind == "conv":
+        return int(np.prod(wdims[1:]))
+    return int(wdims[1] if kind == "gemm" and _int(node, "transB", 0) else wdims[0])
+
+
+def gram_bytes(kind: str, node: onnx.NodeProto, wdims: list[int]) -> int:
+    """The bytes of the layer's H in float64."""
+    groups = _int(node, "group", 1) if kind == "conv" else 1
+    return groups * _width(kind, node, wdims) ** 2 * 8
+
+
 def sample_cap(t: _Target, wdims: list[int], rows: int) -> int | None:
     """The samples whose rows enter `t`'s H (None: all): as many as keep rows x k^2 within
     GRAM_BUDGET, in whole SAMPLE_BLOCKs, at least MIN_SAMPLES; a property of the layer and
     the model's shapes alone, so the same samples count whatever the batches or shards.
     Layers that read one row per sample (a Gemm's) are never capped."""
-    if t.kind == "conv":
-        k = int(np.prod(wdims[1:]))
-    elif rows <= 1:  # a row per sample: H grows by k^2 a sample, and ROW_BLOCK rows share a product
-        return None
-    else:
-        k = int(wdims[0] if not (t.kind == "gemm" and _int(t.node, "transB", 0)) else wdims[1])
+    if t.kind != "conv" and rows <= 1:  # a row per sample: H grows by k^2 a sample, and
+        return None                       # ROW_BLOCK rows share a product
+    k = _width(t.kind, t.node, wdims)
     cost = rows * k * k * t.groups
     if cost * MIN_SAMPLES > GRAM_BUDGET:
         return MIN_SAMPLES
