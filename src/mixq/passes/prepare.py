@@ -77,6 +77,9 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
     if moved:
         del g.node[:]
         g.node.extend(keep)
+        # IR 3 wants every initializer listed as a graph input: the opset converter refused such
+        # a model ("Input 1 is undefined!", onnx's own opset-6 test models); IR 4 does not
+        model.ir_version = max(model.ir_version, 4)
     return moved
 
 
