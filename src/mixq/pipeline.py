@@ -27,7 +27,7 @@ from ._shards import in_worker
 from .calibration.stats import TensorStats
 from .calibration.variety import Extremes, InputExtremes, constant_data
 from .config import QuantConfig
-from .errors import ConfigError, ModelError, did_you_mean
+from .errors import ConfigError, DataError, ModelError, did_you_mean
 from .formats import QParams, get_format
 from .graph import GraphIndex, with_weights
 from .passes.prepare import PrepareReport, prepare
@@ -141,14 +141,19 @@ class Pipeline:
         """A pipeline over a model that is already prepared (a search's sub-model)."""
         return cls(model, PrepareReport(), stats=dict(stats or {}))
 
-    def raise_if_source_fails(self, exc: ModelError, prefix: str) -> None:
+    def raise_if_source_fails(self, exc: ModelError | DataError, prefix: str) -> None:
         """When `exc` (an error whose message starts with `prefix`) says onnxruntime could not
-        load mixq's prepared copy, and the user's file does not load either: raise that, naming
-        the user's file, instead of an error about a copy the user never saw."""
+        load mixq's prepared copy, or failed running it on the data, and the user's file does not
+        load: raise that, naming the user's file, instead of an error about a copy the user
+        never saw (or about the data: an opset-6 PRelu's slope, carried to opset 21 unchanged by
+        onnx's converter, broadcast over the wrong axis there)."""
         why = self._source_load_error() if str(exc).startswith(prefix) else None
         if why:
+            then = "" if isinstance(exc, ModelError) else (
+                f"; mixq's prepared copy (opset {self.prepare_report.opset_from} -> {self.prepare_report.opset_to}) then "
+                f"failed on the data: {exc}")
             raise ModelError(f"{self.source} does not load in onnxruntime as given, before mixq changes "
-                             f"anything: {why}. Check it with onnxruntime.InferenceSession and fix or "
+                             f"anything: {why}{then}. Check it with onnxruntime.InferenceSession and fix or "
                              "re-export it (for example at another opset).") from exc
 
     def _source_load_error(self) -> str | None:
@@ -275,7 +280,7 @@ class Pipeline:
             raise ConfigError(f"the plan's formats need calibration data for {len(missing)} "
                               "activations; pass calibration_data (a data reader, feeds, a "
                               ".npz/.npy file or a folder).")
-        from .calibration.collect import LOAD_FAILED, collect_stats
+        from .calibration.collect import LOAD_FAILED, RUN_FAILED, collect_stats
 
         # the inputs' extremes, watched by the same pass (see constant_calibration)
         extremes = InputExtremes(self.model)
@@ -290,6 +295,9 @@ class Pipeline:
                                     base_dir=self.base_dir, tap=(tap, kept, extremes))
         except ModelError as exc:
             self.raise_if_source_fails(exc, LOAD_FAILED)
+            raise
+        except DataError as exc:
+            self.raise_if_source_fails(exc, RUN_FAILED)
             raise
         self.input_extremes = extremes.extremes
         self.stats.update(res.stats)

@@ -389,6 +389,28 @@ def test_a_file_onnxruntime_refuses_is_named_as_the_users(tmp_path):
         mixq.quantize(str(path), "A8W8", feeds)
 
 
+def test_a_file_onnxruntime_refuses_whose_converted_copy_fails_on_the_data_is_named(tmp_path):
+    """onnx's opset-6 PRelu test model: onnxruntime has no PRelu-6 kernel, so the file does not
+    load as given; onnx's converter carries its per-channel slope (C,) to opset 21 unchanged,
+    where it broadcasts over the last axis, and calibration failed with a DataError on "batch 0",
+    as if the data were wrong. The error now names the user's file and why it does not load,
+    then what the converted copy did."""
+    slope = numpy_helper.from_array(np.array([0.1, 0.2, 0.3], np.float32), "s")
+    g = helper.make_graph([helper.make_node("PRelu", ["x", "s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
+                           helper.make_tensor_value_info("s", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])], [slope])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 6)])
+    m.ir_version = 3
+    path = tmp_path / "prelu6.onnx"
+    onnx.save(m, path)
+    feeds = [{"x": np.random.default_rng(k).normal(0, 1, (2, 3, 4)).astype(np.float32)} for k in range(4)]
+    with pytest.raises(ModelError, match=r"prelu6.onnx does not load in onnxruntime as given.*PRelu.*"
+                                         r"opset 6 -> 21\) then failed on the data: onnxruntime failed on "
+                                         r"calibration batch 0"):
+        mixq.quantize(str(path), "A8W8", feeds)
+
+
 @pytest.mark.parametrize("preset", ["A8W8", "BFP16", "MXFP4"])
 def test_a_model_onnxruntime_cannot_run_is_a_data_error_for_every_preset(tmp_path, preset):
     """A model that loads and then fails when onnxruntime runs it (a dilated Conv with

@@ -202,6 +202,8 @@ def _all_initializers(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
 #: how a calibration session that onnxruntime refuses to build is reported (the caller may then
 #: tell whether the model as given loads at all)
 LOAD_FAILED = "onnxruntime cannot load the model for calibration"
+#: how a calibration batch onnxruntime fails on starts its message (Pipeline.calibrate reads it)
+RUN_FAILED = "onnxruntime failed on calibration batch"
 
 
 def _session(model_bytes_or_path: bytes | str, providers: Sequence[Any] | None,
@@ -457,7 +459,7 @@ def _run(result: CollectResult, m: onnx.ModelProto, sess: Any, fetch: list[str],
             try:
                 outs = sess.run(fetch, {k: v for k, v in feed.items() if k in feed_names})
             except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
-                raise DataError(f"onnxruntime failed on calibration batch {i_batch} (input "
+                raise DataError(f"{RUN_FAILED} {i_batch} (input "
                                 "shapes " + ", ".join(f"{k}: {tuple(v.shape)}"
                                                       for k, v in feed.items())
                                 + f"): {e}") from e
