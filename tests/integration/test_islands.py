@@ -75,3 +75,35 @@ def test_an_override_keeps_its_island_and_a_model_without_layers_keeps_its_plan(
     plan = mixq.pipeline.Pipeline.load(elementwise).plan(mixq.get_default_config("A8W8"))
     assert plan.tensors["x"].format == "int8"
     assert mixq.quantize(elementwise, "A8W8", [{"x": np.ones((2, 3, 4), np.float32)}] * 2).model is not None
+
+
+def _branch(name: str, w: np.ndarray) -> onnx.GraphProto:
+    """An If branch: Conv -> Relu on the outer x."""
+    return helper.make_graph([helper.make_node("Conv", ["x", f"{name}_w"], [f"{name}_c"], pads=[1, 1]),
+                              helper.make_node("Relu", [f"{name}_c"], [f"{name}_y"])], name, [],
+                             [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)],
+                             [numpy_helper.from_array(w, f"{name}_w")])
+
+
+def test_a_model_whose_layers_all_sit_in_control_flow_bodies_is_not_rounded_around_them():
+    """Silero VAD's file with the If on the sample rate: every layer is in the If's branches,
+    which mixq leaves float, and the plan rounded only the If's outputs to int8 (an island:
+    float compute, then rounding, no integer kernel anywhere) with no warning, since the model
+    has no top-level layer and so read as an element-wise model quantized on purpose. Now the
+    island stays float and the summary says nothing was quantized, naming the If body."""
+    rng = np.random.default_rng(0)
+    then_g, else_g = (_branch(n, rng.normal(0, 0.5, (4, 2, 3)).astype(np.float32)) for n in ("hi", "lo"))
+    nodes = [helper.make_node("Equal", ["sr", "k"], ["is16"]),
+             helper.make_node("If", ["is16"], ["z"], then_branch=then_g, else_branch=else_g, name="by_rate"),
+             helper.make_node("Identity", ["z"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 16]),
+                                       helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 16])],
+                          [numpy_helper.from_array(np.array(16000, np.int64), "k")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = [{"x": rng.normal(0, 1, (1, 2, 16)).astype(np.float32), "sr": np.array(16000, np.int64)}
+             for _ in range(8)]
+    res = mixq.quantize(m, "A8W8", feeds)
+    assert res.plan.tensors["z"].format is None, res.plan.tensors["z"]
+    assert res.rewrite.activations_quantized == 0
+    assert "nothing was quantized" in res.summary() and "inside the body of If node 'by_rate'" in res.summary()

@@ -379,6 +379,14 @@ def _drop_layerless_islands(ix: GraphIndex, config: QuantConfig, tensors: dict[s
         tensors[t] = replace(tensors[t], format=None, consumer_formats={}, calibrate=False, reason=why)
 
 
+def _nested_layers(graph: onnx.GraphProto) -> int:
+    """Conv / ConvTranspose / Gemm / MatMul nodes inside the bodies of If / Loop / Scan nodes
+    (left float): a model whose layers all sit there is no element-wise model quantized on
+    purpose (Silero VAD's top-level If on the sample rate)."""
+    return sum(1 for node in graph.node for sg in subgraphs(node) for g in walk_graphs(sg)
+               for n in g.node if n.op_type in COMPUTE_OPS)
+
+
 def layerless_islands(ix: GraphIndex, tensors: dict[str, TensorPrecision],
                       float_reason: Callable[[onnx.NodeProto], str | None], keep: set[str],
                       named: set[str]) -> dict[str, str]:
@@ -394,7 +402,8 @@ def layerless_islands(ix: GraphIndex, tensors: dict[str, TensorPrecision],
     only: a grid cut inside one leaves a DequantizeLinear -> pass-through -> float pattern
     onnxruntime's QDQ propagation rejects; tensors of one parameter group (a float
     pass-through's output on its input's grid) are one island for that reason. A model with no
-    quantized layer at all keeps its plan (the user quantizes element-wise ops on purpose), and
+    layer at all, nor any inside a control-flow body, keeps its plan (the user quantizes
+    element-wise ops on purpose), and
     an island holding a tensor of `keep` (overrides) or a node of `named` (layer rules) keeps
     its grids."""
     def gridded(tp: TensorPrecision) -> bool:
@@ -402,7 +411,7 @@ def layerless_islands(ix: GraphIndex, tensors: dict[str, TensorPrecision],
 
     planned = {n for n, tp in tensors.items() if gridded(tp)}
     live = [n for n in ix.graph.node if float_reason(n) is None]
-    if not planned or not any(n.op_type in COMPUTE_OPS for n in live):
+    if not planned or not any(n.op_type in COMPUTE_OPS for n in live) and not _nested_layers(ix.graph):
         return {}
     islands = _Groups()
     kept = {t for t in keep if t in planned}
