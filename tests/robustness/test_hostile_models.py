@@ -300,6 +300,27 @@ def test_ir3_models_with_constant_nodes(opset, preset):
     assert np.allclose(got, ref, rtol=0.05, atol=0.05 * float(np.abs(ref).max())), (got, ref)
 
 
+@pytest.mark.parametrize("preset", ["A8W8", "BF16"])
+def test_a_model_of_onnx_ml_ops_only_is_written_unchanged_and_said(preset):
+    """A scikit-learn export (onnxruntime's logreg_iris.onnx: LinearClassifier, Normalizer,
+    ZipMap) imports no default-domain opset: the opset upgrade failed on "opset 0" with the
+    converter's assertion. Nothing there is quantizable: the model is written as it computes,
+    and the summary says nothing was quantized."""
+    node = helper.make_node("LinearRegressor", ["x"], ["y"], domain="ai.onnx.ml",
+                            coefficients=[0.5, -1.0, 2.0], intercepts=[0.25])
+    g = helper.make_graph([node], "skl", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)], ir_version=8)
+    onnx.checker.check_model(m)
+    feeds = [{"x": np.random.default_rng(k).normal(0, 1, (4, 3)).astype(np.float32)} for k in range(4)]
+    res = mixq.quantize(m, preset, feeds)
+    assert "nothing was quantized" in res.summary()
+    import onnxruntime as ort
+
+    got = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
+    assert np.allclose(got[:, 0], feeds[0]["x"] @ np.array([0.5, -1.0, 2.0], np.float32) + 0.25, atol=1e-5)
+
+
 @pytest.mark.parametrize("opset", [11, 13, 17, 21])
 def test_seq_block_opsets(opset):
     m = M.seq_block(opset)
