@@ -149,9 +149,10 @@ class Pipeline:
         onnx's converter, broadcast over the wrong axis there)."""
         why = self._source_load_error() if str(exc).startswith(prefix) else None
         if why:
+            rep = self.prepare_report
             then = "" if isinstance(exc, ModelError) else (
-                f"; mixq's prepared copy (opset {self.prepare_report.opset_from} -> {self.prepare_report.opset_to}) then "
-                f"failed on the data: {exc}")
+                f"; mixq's prepared copy (opset {rep.opset_from} -> {rep.opset_to}) then failed on the "
+                f"data: {exc}")
             raise ModelError(f"{self.source} does not load in onnxruntime as given, before mixq changes "
                              f"anything: {why}{then}. Check it with onnxruntime.InferenceSession and fix or "
                              "re-export it (for example at another opset).") from exc

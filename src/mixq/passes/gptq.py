@@ -43,8 +43,8 @@ from ..formats.integer import IntFormat, expand_param
 from ..graph import conv_padding, with_outputs
 from ..plan.plan import PrecisionPlan
 
-__all__ = ["GPTQ_DAMP", "GPTQ_BLOCK", "MAX_GRAM_BYTES", "MAX_ROWS", "GramTap", "WeightRounder", "WeightRoundingReport",
-           "gptq_round"]
+__all__ = ["GPTQ_DAMP", "GPTQ_BLOCK", "MAX_GRAM_BYTES", "MAX_ROWS", "GramTap", "WeightRounder",
+           "WeightRoundingReport", "gptq_round"]
 
 #: Dampening added to H's diagonal, as a fraction of its mean (GPTQ's `percdamp`).
 GPTQ_DAMP = 0.01

@@ -189,9 +189,11 @@ def upgrade_opset(model: onnx.ModelProto, target: int = TARGET_OPSET,
     if cur == 0 and not any(n.domain in ("", "ai.onnx") for g in walk_graphs(model.graph) for n in g.node):
         # no default-domain op to convert (a scikit-learn model of ai.onnx.ml ops): the import
         # the QDQ nodes need is added, nothing else changes
-        model.opset_import.append(onnx.helper.make_opsetid("", target))
-        model.ir_version = max(model.ir_version, 10)
-        return model
+        new = onnx.ModelProto()
+        new.CopyFrom(model)
+        new.opset_import.append(onnx.helper.make_opsetid("", target))
+        new.ir_version = max(new.ir_version, 10)
+        return new
     try:
         new = convert_opset(model, target, result)
     except MixqError:

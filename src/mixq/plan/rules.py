@@ -379,12 +379,12 @@ def _drop_layerless_islands(ix: GraphIndex, config: QuantConfig, tensors: dict[s
         tensors[t] = replace(tensors[t], format=None, consumer_formats={}, calibrate=False, reason=why)
 
 
-def _nested_layers(graph: onnx.GraphProto) -> int:
-    """Conv / ConvTranspose / Gemm / MatMul nodes inside the bodies of If / Loop / Scan nodes
-    (left float): a model whose layers all sit there is no element-wise model quantized on
-    purpose (Silero VAD's top-level If on the sample rate)."""
-    return sum(1 for node in graph.node for sg in subgraphs(node) for g in walk_graphs(sg)
-               for n in g.node if n.op_type in COMPUTE_OPS)
+def _has_nested_layers(graph: onnx.GraphProto) -> bool:
+    """Whether a Conv / ConvTranspose / Gemm / MatMul sits inside the body of an If / Loop /
+    Scan node (left float): a model whose layers all sit there is no element-wise model
+    quantized on purpose (Silero VAD's top-level If on the sample rate)."""
+    return any(n.op_type in COMPUTE_OPS for node in graph.node for sg in subgraphs(node)
+               for g in walk_graphs(sg) for n in g.node)
 
 
 def layerless_islands(ix: GraphIndex, tensors: dict[str, TensorPrecision],
@@ -411,7 +411,7 @@ def layerless_islands(ix: GraphIndex, tensors: dict[str, TensorPrecision],
 
     planned = {n for n, tp in tensors.items() if gridded(tp)}
     live = [n for n in ix.graph.node if float_reason(n) is None]
-    if not planned or not any(n.op_type in COMPUTE_OPS for n in live) and not _nested_layers(ix.graph):
+    if not planned or (not any(n.op_type in COMPUTE_OPS for n in live) and not _has_nested_layers(ix.graph)):
         return {}
     islands = _Groups()
     kept = {t for t in keep if t in planned}
