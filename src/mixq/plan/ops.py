@@ -196,6 +196,8 @@ def shape_only_tensors(nodes: Iterable[onnx.NodeProto], constants: set[str]) -> 
 
 def unsupported_reason(node: onnx.NodeProto) -> str:
     """Why `node` is left float (for the report)."""
+    if node.domain == "ai.onnx.ml":  # ONNX's own classical-ML domain, not a custom one
+        return f"ONNX-ML op '{node.domain}.{node.op_type}' is not in mixq's op table"
     if node.domain not in ("", "ai.onnx"):
         return f"custom-domain op '{node.domain}.{node.op_type}' is not in mixq's op table"
     return NEVER_QUANTIZED.get(node.op_type, f"op type '{node.op_type}' is not in mixq's op table")
