@@ -53,7 +53,7 @@ from ..formats import get_format
 from ..formats.integer import IntFormat
 from ..graph import GraphIndex, is_float_type
 from .memo import StatsMemo
-from .ops import COMPUTE_OPS
+from .ops import COMPUTE_OPS, semantics
 from .plan import PrecisionPlan, TensorPrecision
 
 #: (a) an empty gap of this many binades below the largest values marks a sentinel cluster
@@ -74,15 +74,15 @@ SMALL_LOG2 = 8
 SMALL_MIN_DB = 20.0
 #: (b) how many computing ops back from a root the walk looks (data movement does not count)
 SMALL_WALK_DEPTH = 8
+#: element-wise data movement: each output element is one input element (the walks below follow it)
+_MOVES = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand",
+                    "Tile", "Slice", "Gather", "Concat", "Split"})
 #: (b) ops that only move data (`SMALL_WALK_DEPTH` does not count them)
-_MOVES_DATA = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand",
-                         "Tile", "Slice", "Gather", "Concat", "Split", "Pad", "DepthToSpace", "SpaceToDepth"})
+_MOVES_DATA = _MOVES | {"Pad", "DepthToSpace", "SpaceToDepth"}
 #: (b) ops that pass each element's relative rounding error on to one output element unchanged
 #: (data movement, an added epsilon, a scale): the predicted-SQNR rule follows them only; a sum
 #: (CumSum, MatMul, a Reduce) averages its terms' errors, and its inputs are left to the share rule
-_RELATIVE_KEEP_OPS = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand",
-                                "Tile", "Slice", "Gather", "Concat", "Split", "Cast", "Neg", "Abs", "Relu",
-                                "Add", "Sub", "Mul", "Div", "Max", "Clip"})
+_RELATIVE_KEEP_OPS = _MOVES | {"Cast", "Neg", "Abs", "Relu", "Add", "Sub", "Mul", "Div", "Max", "Clip"}
 #: (b) the error, in nepers, of a Log whose input rounded to 0: its epsilon's log, or -inf,
 #: in place of the value's (4: a factor of 55)
 LOG_LOST = 4.0
@@ -115,9 +115,7 @@ PERIODIC_OPS: dict[str, float] = {"Sin": 2 * math.pi, "Cos": 2 * math.pi, "Tan":
 #: (h) ops that carry an operand's rounding error to their output scaled, not averaged away:
 #: data movement, casts and element-wise arithmetic (MatMul / Gemm only as an outer product
 #: with a constant, positions times a frequency row: a layer's sum averages its inputs' errors)
-_PHASE_WALK_OPS = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand",
-                             "Tile", "Slice", "Gather", "Concat", "Split", "Cast", "Neg", "Mul", "Div", "Add",
-                             "Sub", "MatMul", "Gemm"})
+_PHASE_WALK_OPS = _MOVES | {"Cast", "Neg", "Mul", "Div", "Add", "Sub", "MatMul", "Gemm"}
 
 #: (g) the least SQNR a plain cast (fp16, bf16) may leave on a tensor: casts keep 50 dB (bf16)
 #: to 70 dB (fp16) on values in their normal range; a tensor of 1e-6 in fp16 keeps 35 dB, one
@@ -979,8 +977,6 @@ def _passthrough_inputs(model: onnx.ModelProto, plan: PrecisionPlan, flagged: di
     input's grid, so re-quantizing them with its parameters is exact; left float instead, the
     DequantizeLinear -> MaxPool -> float pattern makes onnxruntime's QDQ propagation (extended
     optimizations) form a QuantizeLinear whose output type and zero point disagree."""
-    from .ops import semantics
-
     out: dict[str, str] = {}
     for n in model.graph.node:
         if not n.output or n.output[0] not in flagged or not n.input:
@@ -1038,8 +1034,6 @@ def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str,
 def _fan_in(n: onnx.NodeProto, w: np.ndarray) -> int:
     """Products per output element of layer `n` with weight `w` (the weight's size over its
     output channels, on the axis `ops.semantics` gives)."""
-    from .ops import semantics
-
     sem = semantics(n)
     axis = (sem.weight_channel_axis if sem is not None and sem.weight_channel_axis is not None else 0) % w.ndim
     return max(1, w.size // max(1, w.shape[axis]))
