@@ -66,8 +66,8 @@ def _bf16_weights(model) -> int:
 
 
 def _kind(op_type: str) -> str:
-    """A block function's name without its length / constant-input variant suffixes."""
-    return re.sub(r"(_n\d+)?(_p\d+)?(_const)?$", "", op_type)
+    """A block function's name without its length / rank / constant-input variant suffixes."""
+    return re.sub(r"(_n\d+)?(_p\d+)?(_r\d+)?(_const)?$", "", op_type)
 
 
 def _input_format_of(model, op_type: str) -> Counter:

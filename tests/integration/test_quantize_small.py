@@ -195,7 +195,7 @@ def test_output_is_written_and_input_untouched(cnn, tmp_path):
 def test_float_and_block_presets_run_in_stock_onnxruntime(cnn, preset, min_sqnr, node):
     res = _q(cnn, preset)
     onnx.checker.check_model(res.model, full_check=True)
-    assert node in [re.sub(r"(_n\d+)?(_p\d+)?$", "", n.op_type) for n in res.model.graph.node]
+    assert node in [re.sub(r"(_n\d+)?(_p\d+)?(_r\d+)?$", "", n.op_type) for n in res.model.graph.node]
     c = compare(cnn, res.model, feeds(64, 16, seed=7))  # default optimizations: no custom ops
     assert c.first().sqnr_db > min_sqnr, c.first()
     # block and cast formats take their scales from live data; the casts' ranges are read from

@@ -5,7 +5,9 @@ BlockFormat.fake_quant. Design (why, not what):
 
 * No Transpose: x is padded along `axis` to a multiple of the block and reshaped to
   (pre, nblocks, block, post) so ReduceMax over axis 2 gives the block maxima in place, for any
-  axis and rank (the shapes are computed at run time, so every dim may stay dynamic). The whole
+  axis and rank (the shapes are computed at run time, so every dim may stay dynamic; where the
+  axis length and x's rank are known, the pads, the view's target and the cut are constants
+  instead, whose 0s copy x's symbolic dims: a call on small tensors is mostly its op count). The whole
   computation stays in that view (per-block scales broadcast over the block axis); the result
   is reshaped back, cut to the axis length and reshaped to Shape(x). When nothing follows the
   axis (post is 1) the view ends at the block axis and per-block tensors drop their block dims:
@@ -160,33 +162,47 @@ def _alignable(fmt, length: int) -> bool:
     return length % fmt.block_size == 0 or (length < fmt.block_size and length % fmt.sub_block == 0)
 
 
+def _padded(fmt, length: int) -> int:
+    """The alignable length an axis of `length` is padded to: whole blocks, or for an axis
+    shorter than one block, whole sub-blocks (zeros never raise a block's maximum)."""
+    unit = fmt.sub_block if length < fmt.block_size else fmt.block_size
+    return -(-length // unit) * unit
+
+
 def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False,
                    length: int | None = None, post: int | None = None,
-                   opset: int | None = None) -> onnx.FunctionProto:
+                   opset: int | None = None, rank: int | None = None) -> onnx.FunctionProto:
     """The FunctionProto `fmt.function_name(axis, rounding)`: input x, output y.
 
     `foldable`: the variant for constant weights. onnxruntime's constant folding cannot hold a
     float8e8m0 tensor (it fails the session), so weights use a slower exact exponent that folds:
     floor(log(a) / ln 2) corrected against a table of exact powers of two.
-    `length`: the axis length when it is known to be a multiple of the block size, or shorter
-    than one block (and a multiple of the sub-block), and `axis` is non-negative: the blocked
-    view is then a single Reshape (no padding, no cut). A short axis is one block of `length`
-    elements: the reference pads it with zeros, which never raise a block's maximum.
+    `length`: the axis length when it is known and `axis` is non-negative. A multiple of the
+    block size, or a length shorter than one block (and a multiple of the sub-block), is
+    *aligned*: the blocked view is a single Reshape. A short axis is one block of `length`
+    elements: the reference pads it with zeros, which never raise a block's maximum. Any other
+    known length is padded with zeros to an aligned one by a Pad whose pads are constants, and
+    cut back by a constant Slice, instead of computing both per call.
     `post`: with `length`, the number of elements after the axis when every dim after it is
     known: the view's target is then a constant (x's leading dims copied by 0s), which saves the
     ~8 shape ops that compute it per call (they dominate a call on small tensors).
     `opset`: the default-domain opset of the body (default `fmt.onnx_opset`, 26); below 26 the
-    exponent is `foldable`'s (no BitCast) and the name ends with ``_o<opset>``."""
+    exponent is `foldable`'s (no BitCast) and the name ends with ``_o<opset>``.
+    `rank`: with `length` and no `post`, x's rank: the view is then an Unsqueeze and a Reshape
+    to a constant target whose 0s copy x's leading and trailing dims (symbolic ones too), so
+    neither the ~8 shape ops nor a tensor of unknown dims (see the module doc) is needed."""
     at = fmt.onnx_opset if opset is None else opset
     if at < MIN_BLOCK_OPSET:
         raise FormatError(f"a {fmt.name} function needs opset {MIN_BLOCK_OPSET} or newer, got {at}")
     if post is not None and (length is None or post <= 0):
         raise FormatError(f"a {fmt.name} function with known trailing elements ({post}) needs a "
                           "known aligned axis length and post > 0")
-    if length is not None and (axis < 0 or not _alignable(fmt, length)):
-        raise FormatError(f"an aligned {fmt.name} function needs a non-negative axis and a positive "
-                          f"axis length divisible by {fmt.block_size} (or shorter than it and "
-                          f"divisible by {fmt.sub_block}); got axis {axis}, length {length}")
+    if length is not None and (axis < 0 or length <= 0):
+        raise FormatError(f"a {fmt.name} function of known axis length needs a non-negative axis "
+                          f"and a positive length; got axis {axis}, length {length}")
+    if rank is not None and (length is None or post is not None or not axis < rank):
+        raise FormatError(f"a {fmt.name} function of known rank ({rank}) needs a known axis length, "
+                          f"unknown trailing dims and an axis below the rank; got axis {axis}")
     if rounding is not Rounding.HALF_EVEN and fmt.element != "int":
         raise FormatError(f"ONNX emission of {fmt.name} supports only Rounding.HALF_EVEN "
                           f"(its elements are rounded by float8 casts), got {rounding}")
@@ -195,6 +211,12 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     i64 = np.int64
     one = b.const([1], i64)
     aligned = length is not None
+    x = "x"
+    cut = None  # the axis length to cut the result back to (a padded axis)
+    if length is not None and not _alignable(fmt, length):
+        cut, length = length, _padded(fmt, length)
+        x = b.op("Pad", x, b.const([0, length - cut], i64), b.const(0.0), b.const([axis], i64),
+                 mode="constant")
     if aligned and post is not None:
         # -- everything after x's leading dims known: a constant view target; 0 copies x's dim
         #    (allowzero=0), so the view keeps x's symbolic leading dims and a zero-size one
@@ -204,21 +226,33 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         # slower on MatMul inputs, bench/block_reduce_bench.py)
         view = ([0] * axis + [max(length // B, 1)] + ([blen // S, S] if S > 1 else [blen])
                 + ([post] if post > 1 else []))
-        v = b.op("Reshape", "x", b.const(view, i64))
+        v = b.op("Reshape", x, b.const(view, i64))
         bax = axis + 1
         last = post == 1  # the view ends at the block (sub-block) axis
         view_rank = len(view)
+    elif aligned and rank is not None:
+        # -- known rank: x with u unit dims inserted after its leading ones, reshaped to
+        #    (x's leading dims, nb, B[/S, S], x's trailing dims): every 0 copies the dim at its
+        #    index, which the Unsqueeze lined up, so the view keeps x's symbolic dims
+        blen = min(length, B)
+        inner_dims = [blen // S, S] if S > 1 else [blen]
+        u = len(inner_dims)
+        view = [0] * axis + [max(length // B, 1)] + inner_dims + [0] * (rank - axis - 1)
+        v = b.op("Reshape", b.op("Unsqueeze", x, b.const(list(range(axis, axis + u)), i64)),
+                 b.const(view, i64))
+        bax = axis + 1
+        last, view_rank = False, 0
     elif aligned:
         # -- the axis length is a known multiple of B: a view (x's leading dims, nb, B, post)
         #    by one Reshape, no padding
-        post_t = b.op("ReduceProd", b.op("Concat", one, b.op("Shape", "x", start=axis + 1), axis=0),
+        post_t = b.op("ReduceProd", b.op("Concat", one, b.op("Shape", x, start=axis + 1), axis=0),
                     keepdims=1)
         # `post` as a tensor of unknown rank (see below: no known rank with unknown dims)
         hpost = b.op("Reshape", post_t, b.op("Slice", one, b.const([0], i64), b.op("Add", post_t, one)))
         # allowzero: every dim is given (a zero-size dim is a real 0, not "copy")
         blen = min(length, B)  # a short axis is a single block of `length`
         inner = b.const([blen // S, S] if S > 1 else [blen], i64)
-        v = b.op("Reshape", "x", b.op("Concat", b.op("Shape", "x", end=axis),
+        v = b.op("Reshape", x, b.op("Concat", b.op("Shape", x, end=axis),
                                       b.const([max(length // B, 1)], i64), inner, hpost, axis=0),
                  allowzero=1)
         bax = axis + 1  # the block dim in the view
@@ -352,10 +386,15 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     if not aligned:
         q = b.op("Reshape", q, hidden(b.const([-1], i64), b.op("Mul", nb, b.const([B], i64))))
         q = b.op("Slice", q, b.const([0], i64), d, b.const([1], i64))
-    b.op("Reshape", q, b.op("Shape", "x"), out="y", allowzero=1)
+    if cut is not None:  # back to the padded layout, then the constant cut along the axis
+        b.op("Slice", b.op("Reshape", q, b.op("Shape", x), allowzero=1), b.const([0], i64),
+             b.const([cut], i64), b.const([axis], i64), out="y")
+    else:
+        b.op("Reshape", q, b.op("Shape", "x"), out="y", allowzero=1)
     doc = (f"{fmt.name} fake quantization, blocks of {B} along axis {axis}, "
            f"{'half to even' if rounding is Rounding.HALF_EVEN else 'half away from zero'}")
-    name = fmt.function_name(axis, rounding, length=length, const=foldable, post=post)
+    name = fmt.function_name(axis, rounding, length=length if cut is None else cut,
+                             const=foldable, post=post, rank=rank)
     if at != fmt.onnx_opset:
         name += f"_o{at}"
     return make_function(name, ["x"], ["y"], b.nodes, opset=at, doc=doc)
@@ -366,20 +405,23 @@ def emit_block(fmt, input_name: str, output_name: str, *, axis: int, prefix: str
                shape: Shape | None = None, opset: int | None = None) -> Emission:
     """An Emission: one node in MIXQ_DOMAIN calling the format's function, plus the function
     (`foldable`: the variant for constant inputs, see build_function). A known `shape` (None for
-    unknown dims) whose axis length is a multiple of the block (or one short block, see
-    build_function) selects the aligned function."""
-    length = post = None
+    unknown dims) whose axis length is known selects a function with a constant view (see
+    build_function): padded to whole blocks when the length is not a multiple of the block."""
+    length = post = rank = None
     if shape is not None and -len(shape) <= axis < len(shape):
         axis_pos = axis % len(shape)
         dim = shape[axis_pos]
-        if isinstance(dim, int) and _alignable(fmt, dim):
+        if isinstance(dim, int) and dim > 0:
             axis, length = axis_pos, dim
             tail = [t for t in shape[axis_pos + 1:] if isinstance(t, int) and t > 0]
             if len(tail) == len(shape) - axis_pos - 1:  # every dim after the axis known
                 post = int(np.prod(tail, dtype=np.int64))
+            else:
+                rank = len(shape)
         elif axis_pos == len(shape) - 1:
             axis = -1  # the general function whose view ends at the block axis (no trailing 1)
-    fn = build_function(fmt, axis, rounding, foldable=foldable, length=length, post=post, opset=opset)
+    fn = build_function(fmt, axis, rounding, foldable=foldable, length=length, post=post,
+                        opset=opset, rank=rank)
     node = helper.make_node(fn.name, [input_name], [output_name], name=f"{prefix}/{fn.name}",
                             domain=MIXQ_DOMAIN)
     return Emission(nodes=[node], functions=[fn],

@@ -182,12 +182,13 @@ class BlockFormat(Format):
     # -- ONNX -----------------------------------------------------------------------------------
     def function_name(self, axis: int, rounding: Rounding = Rounding.HALF_EVEN, *,
                       length: int | None = None, const: bool = False,
-                      post: int | None = None) -> str:
+                      post: int | None = None, rank: int | None = None) -> str:
         """Name of the model-local function for this format, axis and rounding, e.g.
         ``MXFP4_axis1``, ``BFP16_axism1``, ``BFP_B16_E8_M4_axis0_away``; ``_n64`` marks the
-        variant for an axis of known length 64, ``_p784`` the one whose dims after the axis are
-        known (784 elements), ``_const`` the one for constant inputs."""
-        return _function_name(self, axis, rounding, length, const, post)
+        variant for an axis of known length 64 (padded to whole blocks when it is not a
+        multiple), ``_p784`` the one whose dims after the axis are known (784 elements), ``_r4``
+        the one for inputs of rank 4 (a constant view), ``_const`` the one for constant inputs."""
+        return _function_name(self, axis, rounding, length, const, post, rank)
 
     def emit(self, input_name: str, output_name: str, *, qparams: QParams | None = None,
              axis: int | None = None, prefix: str, rounding: Rounding = Rounding.HALF_EVEN,
@@ -222,7 +223,7 @@ class BlockFormat(Format):
 
 
 def _function_name(fmt: BlockFormat, axis: int, rounding: Rounding, length: int | None,
-                   const: bool, post: int | None = None) -> str:
+                   const: bool, post: int | None = None, rank: int | None = None) -> str:
     base = re.sub(r"[^A-Za-z0-9]+", "_", fmt.name.upper())
     if fmt.name.startswith("bfp("):  # bfp(block=16,exp=8,mant=4) -> BFP_B16_E8_M4
         base = f"BFP_B{fmt.block_size}_E{fmt.scale_bits}_M{fmt.mant_bits}"
@@ -230,7 +231,8 @@ def _function_name(fmt: BlockFormat, axis: int, rounding: Rounding, length: int 
             base += f"_S{fmt.sub_block}"
     ax = f"axis{axis}" if axis >= 0 else f"axism{-axis}"
     return (f"{base}_{ax}" + ("" if length is None else f"_n{length}")
-            + ("" if post is None else f"_p{post}") + ("_away" if rounding is Rounding.HALF_AWAY else "") + ("_const" if const else ""))
+            + ("" if post is None else f"_p{post}") + ("" if rank is None else f"_r{rank}")
+            + ("_away" if rounding is Rounding.HALF_AWAY else "") + ("_const" if const else ""))
 
 
 # -- construction and names ------------------------------------------------------------------------
