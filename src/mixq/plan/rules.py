@@ -403,15 +403,22 @@ def layerless_islands(ix: GraphIndex, tensors: dict[str, TensorPrecision],
     onnxruntime's QDQ propagation rejects; tensors of one parameter group (a float
     pass-through's output on its input's grid) are one island for that reason. A model with no
     layer at all, nor any inside a control-flow body, keeps its plan (the user quantizes
-    element-wise ops on purpose), and
+    element-wise ops on purpose); one whose layers all sit in such bodies drops its islands in
+    every format, bf16 and block formats too, and
     an island holding a tensor of `keep` (overrides) or a node of `named` (layer rules) keeps
     its grids."""
+    live = [n for n in ix.graph.node if float_reason(n) is None]
+    top_layers = any(n.op_type in COMPUTE_OPS for n in live)
+    # every layer inside a control-flow body: no island is worth its rounding, in any format (a
+    # bf16 rounding of an If's outputs is no bf16 model either: the layers compute in float)
+    nested_only = not top_layers and _has_nested_layers(ix.graph)
+
     def gridded(tp: TensorPrecision) -> bool:
-        return tp.role == "activation" and any(get_format(f).needs_qparams for f in tp.formats())
+        return tp.role == "activation" and any(nested_only or get_format(f).needs_qparams
+                                               for f in tp.formats())
 
     planned = {n for n, tp in tensors.items() if gridded(tp)}
-    live = [n for n in ix.graph.node if float_reason(n) is None]
-    if not planned or (not any(n.op_type in COMPUTE_OPS for n in live) and not _has_nested_layers(ix.graph)):
+    if not planned or not (top_layers or nested_only):
         return {}
     islands = _Groups()
     kept = {t for t in keep if t in planned}
