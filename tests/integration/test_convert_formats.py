@@ -103,6 +103,37 @@ def test_subgraph_node_left_float_and_reported():
         assert rep2.min_sqnr_db > MIN_SQNR
 
 
+@pytest.mark.parametrize("fmt", BF16_FORMATS)
+def test_a_body_with_weights_is_reported_kept_not_untouched(fmt):
+    """Silero VAD's layout: every layer inside an If's branches, each with its own weight. The
+    converters rewrite the main graph only, and reported the If as having nothing to convert
+    ("untouched"): a file whose layers all stay float32 with no word of it. Now the If is kept
+    in the source type with the reason, and the branches' weights are left as they were."""
+    rng = np.random.default_rng(0)
+
+    def branch(name: str) -> onnx.GraphProto:
+        w = rng.normal(0, 0.5, (4, 2, 3)).astype(np.float32)
+        return helper.make_graph([helper.make_node("Conv", ["x", f"{name}_w"], [f"{name}_y"], pads=[1, 1])],
+                                 name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)],
+                                 [numpy_helper.from_array(w, f"{name}_w")])
+    g = helper.make_graph([helper.make_node("If", ["c"], ["z"], then_branch=branch("hi"),
+                                            else_branch=branch("lo"), name="by_rate"),
+                           helper.make_node("Relu", ["z"], ["y"], name="relu")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 16]),
+                           helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    out, rep = to_bf16(m, fmt, feeds={"x": np.ones((1, 2, 16), np.float32), "c": np.array(True)})
+    kept = {k.op_type: k.reason for k in rep.kept_float}
+    assert "If" in kept and "2 float32 weight(s)" in kept["If"], kept
+    assert next(c for c in rep.op_counts if c.op_type == "If").untouched == 0
+    def then_weight(model: onnx.ModelProto) -> bytes:
+        body = next(a.g for n in model.graph.node if n.op_type == "If" for a in n.attribute
+                    if a.name == "then_branch")
+        return numpy_helper.to_array(body.initializer[0]).tobytes()
+    assert then_weight(out) == then_weight(m)
+
+
 def _special_model(dtype=np.float32) -> tuple[onnx.ModelProto, np.ndarray]:
     w = np.array([1.0, 1.00390625, 1.01171875, 3.14159265, -2.5e-39, 1e-45, 9.2e-41, np.inf, -np.inf,
                   np.nan, 3.38e38, -1e-30, 65504.0, 0.0, -0.0, 1e-6], dtype=dtype)

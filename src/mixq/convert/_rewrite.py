@@ -276,6 +276,9 @@ def _prepare(model: onnx.ModelProto, F: int, *, lift: bool, fragile: bool = Fals
     for region in regions:
         for k in region.nodes:
             keep.setdefault(k, region.reason)
+    for k, node in enumerate(m.graph.node):  # control flow: its bodies are not rewritten
+        if k not in keep and (why := _body_reason(node, F, info.types)) is not None:
+            keep[k] = why
     if keep:
         ks = set(keep)
         before = sorted(keep)
@@ -289,6 +292,32 @@ def _prepare(model: onnx.ModelProto, F: int, *, lift: bool, fragile: bool = Fals
         notes.append(f"{len(sub_only)} weight(s) used only inside subgraphs (If/Loop/Scan) left unchanged: "
                      + ", ".join(sub_only[:5]) + (" ..." if len(sub_only) > 5 else ""))
     return m, info, names, notes, keep
+
+
+def _body_reason(node: onnx.NodeProto, F: int, types: dict[str, int]) -> str | None:
+    """Why an If / Loop / Scan node with F data in its bodies (weights, Constants, or an outer
+    F tensor it reads) stays in the source type, or None. The converters rewrite the main
+    graph only: such a body computes as before, and the report must say so rather than count
+    the node as having nothing to convert."""
+    if not G.has_subgraph(node):
+        return None
+    weights, reads = 0, False
+    stack = [a.g for a in node.attribute if a.type == AttributeProto.GRAPH]
+    stack += [g for a in node.attribute if a.type == AttributeProto.GRAPHS for g in a.graphs]
+    while stack:
+        g = stack.pop()
+        weights += sum(t.data_type == F for t in g.initializer)
+        for n in g.node:
+            weights += sum(a.type == AttributeProto.TENSOR and a.t.data_type == F for a in n.attribute)
+            reads = reads or any(types.get(i) == F for i in n.input)
+            stack += [a.g for a in n.attribute if a.type == AttributeProto.GRAPH]
+            stack += [sg for a in n.attribute if a.type == AttributeProto.GRAPHS for sg in a.graphs]
+    if not weights and not reads:
+        return None
+    src = element_type_name(F)
+    held = f" and its {weights} {src} weight(s) stay so" if weights else ""
+    return (f"has a subgraph (If/Loop/Scan body): the converters rewrite the main graph only, so "
+            f"the body computes in {src}{held}")
 
 
 def _overflow_note(over: int, target: int) -> list[str]:
