@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mixq.errors import FormatError
 from mixq.formats import MIXQ_DOMAIN, Rounding, get_format
@@ -411,3 +413,33 @@ def test_reductions_never_end_on_a_unit_dim(name, dims, axis):
     assert_same_bits(y, fmt.fake_quant(x, axis=axis))
     shapes = {v: o.shape for v, o in zip(reduce_in, outs[1:])}
     assert all(s[-1] != 1 for s in shapes.values()), shapes
+
+
+# -- property: any rank, axis and mix of known / symbolic dims gives the reference's bits --------
+
+
+@pytest.mark.parametrize("name", ["bfp16", "mx9", "mxfp8_e4m3", "mxint8", "bfp(block=5,exp=4,mant=3)"])
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(wide=st.lists(st.integers(1, 70), min_size=1, max_size=3), short=st.lists(st.integers(1, 4), max_size=2),
+       known=st.lists(st.booleans(), min_size=5, max_size=5), axis_pick=st.integers(0, 4),
+       seed=st.integers(0, 2 ** 16), perm_seed=st.integers(0, 100))
+def test_random_shapes_with_symbolic_dims_give_the_reference_bits(name, wide, short, known, axis_pick, seed,
+                                                                  perm_seed):
+    """The function chosen from a shape (constant view, padded, rank-known, general) is exact
+    for whatever the shape says is known: each dim is declared static or symbolic at random, the
+    axis at random, and the session runs at the true dims."""
+    import onnxruntime as ort
+    from onnx import TensorProto
+
+    from mixq.formats.onnx_util import emission_to_model
+
+    fmt = get_format(name)
+    dims = [int(d) for d in np.random.default_rng(perm_seed).permutation(wide + short)]  # <= 1.4M elements
+    axis = axis_pick % len(dims)
+    declared = [d if known[i] else f"d{i}" for i, d in enumerate(dims)]
+    shape = tuple(d if known[i] else None for i, d in enumerate(dims))
+    em = fmt.emit("x", "y", axis=axis, prefix="q", shape=shape)
+    model = emission_to_model(em, {"x": TensorProto.FLOAT}, input_shapes={"x": declared})
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = tensor(tuple(dims), seed=seed)
+    assert_same_bits(sess.run(None, {"x": x})[0], fmt.fake_quant(x, axis=axis))
