@@ -188,28 +188,31 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
     ~8 shape ops that compute it per call (they dominate a call on small tensors).
     `opset`: the default-domain opset of the body (default `fmt.onnx_opset`, 26); below 26 the
     exponent is `foldable`'s (no BitCast) and the name ends with ``_o<opset>``.
-    `rank`: with `length` and no `post`, x's rank: the view is then an Unsqueeze and a Reshape
-    to a constant target whose 0s copy x's leading and trailing dims (symbolic ones too), so
-    neither the ~8 shape ops nor a tensor of unknown dims (see the module doc) is needed."""
+    `rank`: x's rank, required with `length` and no `post`: the view is then an Unsqueeze and
+    a Reshape to a constant target whose 0s copy x's leading and trailing dims (symbolic ones
+    too), so neither the ~8 shape ops that computed it per call nor a tensor of unknown dims
+    (see the module doc) is needed."""
     at = fmt.onnx_opset if opset is None else opset
     if at < MIN_BLOCK_OPSET:
         raise FormatError(f"a {fmt.name} function needs opset {MIN_BLOCK_OPSET} or newer, got {at}")
     if post is not None and (length is None or post <= 0):
         raise FormatError(f"a {fmt.name} function with known trailing elements ({post}) needs a "
-                          "known aligned axis length and post > 0")
+                          "known axis length and post > 0")
     if length is not None and (axis < 0 or length <= 0):
         raise FormatError(f"a {fmt.name} function of known axis length needs a non-negative axis "
                           f"and a positive length; got axis {axis}, length {length}")
-    if rank is not None and (length is None or post is not None or not axis < rank):
-        raise FormatError(f"a {fmt.name} function of known rank ({rank}) needs a known axis length, "
-                          f"unknown trailing dims and an axis below the rank; got axis {axis}")
+    if length is not None and post is None and (rank is None or not axis < rank):
+        raise FormatError(f"a {fmt.name} function of known axis length and unknown trailing dims "
+                          f"needs x's rank, above the axis; got axis {axis}, rank {rank}")
+    if rank is not None and (length is None or post is not None):
+        raise FormatError(f"a {fmt.name} function of known rank ({rank}) is the one of a known axis "
+                          "length with unknown trailing dims")
     if rounding is not Rounding.HALF_EVEN and fmt.element != "int":
         raise FormatError(f"ONNX emission of {fmt.name} supports only Rounding.HALF_EVEN "
                           f"(its elements are rounded by float8 casts), got {rounding}")
     b = _Body()
     B, S = fmt.block_size, fmt.sub_block
     i64 = np.int64
-    one = b.const([1], i64)
     aligned = length is not None
     x = "x"
     cut = None  # the axis length to cut the result back to (a padded axis)
@@ -230,7 +233,7 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
         bax = axis + 1
         last = post == 1  # the view ends at the block (sub-block) axis
         view_rank = len(view)
-    elif aligned and rank is not None:
+    elif rank is not None:  # (aligned, trailing dims unknown: build_function requires the rank)
         # -- known rank: x with u unit dims inserted after its leading ones, reshaped to
         #    (x's leading dims, nb, B[/S, S], x's trailing dims): every 0 copies the dim at its
         #    index, which the Unsqueeze lined up, so the view keeps x's symbolic dims
@@ -242,22 +245,8 @@ def build_function(fmt, axis: int, rounding: Rounding, *, foldable: bool = False
                  b.const(view, i64))
         bax = axis + 1
         last, view_rank = False, 0
-    elif aligned:
-        # -- the axis length is a known multiple of B: a view (x's leading dims, nb, B, post)
-        #    by one Reshape, no padding
-        post_t = b.op("ReduceProd", b.op("Concat", one, b.op("Shape", x, start=axis + 1), axis=0),
-                    keepdims=1)
-        # `post` as a tensor of unknown rank (see below: no known rank with unknown dims)
-        hpost = b.op("Reshape", post_t, b.op("Slice", one, b.const([0], i64), b.op("Add", post_t, one)))
-        # allowzero: every dim is given (a zero-size dim is a real 0, not "copy")
-        blen = min(length, B)  # a short axis is a single block of `length`
-        inner = b.const([blen // S, S] if S > 1 else [blen], i64)
-        v = b.op("Reshape", x, b.op("Concat", b.op("Shape", x, end=axis),
-                                      b.const([max(length // B, 1)], i64), inner, hpost, axis=0),
-                 allowzero=1)
-        bax = axis + 1  # the block dim in the view
-        last, view_rank = False, 0  # run-time post: per-block tensors keep their block dims
     else:
+        one = b.const([1], i64)
         bax = 2
         last = axis == -1
         blen = B
