@@ -23,6 +23,7 @@ import onnx
 from onnx import AttributeProto, TensorProto, helper
 
 from ..errors import ModelError
+from ..graph import subgraphs, walk_graphs
 from ..formats.base import MIXQ_DOMAIN, MIXQ_DOMAIN_VERSION
 from . import _graph as G
 from ._rounding import BF16_MAX, FP16_MAX, element_type_name, round_tensor_inplace, tensor_to_target
@@ -299,19 +300,11 @@ def _body_reason(node: onnx.NodeProto, F: int, types: dict[str, int]) -> str | N
     F tensor it reads) stays in the source type, or None. The converters rewrite the main
     graph only: such a body computes as before, and the report must say so rather than count
     the node as having nothing to convert."""
-    if not G.has_subgraph(node):
-        return None
-    weights, reads = 0, False
-    stack = [a.g for a in node.attribute if a.type == AttributeProto.GRAPH]
-    stack += [g for a in node.attribute if a.type == AttributeProto.GRAPHS for g in a.graphs]
-    while stack:
-        g = stack.pop()
-        weights += sum(t.data_type == F for t in g.initializer)
-        for n in g.node:
-            weights += sum(a.type == AttributeProto.TENSOR and a.t.data_type == F for a in n.attribute)
-            reads = reads or any(types.get(i) == F for i in n.input)
-            stack += [a.g for a in n.attribute if a.type == AttributeProto.GRAPH]
-            stack += [sg for a in n.attribute if a.type == AttributeProto.GRAPHS for sg in a.graphs]
+    bodies = [g for sg in subgraphs(node) for g in walk_graphs(sg)]
+    weights = sum(t.data_type == F for g in bodies for t in g.initializer)
+    weights += sum(a.type == AttributeProto.TENSOR and a.t.data_type == F
+                   for g in bodies for n in g.node for a in n.attribute)
+    reads = any(types.get(i) == F for g in bodies for n in g.node for i in n.input)
     if not weights and not reads:
         return None
     src = element_type_name(F)
