@@ -64,7 +64,25 @@ def test_conv_patches_of_random_convs_are_what_onnxruntime_convolves(data):
 def _conv_rows(x, node, kernel, group):
     """The patches GPTQ reads from the batch x for `node`, positions drawn with seed 0."""
     geo = gptq._Patches(node, kernel, group, tuple(x.shape[2:]))
-    return geo.rows(geo.padded(x), np.random.default_rng(0))
+    return geo.rows(x, np.random.default_rng(0))
+
+
+def _im2col(x, node, kernel, group):
+    """The oracle: every output position's patch read element by element from the zero-padded
+    batch, (group, N * positions, cin_g * prod(kernel)), positions sample-major."""
+    geo = gptq._Patches(node, kernel, group, tuple(x.shape[2:]))
+    nd = len(kernel)
+    dil = next((list(a.ints) for a in node.attribute if a.name == "dilations"), [1] * nd)
+    xp = np.pad(x, [(0, 0), (0, 0), *(geo.pads or [(0, 0)] * nd)])
+    n, c = x.shape[:2]
+    rows = []
+    for s in range(n):
+        for pos in np.ndindex(*geo.out):
+            patch = [xp[(s, ch) + tuple(p * st + k * d for p, st, k, d in zip(pos, geo.strides, tap, dil))]
+                     for ch in range(c) for tap in np.ndindex(*kernel)]
+            rows.append(patch)
+    a = np.asarray(rows, np.float32).reshape(n * int(np.prod(geo.out)), group, -1)
+    return a.transpose(1, 0, 2)
 
 
 def _check_patches(spatial, kernel, group, attrs, seed):
@@ -78,6 +96,10 @@ def _check_patches(spatial, kernel, group, attrs, seed):
                           [numpy_helper.from_array(w, "w")])
     y = _run(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), {"x": x})
     rows = _conv_rows(x, node, list(kernel), group)  # all positions
+    want_rows = _im2col(x, node, list(kernel), group)
+    assert rows.shape == want_rows.shape and np.array_equal(rows, want_rows)  # the same bits
+    one = gptq._Patches(node, list(kernel), group, tuple(x.shape[2:])).rows(x[1:], np.random.default_rng(0))
+    assert np.array_equal(one, want_rows[:, want_rows.shape[1] // 2:])  # one sample: its own rows
     assert rows.shape[1] == y.shape[0] * int(np.prod(y.shape[2:]))
     wg = w.reshape(group, cout // group, -1)
     got = np.matmul(rows, wg.transpose(0, 2, 1))  # (group, N*positions, cout/group)
@@ -92,6 +114,8 @@ def test_conv_patches_are_capped_with_a_fixed_seed(monkeypatch):
     a = _conv_rows(x, node, [3, 3], 1)
     b = _conv_rows(x, node, [3, 3], 1)
     assert a.shape == (1, 50, 36) and np.array_equal(a, b)
+    every = _im2col(x, node, [3, 3], 1)  # the drawn positions' patches, exactly
+    assert np.array_equal(a, every[:, gptq._pick(every.shape[1], np.random.default_rng(0))])
 
 
 @pytest.mark.parametrize("g,k", [(1, 1), (3, 9), (1, 64), (1, 65), (2, 200), (1, 1536)])

@@ -234,7 +234,10 @@ class _Patches:
     """Where a Conv's outputs read its input, for inputs of one spatial size: the pads (auto_pad
     resolved), the output positions and the flat offsets of the kernel taps in a padded sample.
     Worked out once per layer and input size (not per sample: a small model's calibration spent
-    most of its GPTQ time in that Python), with the all-positions index of a sample kept."""
+    most of its GPTQ time in that Python). Where a sample's output positions all enter H, each
+    tap's patches are one strided slice of the unpadded input (its window of valid positions
+    worked out here, zeros outside it): no padded copy and no index lookups, the same values in
+    the same layout as a gather would copy."""
 
     def __init__(self, node: onnx.NodeProto, kshape: list[int], groups: int, spatial: tuple[int, ...]) -> None:
         nd = len(kshape)
@@ -256,7 +259,25 @@ class _Patches:
         grid = np.indices(kshape).reshape(nd, -1)
         for d in range(nd):
             self.offs += grid[d] * (dil[d] * self.step[d])
-        self._one: np.ndarray | None = None  # a sample's index of all positions (when <= MAX_ROWS)
+        # per tap: the output positions that read inside the input (a box, None where none does)
+        # and the strided slices of the unpadded input they read
+        self._slices: list[tuple[tuple[slice, ...], tuple[slice, ...]] | None] = []
+        self._full = True  # every tap reads inside the input at every position (no zeros to write)
+        for t in range(self.taps):
+            box, src = [], []
+            for d in range(nd):
+                o = int(grid[d, t]) * dil[d] - pads[d][0]  # input index of position 0's tap
+                st = self.strides[d]
+                lo = -(o // st) if o < 0 else 0  # first position p with p * st + o >= 0
+                hi = min(self.out[d], (spatial[d] - 1 - o) // st + 1) if spatial[d] - 1 - o >= 0 else 0
+                box.append(slice(lo, max(lo, hi)))
+                src.append(slice(lo * st + o, (hi - 1) * st + o + 1, st) if hi > lo else slice(0, 0))
+            if any(b.stop <= b.start for b in box):
+                self._slices.append(None)
+                self._full = False
+                continue
+            self._full = self._full and all(b.start == 0 and b.stop == n for b, n in zip(box, self.out))
+            self._slices.append((tuple(box), tuple(src)))
 
     def padded(self, x: np.ndarray) -> np.ndarray:
         """The batch x (N, C, *spatial) with the Conv's padding (x itself where it has none)."""
@@ -264,27 +285,32 @@ class _Patches:
             return x
         return np.pad(x, [(0, 0), (0, 0), *self.pads])
 
-    def rows(self, xp: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """(groups, rows, cin_g * prod(kernel)) patches that the Conv's outputs read from the
-        padded batch xp (N, C, *padded) (one sample: no copy but the patches'), in the weight's
-        (cin_g, *kernel) order (a transposed view of one contiguous copy); at most MAX_ROWS output
-        positions, drawn before any patch is copied."""
-        n, c = xp.shape[:2]
+        batch x (N, C, *spatial), in the weight's (cin_g, *kernel) order (a transposed view of
+        one contiguous (C, K, rows) copy, rows sample-major); at most MAX_ROWS output positions,
+        drawn before any patch is copied."""
+        n, c = x.shape[:2]
         out_shape = (n,) + self.out
         count = int(np.prod(out_shape))
-        if n == 1 and count <= MAX_ROWS and self._one is not None:
-            idx = self._one
+        if count <= MAX_ROWS:  # every position: a strided slice per tap
+            xc = np.moveaxis(x, 1, 0)  # (C, N, *spatial), a view
+            dst = np.empty((c, self.taps) + out_shape, np.float32) if self._full else \
+                np.zeros((c, self.taps) + out_shape, np.float32)
+            for t, sl in enumerate(self._slices):
+                if sl is not None:
+                    dst[(slice(None), t, slice(None)) + sl[0]] = xc[(slice(None), slice(None)) + sl[1]]
+            patches = dst.reshape(c, self.taps, count)
         else:
             pos = np.unravel_index(_pick(count, rng), out_shape)
             base = pos[0] * self.size  # the sample, in (C, N * prod(size))
             for d in range(len(self.out)):
                 base = base + pos[1 + d] * (self.strides[d] * self.step[d])
             idx = self.offs[:, None] + base[None, :]
-            if n == 1 and count <= MAX_ROWS:
-                self._one = idx
-        # one take copies exactly the patches, channels outermost: no copy is transposed after
-        flat = xp[0].reshape(c, -1) if n == 1 else np.moveaxis(xp.reshape(n, c, -1), 1, 0).reshape(c, -1)
-        patches = np.take(flat, idx, axis=1)  # (C, K, rows)
+            xp = self.padded(x)
+            # one take copies exactly the patches, channels outermost: no copy is transposed after
+            flat = xp[0].reshape(c, -1) if n == 1 else np.moveaxis(xp.reshape(n, c, -1), 1, 0).reshape(c, -1)
+            patches = np.take(flat, idx, axis=1)  # (C, K, rows)
         return patches.reshape(self.groups, c // self.groups * self.taps, -1).transpose(0, 2, 1)
 
 
@@ -349,7 +375,6 @@ class GramTap:
                 if geo is None or geo.spatial != tuple(v.shape[2:]):  # one geometry a layer: memory stays bounded
                     geo = self._patches[ti] = _Patches(t.node, list(self._shapes[t.weight][2:]), t.groups,
                                                        tuple(v.shape[2:]))
-                v = geo.padded(v)  # once per batch
             for j in range(v.shape[0]):
                 if t.cap is not None and first + j >= t.cap:
                     break  # a wide layer: its first samples only (GRAM_BUDGET)
