@@ -184,12 +184,17 @@ def _check_attrs(kind: str, attrs: Any, defaults: dict[str, Any]) -> dict[str, A
     return out
 
 
+#: Where mixq's block formats put their blocks, said wherever a block axis is asked for.
+BLOCK_AXIS_RULE = ("mixq blocks along the axis each reading op reduces (a Conv's input channels, axis 1; "
+                   "a MatMul's or Gemm's K: A's last axis, B's second-to-last)")
+
+
 def bfp_format(attrs: Any) -> str:
     """The mixq format of QBFP under BFPAttributes `attrs` (None: the vendor's defaults)."""
     a = _check_attrs("BFPAttributes", attrs, BFP_DEFAULTS)
     if a["axis"] != 1:
-        raise ConfigError(f"BFPAttributes axis={a['axis']}: unsupported: mixq's block formats block "
-                          "along axis 1 (channels), as the vendor's default (use axis 1).")
+        raise ConfigError(f"BFPAttributes axis={a['axis']}: unsupported: {BLOCK_AXIS_RULE}; a fixed "
+                          "axis is not offered (use the default, 1, or leave it out).")
     if a["rounding_mode"] != 2:
         raise ConfigError(f"BFPAttributes rounding_mode={a['rounding_mode']}: unsupported: mixq's "
                           "block formats round half to even (rounding_mode 2, the default).")
@@ -219,7 +224,8 @@ def mx_format(attrs: Any) -> str:
         raise ConfigError(f"MXAttributes block_size={a['block_size']}: unsupported: mixq's MX formats "
                           "use the OCP block of 32 elements (use 32).")
     if a["axis"] != 1:
-        raise ConfigError(f"MXAttributes axis={a['axis']}: unsupported: mixq blocks along axis 1 (use 1).")
+        raise ConfigError(f"MXAttributes axis={a['axis']}: unsupported: {BLOCK_AXIS_RULE}; a fixed "
+                          "axis is not offered (use the default, 1, or leave it out).")
     if a["rounding_mode"] != 2:
         raise ConfigError(f"MXAttributes rounding_mode={a['rounding_mode']}: unsupported: mixq rounds "
                           "half to even (rounding_mode 2, the default).")

@@ -22,8 +22,8 @@ from typing import Any
 from ..config import LayerRule
 from ..errors import ConfigError, did_you_mean
 from . import checks as C
-from .enums import (ENUMS, CalibMethod, CalibrationMethod, ExtendedCalibrationMethod, ExtendedQuantFormat,
-                    ExtendedQuantType, Int16Method, LayerWiseMethod, PowerOfTwoMethod, QuantFormat,
+from .enums import (BLOCK_AXIS_RULE, ENUMS, CalibMethod, CalibrationMethod, ExtendedCalibrationMethod,
+                    ExtendedQuantFormat, ExtendedQuantType, Int16Method, LayerWiseMethod, PowerOfTwoMethod, QuantFormat,
                     QuantType, VitisQuantFormat, VitisQuantType, type_format)
 
 _UNSET = object()
@@ -497,7 +497,7 @@ EXTRA_OPTIONS: list[Entry] = [
         "AdjustShiftWrite", "AdjustShiftSwish", "AdjustHardSigmoid")],
     *[_u(k, "the vendor's BF16 custom-op path; mixq's BF16 is standard Cast pairs (remove it)")
       for k in ("BF16QDQToCast", "EnableVaimlBF16", "BF16WithClip")],
-    _u("RefineBlockAxis", "mixq blocks along axis 1 (remove it)"),
+    _u("RefineBlockAxis", f"{BLOCK_AXIS_RULE}, always (remove it)"),
     *[_u(k, _LLM) for k in ("UseMatMulNBits", "UseGPTQ")],
     *[_u(k, _LLM, example={"Bits": 4}) for k in ("MatMulNBitsParams", "GPTQParams")],
     _u("SmoothAlpha", "SmoothQuant is not implemented (see include_sq)", example=0.5),
@@ -668,7 +668,7 @@ BFP_MX: list[Entry] = [
     Entry("BFPAttributes", "sub_block_shift_bits", "maps", "1 with to_bfp_prime (other values raise)",
           example={"bfp_method": "to_bfp_prime", "bit_width": 16, "block_size": 16, "sub_block_shift_bits": 2},
           effect={"error": "unsupported"}),
-    Entry("BFPAttributes", "axis", "unsupported", "mixq blocks along axis 1 (1 is what mixq does)",
+    Entry("BFPAttributes", "axis", "unsupported", f"{BLOCK_AXIS_RULE} (1, the default, is accepted)",
           default=1, example={"axis": 0}),
     Entry("BFPAttributes", "rounding_mode", "unsupported", "mixq rounds half to even (2 is what mixq does)",
           default=2, example={"rounding_mode": 0}),
@@ -679,7 +679,7 @@ BFP_MX: list[Entry] = [
           example={"element_dtype": "fp8_e4m3"}, effect={"config.activation": "mxfp8_e4m3"}),
     Entry("MXAttributes", "block_size", "unsupported", "OCP MX blocks are 32 elements (32 is what mixq "
           "does)", default=32, example={"block_size": 16}),
-    Entry("MXAttributes", "axis", "unsupported", "mixq blocks along axis 1 (1 is what mixq does)",
+    Entry("MXAttributes", "axis", "unsupported", f"{BLOCK_AXIS_RULE} (1, the default, is accepted)",
           default=1, example={"axis": 0}),
     Entry("MXAttributes", "rounding_mode", "unsupported", "mixq rounds half to even (2 is what mixq does)",
           default=2, example={"rounding_mode": 0}),

@@ -29,6 +29,10 @@ class OpSemantics:
         max-like ops), so they reuse its parameters instead of being calibrated.
     quantize_output: the first output is quantized too.
     shared_scale: all activation inputs and the output share one scale (Concat on NPUs).
+    activation_block_axis: the axis blocks of a block format run along in the activation
+        inputs (the reduction axis; None: 1 for a rank-3..5 tensor, else the last).
+    activation_block_axes: per input index, where it differs from `activation_block_axis`
+        (MatMul's B reduces along its second-to-last axis, A along its last).
     variadic: every input is an activation (Concat, Sum, Max...), however many there are.
     """
 
@@ -40,8 +44,9 @@ class OpSemantics:
     passthrough: bool = False
     quantize_output: bool = True
     shared_scale: bool = False
-    activation_block_axis: int | None = None  # None: the tensor's own channel axis rule
+    activation_block_axis: int | None = None
     variadic: bool = False
+    activation_block_axes: tuple[int | None, ...] = ()
 
     def activation_indices(self, node: onnx.NodeProto) -> tuple[int, ...]:
         """The input indices of `node` that are activations."""
@@ -49,13 +54,26 @@ class OpSemantics:
             return tuple(range(len(node.input)))
         return tuple(i for i in self.activations if i < len(node.input))
 
+    def block_axis_of(self, index: int, rank: int | None) -> int:
+        """The axis (possibly negative) that blocks of input `index` run along, for a tensor of
+        `rank` (None: unknown): the axis the op reduces that input over."""
+        axes = self.activation_block_axes
+        axis = axes[index] if index < len(axes) and axes[index] is not None else self.activation_block_axis
+        if axis is None:
+            return 1 if rank in (3, 4, 5) else -1
+        if rank is not None and not -rank <= axis < rank:
+            return -1  # MatMul with a 1-D B: its one axis is the reduced one
+        return axis
+
 
 _CONV = OpSemantics(activations=(0,), weight=1, weight_channel_axis=0, weight_block_axis=1, bias=2,
                     activation_block_axis=1)
 _CONVT = OpSemantics(activations=(0,), weight=1, weight_channel_axis=1, weight_block_axis=0, bias=2,
                      activation_block_axis=1)
+# A (..., M, K) @ B (..., K, N): blocks of a block format run along K in both operands (the
+# shared exponent of an MX dot product is one per block of K), whether B is a weight or not
 _MATMUL = OpSemantics(activations=(0, 1), weight=1, weight_channel_axis=-1, weight_block_axis=-2,
-                      activation_block_axis=-1)
+                      activation_block_axis=-1, activation_block_axes=(-1, -2))
 _UNARY = OpSemantics(activations=(0,))
 _BINARY = OpSemantics(activations=(0, 1))
 _PASS = OpSemantics(activations=(0,), passthrough=True)

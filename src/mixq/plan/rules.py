@@ -211,9 +211,7 @@ def _requests(ix: GraphIndex, config: QuantConfig) -> _Requests:
                     f"constant input of {node.op_type}: "
                     f"{'activation' if int_pair else 'weight'} format ({why})", block_axis=-1))
                 continue
-            block_axis = sem.activation_block_axis
-            if block_axis is None:
-                block_axis = 1 if ix.rank(name) in (3, 4, 5) else -1
+            block_axis = sem.block_axis_of(i, ix.rank(name))
             req.consumed.setdefault(name, []).append(
                 (node.name, act, f"activation of {node.op_type} ({why})",
                  _norm_axis(block_axis, ix.rank(name))))
@@ -523,8 +521,18 @@ def _resolve(ix: GraphIndex, config: QuantConfig, req: _Requests) -> dict[str, T
             # no quantized producer: the first consumer format becomes the producer's
             fmt, why = next(iter(cformats.values())), reqs[0][2]
             cformats = {n: f for n, f in cformats.items() if f != fmt}
-        if axis is None:
+        # blocks run along the axis the reading op reduces (a MatMul's B: its K axis), which
+        # the producer's default does not know; one axis per tensor, so readers that reduce
+        # along different axes are named in the reason
+        block_reads = [(n, a) for n, f, _, a in reqs if a is not None and get_format(f).kind == "block"]
+        if block_reads and get_format(fmt).kind == "block":
+            axis = block_reads[0][1]
+        elif axis is None:
             axis = next((a for _, _, _, a in reqs if a is not None), None)
+        others = [f"{n!r} along axis {a}" for n, a in block_reads if a != axis]
+        if others and get_format(fmt).kind == "block":
+            why += (f"; blocks along axis {axis} for every reader (one block axis per tensor), "
+                    f"where {', '.join(others)} reduce(s) it")
         needs_stats = any(get_format(f).needs_qparams for f in cformats.values())
         tensors[name] = TensorPrecision(tensor=name, role="activation", format=fmt, reason=why,
                                         block_axis=axis, calibrate=cal or needs_stats,

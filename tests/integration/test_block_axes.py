@@ -1,0 +1,83 @@
+"""Block formats share an exponent along the axis the reading op reduces: K of a MatMul's A
+(its last axis) and of its B (its second-to-last), Conv's input channels. A run-time B (the
+keys and values of attention, a weight-on-the-left MatMul's input) was blocked along N, which
+no MX / BFP dot product computes. Checked by value in onnxruntime: the operand the MatMul reads
+is in the format along K and not along the other axis."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixq
+
+from ..graphs import assert_in_format, assert_not_in_format, operand
+
+BLOCK_PRESETS = ("BFP16", "MXINT8", "MXFP8_E4M3", "MX9")
+
+
+def _model(nodes, inputs, outputs, inits=None) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", inputs, outputs,
+                          [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _attention():
+    """scores = q @ Transpose(k): B is (N, heads, 32, 40), K = 32 along axis 2."""
+    m = _model([helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+                helper.make_node("MatMul", ["q", "kt"], ["y"])],
+               [_vi("q", ["N", 2, 40, 32]), _vi("k", ["N", 2, 40, 32])], [_vi("y", ["N", 2, 40, 40])])
+    return m, lambda rng: {"q": rng.standard_normal((2, 2, 40, 32)).astype(np.float32),
+                           "k": rng.standard_normal((2, 2, 40, 32)).astype(np.float32)}, (2, 3)
+
+
+def _weight_on_the_left():
+    """W (16, 32) @ x (N, 32, 40): x is B, K = 32 along axis 1."""
+    w = np.random.default_rng(1).standard_normal((16, 32)).astype(np.float32)
+    m = _model([helper.make_node("MatMul", ["W", "x"], ["y"])], [_vi("x", ["N", 32, 40])],
+               [_vi("y", ["N", 16, 40])], {"W": w})
+    return m, lambda rng: {"x": rng.standard_normal((2, 32, 40)).astype(np.float32)}, (1, 2)
+
+
+@pytest.mark.parametrize("preset", BLOCK_PRESETS)
+@pytest.mark.parametrize("graph", [_attention, _weight_on_the_left])
+def test_a_runtime_matmul_b_is_blocked_along_its_reduction_axis(preset, graph):
+    m, feed, (k_axis, other) = graph()
+    rng = np.random.default_rng(0)
+    res = mixq.quantize(m, preset, [feed(rng) for _ in range(2)], check_kernels=False)
+    fmt = mixq.get_default_config(preset).activation
+    b = next(n.input[1] for n in m.graph.node if n.op_type == "MatMul")
+    assert res.plan.tensors[b].block_axis == k_axis
+    got = operand(res.model, "MatMul", 1, feed(rng))
+    assert_in_format(got, fmt, axis=k_axis)
+    assert_not_in_format(got, fmt, axis=other)  # the axis it was blocked along before
+
+
+def test_a_one_dimensional_b_is_blocked_along_its_only_axis():
+    m = _model([helper.make_node("MatMul", ["x", "v"], ["y"])], [_vi("x", ["N", 64]), _vi("v", [64])],
+               [_vi("y", ["N"])])
+    rng = np.random.default_rng(0)
+    feed = lambda: {"x": rng.standard_normal((3, 64)).astype(np.float32),  # noqa: E731
+                    "v": rng.standard_normal(64).astype(np.float32)}
+    res = mixq.quantize(m, "MXINT8", [feed() for _ in range(2)], check_kernels=False)
+    assert res.plan.tensors["v"].block_axis == 0
+    assert_in_format(operand(res.model, "MatMul", 1, feed()), "mxint8", axis=0)
+
+
+def test_readers_that_reduce_along_different_axes_are_named():
+    """One tensor read as A by one MatMul and as B by another: one block axis per tensor, and
+    the plan's reason says which reader it does not fit."""
+    m = _model([helper.make_node("MatMul", ["x", "x"], ["y"], name="xx")],
+               [_vi("x", ["N", 32, 32])], [_vi("y", ["N", 32, 32])])
+    rng = np.random.default_rng(0)
+    res = mixq.quantize(m, "MXINT8", [{"x": rng.standard_normal((2, 32, 32)).astype(np.float32)}],
+                        check_kernels=False)
+    tp = res.plan.tensors["x"]
+    assert tp.block_axis == 2 and "'xx' along axis 1" in tp.reason
