@@ -191,6 +191,32 @@ def test_time_budget_still_writes_a_valid_model_and_report(tmp_path):
     assert (tmp_path / "r" / "report.md").exists()
 
 
+@pytest.mark.parametrize("where", ["report_dir_is_a_file", "output_is_a_report_file", "output_is_a_dir"])
+def test_bad_result_paths_are_refused_before_the_search(tmp_path, monkeypatch, where):
+    """A report directory that is a file (or a model path the report would overwrite) was found
+    after the search, with the model already written; now nothing runs and nothing is written."""
+    import mixq.search.auto as auto_mod
+    from mixq.errors import OutputError
+
+    model, calib, ev = _small()
+    (tmp_path / "file").write_bytes(b"keep")
+    (tmp_path / "d").mkdir()
+    out, rep = {"report_dir_is_a_file": (tmp_path / "m.onnx", tmp_path / "file"),
+                "output_is_a_report_file": (tmp_path / "r" / "report.md", tmp_path / "r"),
+                "output_is_a_dir": (tmp_path / "d", tmp_path / "r")}[where]
+
+    def no_search(*a, **k):
+        raise AssertionError("the search ran")
+
+    monkeypatch.setattr(auto_mod.Pipeline, "load", no_search)
+    auto = AutoConfig(base=base_from_candidate(Candidate("int16", "int8")),
+                      candidates=(Candidate("int8", "int4"),), l2_target=0.05, strategy="greedy")
+    with pytest.raises(OutputError):
+        auto_quantize(model, auto, calib, ev, output_path=out, report_dir=rep)
+    assert (tmp_path / "file").read_bytes() == b"keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "file"]
+
+
 def test_rerun_with_cache_is_fast_and_identical(tmp_path):
     model, calib, ev = _small()
     auto = AutoConfig(base=base_from_candidate(Candidate("int16", "int8")),

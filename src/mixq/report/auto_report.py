@@ -150,14 +150,33 @@ def _plots(r: "AutoResult", out: Path) -> list[str]:
     return names
 
 
+def check_report_dir(out: Path, *, models: Iterable[Any] = (), inputs: Iterable[Any] = (),
+                     output: Any = None) -> None:
+    """Raise OutputError where `out` cannot take the report (a file; a report file there that
+    is one of the input files or the `output` model's path): checked before the search, so that
+    a long search does not end in that error after writing the model."""
+    models, inputs = list(models), list(inputs)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--report-dir {str(out)!r} is a file; give a directory (it is created "
+                          "when missing).")
+    if output is not None:
+        target = Path(output).expanduser().resolve()
+        clash = next((n for n in _FILES if (out / n).expanduser().resolve() == target), None)
+        if clash is not None:
+            raise OutputError(f"the output model {str(output)!r} is the report's {clash} in "
+                              f"--report-dir {str(out)!r}; the report would overwrite it. Choose "
+                              "another output name or report directory.")
+    if out.is_dir():
+        for name in _FILES:
+            check_output_path(out / name, models=models, inputs=inputs, kind="report file")
+
+
 def write_report(r: "AutoResult", out: Path, *, models: Iterable[Any] = (),
                  inputs: Iterable[Any] = ()) -> list[Path]:
     """Write report.md, report.json and the plots into `out`; returns the paths written.
     `models`/`inputs`: the input files, never overwritten (mixq._io.check_output_path)."""
     models, inputs = list(models), list(inputs)
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"--report-dir {str(out)!r} is a file; give a directory (it is created "
-                          "when missing).")
+    check_report_dir(out, models=models, inputs=inputs)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .._io import save_model
+from .._io import check_output_path, save_model
 from ..calibration.stats import TensorStats
 from ..calibration.variety import ConstantDataWarning, constant_data, feed_extremes
 from ..config import LayerRule, QuantConfig, get_default_config
@@ -856,6 +856,16 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     not run: the widest quantized plan, every candidate layer in a 16-bit float, takes its
     place. The model is written to `output_path` whether or not the target was met."""
     t_start = time.perf_counter()
+    in_model = None if isinstance(model, onnx.ModelProto) else model
+    in_data = [d for d in (calibration_data, eval_data, check_data) if isinstance(d, (str, os.PathLike))]
+    # where the results go is checked before the search: a bad path must not cost the search,
+    # nor end in an error after the model is written
+    if output_path is not None:
+        check_output_path(output_path, models=[in_model], inputs=in_data, kind="output")
+    if report_dir is not None:
+        from ..report.auto_report import check_report_dir
+
+        check_report_dir(Path(report_dir), models=[in_model], inputs=in_data, output=output_path)
     deadline = time.monotonic() + auto.time_budget_s if auto.time_budget_s else None
     timings: dict[str, float] = {}
     pipe = Pipeline.load(model, defer=False, equalize=auto.base.equalize, keep_nodes=auto.base.named_nodes())
@@ -1082,8 +1092,6 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                               wide_bound_only=wide_first is not None and objective.meets(wide_first))
     if constant is not None:  # every measurement above was made on it: first in the message
         result.message = f"WARNING: {constant} {result.message}"
-    in_model = None if isinstance(model, onnx.ModelProto) else model
-    in_data = [d for d in (calibration_data, eval_data, check_data) if isinstance(d, (str, os.PathLike))]
     if output_path is not None:
         result.output_path = save_model(final_model, output_path, protect=in_model, inputs=in_data)
     result.wall_seconds = time.perf_counter() - t_start
