@@ -411,6 +411,25 @@ def test_auto_report_dir_and_cache_dir_that_are_files(src, calib_npz, tmp_path, 
     assert _run_cli(base + ["--no-cache", "--report-dir", f]) == 2
     assert "--report-dir" in capsys.readouterr().err
     assert f.read_text() == "x"
+    assert not (tmp_path / "o.onnx").exists()  # refused before the search, not after writing
+
+
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink"])
+def test_vendor_model_quantizer_never_writes_onto_its_input(how, src, tmp_path):
+    """The vendor's presets switch CLE on: ModelQuantizer equalized the model in memory and
+    handed quantize that copy, so nothing tied the output to the user's file, and
+    quantize_model(path, path) overwrote the input model."""
+    from mixq.compat import Config, ModelQuantizer, get_default_config
+
+    out = src if how == "same" else tmp_path / f"{how}.onnx"
+    if how == "symlink":
+        out.symlink_to(src)
+    elif how == "hardlink":
+        os.link(src, out)
+    q = ModelQuantizer(Config(global_quant_config=get_default_config("XINT8")))
+    assert q.translation.flags.get("cle")  # the case at stake: the vendor's default CLE
+    outcome(lambda: q.quantize_model(str(src), str(out), FEEDS), input_path=src,
+            expect_error=OutputError, match="input model")
 
 
 def test_failed_write_leaves_an_existing_plan_untouched(src, tmp_path, monkeypatch, capsys):

@@ -111,9 +111,16 @@ class ModelQuantizer:
         """Quantize `model_input` into `model_output`; returns the ModelProto written."""
         import onnx
 
+        from .._io import check_output_path
         from ..api import quantize
 
         tr = self.translation
+        # before any work, and against the user's file: CLE below hands quantize an equalized
+        # copy in memory, which alone would not protect the input file from model_output
+        check_output_path(model_output, kind="model_output",
+                          models=[None if isinstance(model_input, onnx.ModelProto) else model_input],
+                          inputs=[calibration_data_reader] if isinstance(calibration_data_reader,
+                                                                         (str, os.PathLike)) else [])
         model = model_input if isinstance(model_input, onnx.ModelProto) else \
             onnx.load(os.fspath(model_input), load_external_data=False)
         check_names_against_model(self._source if not isinstance(self._source, str) else self.config, model)
