@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 import mixq
+from mixq.formats import get_format
 from mixq.plan.ops import TAIL_REASON, postprocess_tail, shape_only_tensors
 
 from ..graphs import assert_in_format, dq_scale, run, session
@@ -81,6 +82,11 @@ def _build(ops: list[tuple[str, int]], names: list[str], c: int, hw: int, seed: 
             nodes.append(helper.make_node("MaxPool", [src], [out], kernel_shape=[2, 2], strides=[1, 1], pads=[0, 0, 1, 1]))
         elif op == "Transpose":
             nodes.append(helper.make_node("Transpose", [src], [out], perm=[0, 1, 3, 2]))
+        elif op == "MatMulT":  # x @ x^T per channel: both operands run-time, as attention's
+            t = fresh("xt")
+            nodes += [helper.make_node("Transpose", [src], [t], perm=[0, 1, 3, 2]),
+                      helper.make_node("MatMul", [src, t], [out])]
+            shape = [1, shape[1], shape[2], shape[2]]
         elif op == "GlobalAveragePool":
             nodes.append(helper.make_node("GlobalAveragePool", [src], [out]))
             shape = [1, shape[1], 1, 1]
@@ -141,7 +147,7 @@ def _build(ops: list[tuple[str, int]], names: list[str], c: int, hw: int, seed: 
 
 
 _OP = st.one_of(st.tuples(st.sampled_from(["Conv", "ConvTBiasBN"]), st.integers(1, 6)),
-                st.tuples(st.sampled_from(["Add", "Mul", "Concat", "MaxPool", "Transpose", "BN",
+                st.tuples(st.sampled_from(["Add", "Mul", "Concat", "MaxPool", "Transpose", "BN", "MatMulT",
                                            "GlobalAveragePool", "ShapeReshape", "ShapeScale", *_UNARY]),
                           st.just(0)))
 
@@ -185,6 +191,9 @@ def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed, tail, e
         value = node.input[list(readers[0].input).index(name)]
         assert_in_format(_expose(res.model, value, fs[0]), tp.format, axis=tp.block_axis,
                          scale=dq_scale(res.model, value))
+        if get_format(tp.format).kind == "block":  # blocks run along the axis the reader reduces
+            want = _reduced_axis(readers[0], list(readers[0].input).index(name), ix.rank(name))
+            assert want is None or tp.block_axis == want, (name, readers[0].op_type, tp.block_axis, want)
     floats = [v for v in ix.values() + list(ix.initializers) if ix.elem_type(v) == onnx.TensorProto.FLOAT]
     assert all(v in res.plan.tensors or v in res.plan.skipped for v in floats)
     # float shape arithmetic is never quantized (a rounded Reshape target fails or misplaces data)
@@ -203,6 +212,17 @@ def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed, tail, e
     for name in expect:
         why = res.plan.float_nodes.get(name, "")
         assert why == TAIL_REASON or why.startswith("op type") or name in skip, (name, why)
+
+
+def _reduced_axis(node: onnx.NodeProto, index: int, rank: int | None) -> int | None:
+    """The axis `node` sums input `index` over (None: not a dot-product op, or rank unknown)."""
+    if rank is None:
+        return None
+    if node.op_type in ("Conv", "ConvTranspose") and index == 0:
+        return 1
+    if node.op_type == "MatMul":
+        return rank - 1 if index == 0 or rank == 1 else rank - 2
+    return None
 
 
 def _expose(qmodel: onnx.ModelProto, name: str, feed: dict[str, np.ndarray]) -> np.ndarray:
