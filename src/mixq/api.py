@@ -283,6 +283,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
         raise ModelError("the quantized model looks broken (strict): " + "; ".join(fid.lines()))
     if strict and constant_data is not None:
         raise ModelError(f"nothing vouches for the quantized model (strict): {constant_data}")
+    if strict and fid.nonfinite and not fid.outputs:
+        raise ModelError(f"nothing vouches for the quantized model (strict): {fid.not_checked}")
 
     saved, save_s = None, 0.0
     warnings: list[str] = []

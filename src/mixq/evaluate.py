@@ -241,6 +241,15 @@ class OutputMetrics:
     #: the quiet part of an output whose channels lie on two scales (`ErrorStats.quiet_part`):
     #: which channels, and their own SQNR; None where no axis splits so
     part: "QuietPart | None" = None
+    #: of the `values` elements compared, those where float's own output is NaN or inf: left
+    #: out of every metric (an output that is all such says nothing: `all_nonfinite`)
+    ref_nonfinite: int = 0
+    values: int = 0
+
+    @property
+    def all_nonfinite(self) -> bool:
+        """Float's own output was NaN or inf everywhere: nothing was compared."""
+        return self.values > 0 and self.ref_nonfinite == self.values
 
     @property
     def judged_sqnr_db(self) -> float:
@@ -332,6 +341,8 @@ class ErrorStats:
     bad: int = 0
     near: int = 0  # rows whose float top-1 lead is a near-tie (NEAR_TIE)
     agree_decisive: int = 0  # agreeing rows among the others
+    ref_bad: int = 0  # elements where the reference is NaN/inf (left out)
+    values: int = 0  # elements compared, those included
     risk_decisive: float = 0.0  # the sum of their flip risks (flip_exposure)
     #: rows are samples, whose flip risks give the expected agreement; False for a sequence's
     #: frames (no risk read: a CTC recognizer's frames flip without changing the text)
@@ -371,6 +382,8 @@ class ErrorStats:
         ref_ok = np.isfinite(r)
         broken = ref_ok & ~np.isfinite(q)
         self.bad += int(np.count_nonzero(broken))
+        self.values += r.size
+        self.ref_bad += r.size - int(np.count_nonzero(ref_ok))
         finite = ref_ok & ~broken
         r, q = np.where(finite, r, 0.0), np.where(finite, q, 0.0)  # zeros add nothing to a sum
         self.sig += float(np.sum(r * r))
@@ -392,17 +405,20 @@ class ErrorStats:
             self.agree += int(np.count_nonzero(ref == got))
             self.rows += ref.size
         elif ref.ndim == 2 and ref.shape[1] > 1:
+            # a row where float's own scores hold NaN/inf has no top-1 to agree with: left out
+            # (two NaN rows "agreed" on class 0, and an all-NaN output read 100 %)
+            ok = np.all(ref_ok, axis=1)
             same = np.argmax(ref, 1) == np.argmax(got, 1)
-            same &= ~np.any(broken.reshape(ref.shape), axis=1)
+            same &= ~np.any(broken.reshape(ref.shape), axis=1) & ok
             top2 = np.partition(r, -2, axis=1)[:, -2:]
-            near = (top2[:, 1] - top2[:, 0]) <= NEAR_TIE * (np.abs(top2[:, 1]) + np.abs(top2[:, 0]))
+            near = ((top2[:, 1] - top2[:, 0]) <= NEAR_TIE * (np.abs(top2[:, 1]) + np.abs(top2[:, 0]))) & ok
             self.agree += int(np.sum(same))
             self.near += int(np.sum(near))
             self.agree_decisive += int(np.sum(same & ~near))
-            if self.samples:  # a row left non-finite by float risks nothing
-                risk = np.where(np.all(ref_ok, axis=1), flip_exposure(got, ref).risk, 0.0)
-                self.risk_decisive += float(np.sum(risk[~near]))
-            self.rows += ref.shape[0]
+            if self.samples:
+                risk = np.where(ok, flip_exposure(got, ref).risk, 0.0)
+                self.risk_decisive += float(np.sum(risk[~near & ok]))
+            self.rows += int(np.count_nonzero(ok))
         else:
             self.classifier = False
         return self
@@ -503,7 +519,8 @@ class ErrorStats:
                              self.rows if self.classifier else 0,
                              1.0 - self.risk_decisive / decisive if decisive and self.samples else None,
                              self.decisions, self.shape_changed, self.pairs, self.variation_sqnr_db,
-                             None if (top1 is not None or self.decisions) else self.quiet_part())
+                             None if (top1 is not None or self.decisions) else self.quiet_part(),
+                             self.ref_bad, self.values)
 
 
 @dataclass

@@ -124,6 +124,8 @@ class FidelityReport:
     random_ops: list[str] = field(default_factory=list)
     #: outputs not compared (strings, sequences, maps), each with its type
     unscored: list[str] = field(default_factory=list)
+    #: outputs not compared because float's own values were NaN or inf on every guard sample
+    nonfinite: list[str] = field(default_factory=list)
 
     @property
     def runtime_disagrees(self) -> bool:
@@ -182,7 +184,12 @@ class FidelityReport:
                 if o.decisive_agreement is not None and o.decisive_rows < o.rows else ""))
             + (f" (another shape than float's on {o.shape_changed} of {o.pairs} samples"
                + ("" if o.decisions else ", compared on the others") + ")" if o.shape_changed else "")
+            + (f" ({o.ref_nonfinite} of float's own {o.values} values NaN or inf, left out)"
+               if o.ref_nonfinite else "")
             for o in self.outputs)]
+        if self.nonfinite:
+            out.append(f"WARNING: not compared: {', '.join(self.nonfinite)}: the float model's own output "
+                       "is NaN or inf on every guard sample (check the calibration data, or the model)")
         if self.unscored:
             out.append(f"not compared: {', '.join(self.unscored)} (no numeric tensor; the outputs above stand "
                        "for the model)")
@@ -283,6 +290,7 @@ class FidelityReport:
                 "offset_losses": [o.name for o in self.offset_losses],
                 "random_ops": list(self.random_ops),
                 "unscored": list(self.unscored),
+                "nonfinite": list(self.nonfinite),
                 "culprits": [{"tensor": c.tensor, "kind": c.kind, "op": c.producer_op, "node": c.node,
                               "sqnr_gain_db": num(c.sqnr_gain_db)} for c in self.culprits]}
 
@@ -805,6 +813,13 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
                          samples=count_samples(feeds),
                          random_ops=sorted({n.op_type for n in random_ops(q)}),
                          unscored=[f"{o.name} ({_type_name(o.type)})" for o in q.graph.output if o.name not in names])
+    rep.nonfinite = [o.name for o in rep.outputs if o.all_nonfinite]
+    if rep.nonfinite and len(rep.nonfinite) == len(rep.outputs):
+        return FidelityReport(not_checked="the float model's outputs are NaN or inf on every one of the "
+                                          f"guard's {rep.samples} samples: nothing to compare; check the "
+                                          "calibration data (or the model)", samples=rep.samples,
+                              nonfinite=rep.nonfinite)
+    rep.outputs = [o for o in rep.outputs if not o.all_nonfinite]
     rep.broken = is_broken(rep.outputs)
     runtime = None
     if _fusable(q):  # the samples of the runtime check, scored after the probe (below)

@@ -1041,6 +1041,38 @@ def test_an_all_zero_float_output_is_not_judged():
     assert check_fidelity(zero, other, x, probe=False).broken  # values where float has none
 
 
+def test_float_outputs_that_are_nan_say_nothing_and_are_not_judged():
+    """Where float's own output is NaN (NaN calibration data, or the model's doing), two NaN
+    rows "agreed" on class 0: all-NaN data read "SQNR inf dB, cosine 1.0000, top-1 agreement
+    100.0%". Now such values are left out and counted, an output that is all of them is not
+    compared, and a model with nothing left to compare is not checked (and --strict refuses it)."""
+    from mixq.evaluate import ErrorStats
+    from mixq.fidelity import check_fidelity
+    from tests.robustness import models as M
+
+    ref = np.random.default_rng(0).normal(size=(4, 10)).astype(np.float32)
+    half = ref.copy()
+    half[:2] = np.nan
+    st = ErrorStats().update(half, half).result("y")
+    assert st.rows == 2 and st.top1_agreement == 1.0 and (st.ref_nonfinite, st.values) == (20, 40)
+    flip = half.copy()
+    flip[2] = -flip[2]  # one of the two finite rows changes class
+    assert ErrorStats().update(half, flip).result("y").top1_agreement == 0.5
+    ident = _model([helper.make_node("Identity", ["x"], ["y"])], [_vi("x", [4, 10])], [_vi("y", [4, 10])], {})
+    rep = check_fidelity(ident, ident, [{"x": np.full_like(ref, np.nan)}], probe=False)
+    assert not rep.outputs and rep.nonfinite == ["y"] and "NaN or inf" in " ".join(rep.lines())
+    two = _model([helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Sqrt", ["x"], ["z"])],
+                 [_vi("x", [4, 10])], [_vi("y", [4, 10]), _vi("z", [4, 10])], {})
+    rep = check_fidelity(two, two, [{"x": -np.abs(ref) - 1}], probe=False)  # z = sqrt(< 0): NaN
+    assert [o.name for o in rep.outputs] == ["y"] and rep.nonfinite == ["z"]
+    assert any(line.startswith("WARNING: not compared: z") for line in rep.lines())
+    feeds = [{"x": np.full((8, 16), np.nan, np.float32)}]
+    res = mixq.quantize(M.mlp(21), "A8W8", feeds, check_kernels=False)
+    assert "fidelity not checked" in res.summary() and "top-1 agreement 100" not in res.summary()
+    with pytest.raises(mixq.errors.ModelError, match="nothing vouches"):
+        mixq.quantize(M.mlp(21), "A8W8", feeds, check_kernels=False, strict=True)
+
+
 def test_strict_raises_and_leaves_no_file(tmp_path, policies_off):
     m, feeds = _attention(-3.4e38)
     policies_off()
@@ -1631,8 +1663,8 @@ def test_guard_warns_of_a_likely_loss_that_too_few_flips_show():
 
 def test_expected_agreement_reads_rows_of_samples_only():
     """ErrorStats' expected agreement: 1 without noise, lower as the noise nears the leads, a
-    row the float model leaves non-finite risks nothing; the guard reads none from a sequence's
-    frames (a CTC recognizer's rows)."""
+    row the float model leaves non-finite is left out (it has no top-1 to agree with); the
+    guard reads none from a sequence's frames (a CTC recognizer's rows)."""
     from mixq.evaluate import ErrorStats
     from mixq.fidelity import _score
 
@@ -1648,7 +1680,7 @@ def test_expected_agreement_reads_rows_of_samples_only():
     g[0, 0] = np.nan
     rest = ErrorStats().update(f[1:], noisy[1:]).result("y").expected_agreement
     one_nan = ErrorStats().update(g, noisy).result("y").expected_agreement
-    assert rest is not None and one_nan is not None and math.isclose(1 - one_nan, (1 - rest) * 63 / 64)
+    assert rest is not None and one_nan is not None and math.isclose(one_nan, rest)
     seq = f.reshape(4, 16, 10)
     got = seq + rng.normal(0, 0.3, seq.shape)
     framed = _score(["y"], [[seq]], [[got]], {"y"})[0]
