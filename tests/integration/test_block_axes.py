@@ -81,3 +81,57 @@ def test_readers_that_reduce_along_different_axes_are_named():
                         check_kernels=False)
     tp = res.plan.tensors["x"]
     assert tp.block_axis == 2 and "'xx' along axis 1" in tp.reason
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("preset", ["MXINT8", "A8W8"])
+def test_a_gemms_runtime_b_is_quantized_along_k(trans_b, preset):
+    """A Gemm whose B is computed at run time was left float under every preset ("no quantized
+    op reads or writes it as an activation", though the Gemm reads it): it is an operand like A,
+    blocked along K (axis 0, or 1 with transB)."""
+    bshape = [40, 32] if trans_b else [32, 40]
+    m = _model([helper.make_node("Gemm", ["a", "b", "c"], ["y"], transB=trans_b)],
+               [_vi("a", [4, 32]), _vi("b", bshape)], [_vi("y", [4, 40])],
+               {"c": np.full(40, 3.0, np.float32)})
+    rng = np.random.default_rng(0)
+    feed = lambda: {"a": rng.standard_normal((4, 32)).astype(np.float32),  # noqa: E731
+                    "b": rng.standard_normal(bshape).astype(np.float32)}
+    res = mixq.quantize(m, preset, [feed() for _ in range(4)], check_kernels=False)
+    fmt = mixq.get_default_config(preset).activation
+    tp = res.plan.tensors["b"]
+    assert tp.format == fmt and "b" not in res.plan.skipped
+    got = operand(res.model, "Gemm", 1, feed())
+    if preset == "MXINT8":
+        assert tp.block_axis == trans_b
+        assert_in_format(got, fmt, axis=trans_b)
+        assert_not_in_format(got, fmt, axis=1 - trans_b)
+    else:
+        assert_in_format(got, fmt)
+    assert res.fidelity.outputs[0].sqnr_db > 30.0  # the int32 bias at a's scale x b's scale
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+@pytest.mark.parametrize("preset", ["MXINT8", "A8W8"])
+def test_a_convs_runtime_weight_is_quantized_along_its_input_channels(op, preset):
+    """A Conv weight computed at run time (a dynamic filter) was left float with the reason that
+    no quantized op reads it: it is an operand, blocked along the input channels (W's axis 1
+    for Conv, axis 0 for ConvTranspose)."""
+    wshape = [4, 8, 3, 3] if op == "Conv" else [8, 4, 3, 3]
+    m = _model([helper.make_node(op, ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+               [_vi("x", [2, 8, 8, 8]), _vi("w", wshape)], [_vi("y", [2, 4, 8, 8])])
+    rng = np.random.default_rng(0)
+    feed = lambda: {"x": rng.standard_normal((2, 8, 8, 8)).astype(np.float32),  # noqa: E731
+                    "w": rng.standard_normal(wshape).astype(np.float32)}
+    res = mixq.quantize(m, preset, [feed() for _ in range(4)], check_kernels=False)
+    fmt = mixq.get_default_config(preset).activation
+    k_axis = 1 if op == "Conv" else 0
+    tp = res.plan.tensors["w"]
+    assert tp.format == fmt and "w" not in res.plan.skipped
+    got = operand(res.model, op, 1, feed())
+    if preset == "MXINT8":
+        assert tp.block_axis == k_axis
+        assert_in_format(got, fmt, axis=k_axis)
+        assert_not_in_format(got, fmt, axis=1 - k_axis)
+    else:
+        assert_in_format(got, fmt)
+    assert res.fidelity.outputs[0].sqnr_db > 25.0

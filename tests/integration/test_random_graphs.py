@@ -218,8 +218,8 @@ def _reduced_axis(node: onnx.NodeProto, index: int, rank: int | None) -> int | N
     """The axis `node` sums input `index` over (None: not a dot-product op, or rank unknown)."""
     if rank is None:
         return None
-    if node.op_type in ("Conv", "ConvTranspose") and index == 0:
-        return 1
+    if node.op_type in ("Conv", "ConvTranspose"):
+        return 0 if (node.op_type, index) == ("ConvTranspose", 1) else 1
     if node.op_type == "MatMul":
         return rank - 1 if index == 0 or rank == 1 else rank - 2
     return None

@@ -66,10 +66,13 @@ class OpSemantics:
         return axis
 
 
-_CONV = OpSemantics(activations=(0,), weight=1, weight_channel_axis=0, weight_block_axis=1, bias=2,
+# a weight computed at run time (not an initializer) is read as an activation: blocked, like
+# the weight, along the input channels (W is (C_out, C_in/g, k...) for Conv, (C_in, ...) for
+# ConvTranspose)
+_CONV = OpSemantics(activations=(0, 1), weight=1, weight_channel_axis=0, weight_block_axis=1, bias=2,
                     activation_block_axis=1)
-_CONVT = OpSemantics(activations=(0,), weight=1, weight_channel_axis=1, weight_block_axis=0, bias=2,
-                     activation_block_axis=1)
+_CONVT = OpSemantics(activations=(0, 1), weight=1, weight_channel_axis=1, weight_block_axis=0, bias=2,
+                     activation_block_axis=1, activation_block_axes=(1, 0))
 # A (..., M, K) @ B (..., K, N): blocks of a block format run along K in both operands (the
 # shared exponent of an MX dot product is one per block of K), whether B is a weight or not
 _MATMUL = OpSemantics(activations=(0, 1), weight=1, weight_channel_axis=-1, weight_block_axis=-2,
@@ -83,8 +86,8 @@ OP_TABLE: dict[str, OpSemantics] = {
     "Conv": _CONV,
     "ConvTranspose": _CONVT,
     "MatMul": _MATMUL,
-    "Gemm": OpSemantics(activations=(0,), weight=1, weight_channel_axis=1, weight_block_axis=0,
-                        bias=2, activation_block_axis=-1),
+    "Gemm": OpSemantics(activations=(0, 1), weight=1, weight_channel_axis=1, weight_block_axis=0,
+                        bias=2, activation_block_axis=-1, activation_block_axes=(-1, 0)),
     "Add": _BINARY, "Mul": _BINARY, "Sub": _BINARY, "Div": OpSemantics(activations=(0,)),
     "Concat": OpSemantics(activations=(), variadic=True, shared_scale=True),
     "AveragePool": _UNARY, "GlobalAveragePool": _UNARY,
@@ -125,9 +128,11 @@ def semantics(node: onnx.NodeProto) -> OpSemantics | None:
         trans_a, trans_b = int_attr(node, "transA", 0), int_attr(node, "transB", 0)
         # B is (K, N) or, with transB, (N, K): the output channel is N, the reduction axis K;
         # A is (M, K) or, with transA, (K, M): its blocks run along K
-        sem = OpSemantics(activations=(0,), weight=1, weight_channel_axis=0 if trans_b else 1,
+        # a B computed at run time (not an initializer) is an activation, blocked along K too
+        sem = OpSemantics(activations=(0, 1), weight=1, weight_channel_axis=0 if trans_b else 1,
                           weight_block_axis=1 if trans_b else 0, bias=2,
-                          activation_block_axis=0 if trans_a else -1)
+                          activation_block_axis=0 if trans_a else -1,
+                          activation_block_axes=(0 if trans_a else -1, 1 if trans_b else 0))
     return sem
 
 
