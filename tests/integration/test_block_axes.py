@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixq
+from mixq.formats import get_format
 
 from ..graphs import assert_in_format, assert_not_in_format, operand
 
@@ -83,6 +84,24 @@ def test_readers_that_reduce_along_different_axes_are_named():
     assert tp.block_axis == 2 and "'xx' along axis 1" in tp.reason
 
 
+def _check_runtime_operand(m, preset, feed, op, name, k_axis):
+    """Quantize `m` under `preset` and check that input 1 of its `op` (the run-time tensor
+    `name`) is in the preset's format: under a block format, blocked along `k_axis` (a rank-2
+    or rank-4 operand whose other candidate axis is 1 - k_axis) and not along the other."""
+    res = mixq.quantize(m, preset, [feed() for _ in range(4)], check_kernels=False)
+    fmt = mixq.get_default_config(preset).activation
+    tp = res.plan.tensors[name]
+    assert tp.format == fmt and name not in res.plan.skipped
+    got = operand(res.model, op, 1, feed())
+    if get_format(fmt).kind == "block":
+        assert tp.block_axis == k_axis
+        assert_in_format(got, fmt, axis=k_axis)
+        assert_not_in_format(got, fmt, axis=1 - k_axis)
+    else:
+        assert_in_format(got, fmt)
+    return res
+
+
 @pytest.mark.parametrize("trans_b", [0, 1])
 @pytest.mark.parametrize("preset", ["MXINT8", "A8W8"])
 def test_a_gemms_runtime_b_is_quantized_along_k(trans_b, preset):
@@ -96,17 +115,7 @@ def test_a_gemms_runtime_b_is_quantized_along_k(trans_b, preset):
     rng = np.random.default_rng(0)
     feed = lambda: {"a": rng.standard_normal((4, 32)).astype(np.float32),  # noqa: E731
                     "b": rng.standard_normal(bshape).astype(np.float32)}
-    res = mixq.quantize(m, preset, [feed() for _ in range(4)], check_kernels=False)
-    fmt = mixq.get_default_config(preset).activation
-    tp = res.plan.tensors["b"]
-    assert tp.format == fmt and "b" not in res.plan.skipped
-    got = operand(res.model, "Gemm", 1, feed())
-    if preset == "MXINT8":
-        assert tp.block_axis == trans_b
-        assert_in_format(got, fmt, axis=trans_b)
-        assert_not_in_format(got, fmt, axis=1 - trans_b)
-    else:
-        assert_in_format(got, fmt)
+    res = _check_runtime_operand(m, preset, feed, "Gemm", "b", trans_b)
     assert res.fidelity.outputs[0].sqnr_db > 30.0  # the int32 bias at a's scale x b's scale
 
 
@@ -122,16 +131,5 @@ def test_a_convs_runtime_weight_is_quantized_along_its_input_channels(op, preset
     rng = np.random.default_rng(0)
     feed = lambda: {"x": rng.standard_normal((2, 8, 8, 8)).astype(np.float32),  # noqa: E731
                     "w": rng.standard_normal(wshape).astype(np.float32)}
-    res = mixq.quantize(m, preset, [feed() for _ in range(4)], check_kernels=False)
-    fmt = mixq.get_default_config(preset).activation
-    k_axis = 1 if op == "Conv" else 0
-    tp = res.plan.tensors["w"]
-    assert tp.format == fmt and "w" not in res.plan.skipped
-    got = operand(res.model, op, 1, feed())
-    if preset == "MXINT8":
-        assert tp.block_axis == k_axis
-        assert_in_format(got, fmt, axis=k_axis)
-        assert_not_in_format(got, fmt, axis=1 - k_axis)
-    else:
-        assert_in_format(got, fmt)
+    res = _check_runtime_operand(m, preset, feed, op, "w", 1 if op == "Conv" else 0)
     assert res.fidelity.outputs[0].sqnr_db > 25.0
