@@ -632,13 +632,34 @@ def _selected_by(node: onnx.NodeProto, producer: Mapping[str, onnx.NodeProto], d
     return None
 
 
+def _loaded(model, role: str, **kw):
+    """`make_session`, with a ModelError naming the model (`role`) where onnxruntime refuses it."""
+    from .errors import ModelError
+
+    try:
+        return make_session(model, **kw)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+        raise ModelError(f"the {role} model does not load in onnxruntime: {exc}. Both models are run "
+                         "in stock onnxruntime; a model from a newer exporter (IR version or opset "
+                         "above what this onnxruntime supports) can be converted down, or run with a "
+                         "newer onnxruntime.") from exc
+
+
 def compare(float_model, quant_model, feeds: Iterable[dict[str, np.ndarray]], *,
             labels: np.ndarray | None = None, optimize: bool = True, output_index: int | None = None,
             float_session=None, threads: int | None = None) -> Comparison:
-    """Run both models on `feeds` and compare their outputs."""
-    fs = float_session or make_session(float_model, optimize=True, threads=threads)
-    qs = make_session(quant_model, optimize=optimize, threads=threads)
+    """Run both models on `feeds` and compare their outputs (ModelError where one does not load
+    in onnxruntime, DataError where the quantized model lacks one of the float model's outputs)."""
+    from .errors import DataError
+
+    fs = float_session or _loaded(float_model, "float", optimize=True, threads=threads)
+    qs = _loaded(quant_model, "quantized", optimize=optimize, threads=threads)
     names = [o.name for o in fs.get_outputs()]
+    missing = [n for n in names if n not in {o.name for o in qs.get_outputs()}]
+    if missing:
+        raise DataError(f"the quantized model has no output {missing[0]!r} of the float model's "
+                        f"{', '.join(map(repr, names))} (it has {', '.join(o.name for o in qs.get_outputs())}): "
+                        "compare a model with its own quantized version.")
     if output_index is not None:
         names = [names[output_index]]
     # what each output holds, read from the quantized graph where it is at hand

@@ -239,6 +239,30 @@ def test_eval_models_with_different_inputs(eval_files, capsys):
     assert "different inputs" in err and "x (float32)" in err and "image (float32)" in err
 
 
+@pytest.mark.parametrize("case", ["float_does_not_load", "quant_does_not_load", "other_outputs"])
+def test_eval_models_that_do_not_load_or_do_not_match(case, eval_files, capsys):
+    """A model onnxruntime refuses (an IR version above what it supports) ended `mixq eval`
+    in onnxruntime's traceback; a quantized model without the float model's outputs, in a
+    KeyError-like failure of its run. Each is a clear error now, naming the model."""
+    fm, qm, data, tmp = eval_files
+    m = onnx.load(fm if case == "float_does_not_load" else qm)
+    if case == "other_outputs":
+        m.graph.output[0].name = "renamed"
+        for n in m.graph.node:
+            n.output[:] = ["renamed" if o == onnx.load(fm).graph.output[0].name else o for o in n.output]
+    else:
+        m.ir_version = 99
+    bad = tmp / f"{case}.onnx"
+    onnx.save(m, bad)
+    args = [str(bad), str(qm)] if case == "float_does_not_load" else [str(fm), str(bad)]
+    assert main(["eval", *args, "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    want = {"float_does_not_load": "the float model does not load in onnxruntime",
+            "quant_does_not_load": "the quantized model does not load in onnxruntime",
+            "other_outputs": "the quantized model has no output"}[case]
+    assert want in err and "Traceback" not in err, err
+
+
 # ---------------------------------------------------------------------------- formats
 @pytest.mark.parametrize("name", ["bfp(block=100000000)", "bfp(block=4097,exp=8,mant=4)"])
 def test_huge_block_size_refused(name):
