@@ -413,6 +413,10 @@ def check_output_path(path: PathLike, *, models: Iterable[PathLike | None] = (),
     the file name suggested when a directory is given. `written`: models this run already
     wrote (and their external data), protected the same way. None entries are skipped (inputs
     that are not files)."""
+    if not isinstance(path, (str, os.PathLike)):  # bytes are a model's contents elsewhere
+        raise OutputError(f"the {kind} path must be a file path (str or os.PathLike), got "
+                          f"{type(path).__name__}" + (": decode it first, e.g. os.fsdecode(path)"
+                                                      if isinstance(path, bytes) else "") + ".")
     out = pathlib.Path(path).expanduser()
     label = f"{kind} path {str(path)!r}"
     if out.is_dir():

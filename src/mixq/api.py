@@ -179,12 +179,12 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     if cfg.bias_correction and ft_config is not None:
         raise ConfigError("bias_correction=True with finetuning: AdaRound / AdaQuant fit each layer "
                           "to the float one themselves; choose one of the two.")
-    out_path = Path(output_path) if output_path is not None else None
     protect = None if isinstance(model, (onnx.ModelProto, bytes)) else model
     raw_data = calibration_data.data if isinstance(calibration_data, CalibData) else calibration_data
     data_inputs = [raw_data] if isinstance(raw_data, (str, os.PathLike)) else []
-    if out_path is not None:  # checked before any work, and again by save_model
-        check_output_path(out_path, models=[protect], inputs=data_inputs, kind="output")
+    # checked before any work, and again by save_model
+    out_path = None if output_path is None else \
+        check_output_path(output_path, models=[protect], inputs=data_inputs, kind="output")
     # a big model's weights stay in their external data file: onnxruntime maps them for
     # calibration, and the rewrite reads and quantizes one tensor at a time (finetuning needs
     # the weights in memory)

@@ -49,6 +49,16 @@ def test_output_equal_to_input(how, src, tmp_path, monkeypatch):
     assert "choose" in str(res).lower() or "different" in str(res).lower()
 
 
+@pytest.mark.parametrize("path", [b"out.onnx", 7])
+def test_output_path_that_is_no_path_is_a_clear_error(path, src, tmp_path, monkeypatch):
+    """bytes (a model's contents where `model` takes them) or a number as output_path ended in
+    pathlib's TypeError; now an OutputError that says what a path is, before any work."""
+    monkeypatch.chdir(tmp_path)
+    outcome(lambda: mixq.quantize(src, "A8W8", FEEDS, output_path=path), input_path=src,
+            expect_error=OutputError, match="must be a file path")
+    assert not (tmp_path / "out.onnx").exists()
+
+
 def test_output_is_a_directory(src, tmp_path):
     d = tmp_path / "a_dir"
     d.mkdir()
