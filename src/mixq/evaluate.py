@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .errors import DataError, ModelError
 from .graph import is_float_type, walk_graphs
 
 #: Ops that draw new random values at every run (a VAE's sampling, diffusion noise, stochastic
@@ -634,8 +635,6 @@ def _selected_by(node: onnx.NodeProto, producer: Mapping[str, onnx.NodeProto], d
 
 def _loaded(model, role: str, **kw):
     """`make_session`, with a ModelError naming the model (`role`) where onnxruntime refuses it."""
-    from .errors import ModelError
-
     try:
         return make_session(model, **kw)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
@@ -650,15 +649,14 @@ def compare(float_model, quant_model, feeds: Iterable[dict[str, np.ndarray]], *,
             float_session=None, threads: int | None = None) -> Comparison:
     """Run both models on `feeds` and compare their outputs (ModelError where one does not load
     in onnxruntime, DataError where the quantized model lacks one of the float model's outputs)."""
-    from .errors import DataError
-
     fs = float_session or _loaded(float_model, "float", optimize=True, threads=threads)
     qs = _loaded(quant_model, "quantized", optimize=optimize, threads=threads)
     names = [o.name for o in fs.get_outputs()]
-    missing = [n for n in names if n not in {o.name for o in qs.get_outputs()}]
+    q_names = [o.name for o in qs.get_outputs()]
+    missing = [n for n in names if n not in q_names]
     if missing:
         raise DataError(f"the quantized model has no output {missing[0]!r} of the float model's "
-                        f"{', '.join(map(repr, names))} (it has {', '.join(o.name for o in qs.get_outputs())}): "
+                        f"{', '.join(map(repr, names))} (it has {', '.join(q_names)}): "
                         "compare a model with its own quantized version.")
     if output_index is not None:
         names = [names[output_index]]
