@@ -21,7 +21,7 @@ from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import get_format
 from .graph import with_weights
-from .fidelity import FLOAT_LOAD_FAILED, HeldBack, Runs, float_reference
+from .fidelity import FLOAT_LOAD_FAILED, HeldBack, ModelScore, Runs, float_reference
 from .fidelity import guard as fidelity_guard
 from .passes.prepare import PrepareReport, check_graph, model_opset
 from .passes.qdq import RewriteReport
@@ -522,6 +522,19 @@ def _round_weights(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cfg: Quan
 #: with it (mean output SQNR on the guard's samples, which GPTQ was fit on too: a GPTQ loss there
 #: is real, a small one may be noise)
 ROUNDING_MARGIN_DB = 0.5
+#: ... or where its decision outputs (class indices) equal float's on this larger share of
+#: their elements, which settles it before any SQNR does (what a classifier's user reads)
+ROUNDING_MARGIN_AGREEMENT = 0.01
+
+
+def _nearest_wins(gptq: ModelScore, near: ModelScore) -> bool:
+    """Whether nearest rounding's `ModelScore` beats GPTQ's by the margins: decisions first
+    (where they differ by more than ROUNDING_MARGIN_AGREEMENT), then the value outputs' SQNR."""
+    g, n = gptq.agreement, near.agreement
+    if g is not None and n is not None and abs(n - g) > ROUNDING_MARGIN_AGREEMENT:
+        return n > g
+    g, n = gptq.sqnr_db, near.sqnr_db
+    return g is not None and n is not None and n > g + ROUNDING_MARGIN_DB
 
 
 def _keep_better_rounding(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cfg: QuantConfig,
@@ -534,23 +547,25 @@ def _keep_better_rounding(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cf
     GPTQ minimises each layer's output error for float inputs; the model runs on quantized
     activations, and there a coarse weight grid can do worse with GPTQ's codes than with the
     nearest ones (per-tensor power-of-two weights of a detector, measured). So both models are
-    scored on the guard's samples; `rep` records the comparison or why nearest was kept. Also
-    returns the chosen model's runs there, which the guard reuses."""
-    from .fidelity import count_samples, held_back_feeds, mean_sqnr_db
+    scored on the guard's samples (`score_models`: decision outputs by their equal elements,
+    the others by SQNR); `rep` records the comparison or why nearest was kept. Also returns the
+    chosen model's runs there, which the guard reuses."""
+    from .fidelity import count_samples, held_back_feeds, score_models
 
     feeds = held_back_feeds(data, gptq[0], kept=kept)
     if not feeds:
         return gptq[0], gptq[1], None
     near = pipe.rewrite(plan, qparams, cfg, model=twin, copy=False)
-    (g_db, g_runs), (n_db, n_runs) = mean_sqnr_db(float_ref, [gptq[0], near[0]], feeds)
+    (g, g_runs), (n, n_runs) = score_models(float_ref, [gptq[0], near[0]], feeds)
     k = count_samples(feeds)
-    if n_db > g_db + ROUNDING_MARGIN_DB:
-        rep.nearest_because = (f"measured worse on the guard's {k} samples: mean output SQNR {g_db:.2f} dB "
-                               f"with GPTQ's codes, {n_db:.2f} with nearest rounding (nearest is kept when it "
-                               f"wins by {ROUNDING_MARGIN_DB:g} dB; --weight-rounding gptq keeps GPTQ)")
+    if _nearest_wins(g, n):
+        rep.nearest_because = (f"measured worse on the guard's {k} samples: {g.text()} with GPTQ's codes, "
+                               f"{n.text()} with nearest rounding (nearest is kept when its decisions agree "
+                               f"with float's on {100 * ROUNDING_MARGIN_AGREEMENT:g} point(s) more, or its "
+                               f"SQNR wins by {ROUNDING_MARGIN_DB:g} dB; --weight-rounding gptq keeps GPTQ)")
         rep.rounded.clear()
         return near[0], near[1], n_runs
-    rep.compared = (g_db, n_db, k)
+    rep.compared = (g, n, k)
     return gptq[0], gptq[1], g_runs
 
 

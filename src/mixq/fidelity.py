@@ -879,7 +879,7 @@ def _numeric_outputs(sess: object) -> list[str]:
             if o.type.startswith("tensor(") and o.type != "tensor(string)"]
 
 
-#: A perfect output (quantized = float) counts as this many dB in `mean_sqnr_db`.
+#: A perfect output (quantized = float) counts as this many dB in `score_models`.
 SQNR_CAP_DB = 200.0
 
 
@@ -894,11 +894,29 @@ class Runs:
     got: list[list[np.ndarray]]
 
 
-def mean_sqnr_db(float_model: onnx.ModelProto | bytes | str, qmodels: list[onnx.ModelProto],
-                 feeds: list[dict[str, np.ndarray]]) -> list[tuple[float, Runs]]:
-    """Each of `qmodels` scored against `float_model` on `feeds` (one float run for all): the
-    mean over the numeric outputs of their SQNR in dB, in the QDQ semantics the guard scores
-    (NaN / inf where float is finite: -inf, the worst), with the runs it took."""
+@dataclass(frozen=True)
+class ModelScore:
+    """How near one quantized model's outputs are to float's on some feeds, as
+    weight_rounding='auto' compares two models: the mean SQNR (dB, a perfect output counting
+    SQNR_CAP_DB) of the outputs that hold values, and the mean share of equal elements of those
+    that hold decisions (`decision_outputs`: class indices, whose SQNR would measure how far
+    apart two class numbers are). None: no such output."""
+
+    sqnr_db: float | None
+    agreement: float | None
+
+    def text(self) -> str:
+        """'mean output SQNR 31.20 dB', 'decisions equal to float's: 96.9%', or both."""
+        parts = ([] if self.sqnr_db is None else [f"mean output SQNR {self.sqnr_db:.2f} dB"]) + \
+            ([] if self.agreement is None else [f"decisions equal to float's: {100 * self.agreement:.1f}%"])
+        return ", ".join(parts) or "no numeric output"
+
+
+def score_models(float_model: onnx.ModelProto | bytes | str, qmodels: list[onnx.ModelProto],
+                 feeds: list[dict[str, np.ndarray]]) -> list[tuple[ModelScore, Runs]]:
+    """Each of `qmodels` scored against `float_model` on `feeds` (one float run for all), in
+    the QDQ semantics the guard scores (NaN / inf where float is finite: SQNR -inf, an element
+    that differs), with the runs it took."""
     fs = make_session(float_model, optimize=True)
     names = _numeric_outputs(fs)
     refs = [fs.run(names, f) for f in feeds]
@@ -907,9 +925,11 @@ def mean_sqnr_db(float_model: onnx.ModelProto | bytes | str, qmodels: list[onnx.
     for q in qmodels:
         qs = make_session(q, optimize="basic")
         got = [qs.run(names, f) for f in feeds]
-        ms = _score(names, refs, got)
-        out.append((float(np.mean([min(m.sqnr_db, SQNR_CAP_DB) for m in ms])) if ms else -math.inf,
-                    Runs(feeds, names, refs, got)))
+        ms = _score(names, refs, got, decisions=decision_outputs(q))
+        values = [min(m.sqnr_db, SQNR_CAP_DB) for m in ms if not m.decisions]
+        decided = [m.top1_agreement for m in ms if m.decisions and m.top1_agreement is not None]
+        out.append((ModelScore(float(np.mean(values)) if values else None,
+                               float(np.mean(decided)) if decided else None), Runs(feeds, names, refs, got)))
     return out
 
 

@@ -438,7 +438,9 @@ def test_auto_keeps_the_rounding_the_whole_model_scores_better_with(monkeypatch)
           for wr in ("gptq", "nearest")}
     res = mixq.quantize(m, cfg, feeds, check_kernels=False)
     assert res.model.SerializeToString() == by["gptq"].model.SerializeToString()
-    g_db, n_db, k = res.weight_rounding.compared
+    g, n, k = res.weight_rounding.compared
+    g_db, n_db = g.sqnr_db, n.sqnr_db
+    assert g.agreement is None and n.agreement is None  # no decision output
     assert k == 16 and g_db > n_db + 5.0, (g_db, n_db)  # both scored on the guard's samples
     assert g_db == pytest.approx(by["gptq"].fidelity.outputs[0].sqnr_db, abs=1e-6)
     assert n_db == pytest.approx(by["nearest"].fidelity.outputs[0].sqnr_db, abs=1e-6)
@@ -453,6 +455,36 @@ def test_auto_keeps_the_rounding_the_whole_model_scores_better_with(monkeypatch)
     assert res.fidelity.outputs[0].sqnr_db == pytest.approx(n_db, abs=1e-6)
     forced = mixq.quantize(m, cfg.with_options(weight_rounding="gptq"), feeds, check_kernels=False)
     assert forced.model.SerializeToString() == by["gptq"].model.SerializeToString()
+
+
+def test_auto_judges_decision_outputs_by_their_equal_elements(monkeypatch):
+    """A model whose output is an ArgMax's class index: weight_rounding='auto' compares GPTQ and
+    nearest rounding by the share of indices equal to float's (the SQNR of class numbers read
+    "13.28 dB vs 200": how far apart two class numbers are), and decisions settle it before the
+    SQNR of any value output does."""
+    from mixq import api
+    from mixq.fidelity import ModelScore
+
+    m, feeds = _model()
+    m.graph.node.append(helper.make_node("ArgMax", ["y"], ["label"], axis=1, keepdims=0))
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info("label", TensorProto.INT64, ["N"]))
+    res = mixq.quantize(m, "A16W8", feeds, check_kernels=False)
+    g, n, k = res.weight_rounding.compared
+    assert g.sqnr_db is None and n.sqnr_db is None and k == 16
+    assert g.agreement == pytest.approx(res.fidelity.outputs[0].top1_agreement)
+    assert "decisions equal to float's" in res.summary() and "SQNR" not in res.weight_rounding.lines()[-1]
+    # decisions first: 2 points more agreement beat any SQNR; within the margin, SQNR decides
+    assert api._nearest_wins(ModelScore(40.0, 0.90), ModelScore(10.0, 0.92))
+    assert not api._nearest_wins(ModelScore(10.0, 0.92), ModelScore(40.0, 0.90))
+    assert api._nearest_wins(ModelScore(10.0, 0.92), ModelScore(40.0, 0.925))
+    assert not api._nearest_wins(ModelScore(None, 0.90), ModelScore(None, 0.905))
+    # A8W8: nearest rounding flips 1 of the 16 labels, GPTQ none: GPTQ kept, both in the summary
+    res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
+    g, n, _ = res.weight_rounding.compared
+    assert (g.agreement, n.agreement) == (1.0, 15 / 16)
+    assert ("GPTQ kept: decisions equal to float's: 100.0% on the guard's 16 samples; nearest rounding: "
+            "decisions equal to float's: 93.8%") in res.summary()
 
 
 def test_auto_search_measures_and_writes_gptq_rounded_plans():

@@ -29,7 +29,7 @@ import copy
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -42,6 +42,9 @@ from ..formats import QParams, get_format
 from ..formats.integer import IntFormat, expand_param
 from ..graph import conv_padding, with_outputs
 from ..plan.plan import PrecisionPlan
+
+if TYPE_CHECKING:
+    from ..fidelity import ModelScore
 
 __all__ = ["GPTQ_DAMP", "GPTQ_BLOCK", "MAX_GRAM_BYTES", "MAX_ROWS", "GramTap", "WeightRounder",
            "WeightRoundingReport", "gptq_round"]
@@ -81,9 +84,9 @@ class WeightRoundingReport:
     samples: int = 0
     original: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     nearest_because: str | None = None  # weight_rounding='auto' could not run GPTQ, or measured it worse: why
-    #: weight_rounding='auto': the whole model's mean output SQNR (dB) with GPTQ and with nearest
-    #: rounding, and on how many of the guard's samples (None: not compared)
-    compared: tuple[float, float, int] | None = None
+    #: weight_rounding='auto': the whole model's scores (`fidelity.ModelScore`) with GPTQ and with
+    #: nearest rounding, and on how many of the guard's samples (None: not compared)
+    compared: tuple[ModelScore, ModelScore, int] | None = None
     #: weights whose layer's H came from its first samples only (GRAM_BUDGET): how many
     capped: dict[str, int] = field(default_factory=dict)
 
@@ -106,8 +109,7 @@ class WeightRoundingReport:
                        + ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else ""))
         if self.compared is not None:
             g, n, k = self.compared
-            out.append(f"GPTQ kept: mean output SQNR {g:.2f} dB on the guard's {k} samples, nearest "
-                       f"rounding {n:.2f}")
+            out.append(f"GPTQ kept: {g.text()} on the guard's {k} samples; nearest rounding: {n.text()}")
         out += [f"GPTQ skipped: {k}: {v}" for k, v in self.skipped.items()]
         return out
 
