@@ -110,3 +110,26 @@ def test_a_model_whose_layers_all_sit_in_control_flow_bodies_is_not_rounded_arou
     assert z is None or z.format is None, z
     assert res.rewrite.activations_quantized == 0
     assert "nothing was quantized" in res.summary() and "inside the body of If node 'by_rate'" in res.summary()
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_every_recurrent_op_says_why_it_stays_float(op):
+    """Each recurrent op left float gives the same reason (GRU and RNN said only "recurrent
+    op", LSTM why), and the model around it still quantizes and runs."""
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (1, gates * H, F)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (1, gates * H, H)).astype(np.float32), "R"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (H, O)).astype(np.float32), "Wo"),
+             numpy_helper.from_array(np.array([0], np.int64), "ax0")]
+    nodes = [helper.make_node(op, ["x", "W", "R"], ["y", "h"], hidden_size=H),
+             helper.make_node("Squeeze", ["h", "ax0"], ["last"]),
+             helper.make_node("MatMul", ["last", "Wo"], ["out"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10, "N", F])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", O])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = [{"x": rng.normal(size=(10, 4, F)).astype(np.float32)} for _ in range(8)]
+    res = mixq.quantize(m, "A8W8", feeds)
+    assert "1 x recurrent op: no QDQ form in stock onnxruntime" in res.summary()
+    assert res.plan.tensors["last"].format is not None  # the MatMul's input is quantized
+    assert compare(m, res.model, feeds[:2]).outputs[0].cosine > 0.999

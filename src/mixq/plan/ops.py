@@ -112,8 +112,9 @@ NEVER_QUANTIZED: dict[str, str] = {
     "If": "control flow (subgraphs are left float)", "Loop": "control flow (subgraphs are left float)",
     "Scan": "control flow (subgraphs are left float)", "Cast": "type conversion",
     "BatchNormalization": "left float: not folded into a layer (the notes say why)",
-    "LSTM": "recurrent op: no QDQ form in stock onnxruntime", "GRU": "recurrent op",
-    "RNN": "recurrent op", "QuantizeLinear": "already quantized", "DequantizeLinear": "already quantized",
+    "LSTM": "recurrent op: no QDQ form in stock onnxruntime",
+    "GRU": "recurrent op: no QDQ form in stock onnxruntime",
+    "RNN": "recurrent op: no QDQ form in stock onnxruntime", "QuantizeLinear": "already quantized", "DequantizeLinear": "already quantized",
 }
 
 
