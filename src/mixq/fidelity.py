@@ -852,7 +852,12 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
     if runtime is not None:
         rf, rrefs, rgots = runtime
         sessions.clear()  # one session in memory at a time: the optimized one holds prepacked weights
-        opt = make_session(qmodel, optimize=True)
+        try:
+            opt = make_session(qmodel, optimize=True)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+            raise ModelError(f"internal error: the quantized model loads in onnxruntime with basic "
+                             f"optimizations but not with its default ones ({exc}); nothing was written. "
+                             "Please report it with the model.") from exc
         rep.runtime_sqnr_db = min(o.sqnr_db for o in _score(names, rrefs, [opt.run(names, f) for f in rf]))
         rep.runtime_qdq_sqnr_db = min(o.sqnr_db for o in _score(names, rrefs, rgots))
     return rep

@@ -330,9 +330,11 @@ def _carry_grids_through_float_passthrough(ix: GraphIndex, config: QuantConfig,
         if src.role != "activation" or fmt is None or fmt != src.format or get_format(fmt).kind != "int":
             continue
         for o in node.output:
-            had = tensors.get(o)  # consumers may ask for the format too: one grid, not a second
+            # consumers may ask for the format too: one grid, not a second; one left float (an
+            # island without a layer, dropped before this grid reached it) takes it, exactly
+            had = tensors.get(o)
             if not o or o in overrides or ix.elem_type(o) != onnx.TensorProto.FLOAT \
-                    or (had is not None and had.format != fmt):
+                    or (had is not None and had.format is not None and had.format != fmt):
                 continue
             cformats = had.consumer_formats if had is not None else {}
             tensors[o] = TensorPrecision(
