@@ -74,6 +74,26 @@ def test_node_name_that_is_not_utf8(name, tmp_path):
         mixq.quantize(p, "A8W8", FEEDS, output_path=tmp_path / "o.onnx")
     assert not (tmp_path / "o.onnx").exists()
 
+@pytest.mark.parametrize("preset", ["A8W8", "BF16", "MXINT8"])
+def test_a_model_without_outputs_is_a_clear_error(preset, tmp_path):
+    """The fuzz target deleted the graph's one output: the checker and onnxruntime accept such a
+    model, and the rounding check stopped with onnxruntime's raw "At least one output should
+    be requested"."""
+    m = onnx.ModelProto()
+    m.CopyFrom(VALID)
+    del m.graph.output[:]
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    with pytest.raises(ModelError, match="declares no graph outputs.*Declare the tensors it returns"):
+        mixq.quantize(p, preset, FEEDS, output_path=tmp_path / "o.onnx")
+    assert not (tmp_path / "o.onnx").exists()
+    if preset == "BF16":  # the converter said "give input shapes with --shape" to onnxruntime's error
+        from mixq.convert import to_bf16
+
+        with pytest.raises(ModelError, match="declares no graph outputs.*convert again"):
+            to_bf16(p, "with_cast")
+
+
 @pytest.mark.parametrize("seed", range(25))
 def test_bit_flipped_model(seed, tmp_path):
     rng = np.random.default_rng(seed)

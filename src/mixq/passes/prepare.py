@@ -675,11 +675,22 @@ def _raise_if_damaged(model: onnx.ModelProto) -> None:
                          "it and quantize again.")
 
 
+def check_has_outputs(model: onnx.ModelProto, verb: str = "quantize") -> None:
+    """Raise ModelError when the graph declares no outputs (the ONNX checker and onnxruntime
+    both accept such a model; its runs return nothing, so no result can be checked)."""
+    if not model.graph.output:
+        raise ModelError(f"the model declares no graph outputs: it computes nothing a caller can read, "
+                         f"so there is nothing to {verb} or to check against float. Declare the tensors "
+                         f"it returns (model.graph.output, e.g. onnx.helper.make_tensor_value_info(name, "
+                         f"elem_type, dims)) and {verb} again.")
+
+
 def check_input_model(model: onnx.ModelProto) -> None:
     """Run the ONNX checker on an input model (on a skeleton without the large tensors' data
     for big models); raises ModelError naming the problem instead of failing later, deep
     inside a pass."""
     _raise_if_damaged(model)
+    check_has_outputs(model)
     undeclared = undeclared_shapes(model)
     probe = model
     if undeclared:  # the checker's other problems first: a stand-in shape lets it reach them
