@@ -671,3 +671,31 @@ def test_tensors_after_a_function_op_without_inferred_types_are_planned(preset):
         assert res.plan.tensors[t].format == want, (t, res.plan.tensors.get(t))
     assert "GroupNormalization" not in " ".join(res.plan.float_nodes.values())
     assert compare(m, res.model, fd).first().sqnr_db >= (40.0 if preset == "A16W8" else 28.0)
+
+
+def test_a_quantized_model_only_basic_optimizations_load_is_a_named_internal_error():
+    """DequantizeLinear (int8, opset 21) -> Slice -> output: onnxruntime 1.31's default
+    optimizations form a QuantizeLinear they then reject. The guard's optimized session was
+    the first to see it and let onnxruntime's own exception out."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mixq.fidelity import check_fidelity
+
+    def model(qdq: bool) -> onnx.ModelProto:
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                 helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"])] if qdq else \
+            [helper.make_node("Identity", ["x"], ["d"])]
+        nodes.append(helper.make_node("Slice", ["d", "b", "e", "ax"], ["y"]))
+        inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.int8(0), "z"),
+                 numpy_helper.from_array(np.array([0], np.int64), "b"),
+                 numpy_helper.from_array(np.array([4], np.int64), "e"),
+                 numpy_helper.from_array(np.array([1], np.int64), "ax")]
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                              inits if qdq else inits[2:])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+    feeds_ = [{"x": np.random.default_rng(0).normal(size=(2, 8)).astype(np.float32)}]
+    with pytest.raises(ModelError, match="loads in onnxruntime with basic optimizations but not with its "
+                                         "default ones.*nothing was written"):
+        check_fidelity(model(False), model(True), feeds_)
