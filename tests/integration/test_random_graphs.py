@@ -189,6 +189,10 @@ _OP = st.one_of(st.tuples(st.sampled_from(["Conv", "ConvTBiasBN"]), st.integers(
 # float: DequantizeLinear (int8) -> Transpose -> Slice, which onnxruntime refused
 @example(ops=[("Conv", 4), ("Transpose", 0), ("RotHalf", 0)], names=["t"], c=2, hw=4, seed=3, tail=[],
          excluded=(0, 0), dropped={"Transpose", "Slice", "Concat", "Add"})
+# the same with the Slices quantized: the grid the excluded Transpose carries reaches them after
+# the island drop had left their outputs float
+@example(ops=[("Conv", 4), ("Transpose", 0), ("RotHalf", 0)], names=["t"], c=2, hw=4, seed=3, tail=[],
+         excluded=(0, 0), dropped={"Transpose", "Concat", "Add"})
 @pytest.mark.parametrize("preset", list(mixq.PRESETS))
 def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed, tail, excluded, dropped):
     m = _build(ops, names, c, hw, seed, tail)

@@ -312,19 +312,22 @@ def _requantize_fused(tensors: dict[str, TensorPrecision], req: _Requests) -> No
 
 def _carry_grids_through_float_passthrough(ix: GraphIndex, config: QuantConfig,
                                            tensors: dict[str, TensorPrecision], req: _Requests) -> None:
-    """Outputs of a pass-through node left float (exclude_nodes, op_types) whose input is on an
-    integer grid take that grid (the input's parameters, nothing calibrated). Their values are
-    the input's values moved, so this changes none of them; left float, a DequantizeLinear
-    (int8) -> Transpose / Reshape chain read by float ops is what onnxruntime's QDQ propagation
+    """Float outputs of a pass-through node whose input is on an integer grid take that grid
+    (the input's parameters, nothing calibrated): outputs of a node left float (exclude_nodes,
+    op_types), and those the island drop left float behind a quantized one (the grid reached
+    its input through a float pass-through after the drop). Their values are the input's
+    values moved, so this changes none of them; left float, a DequantizeLinear (int8) ->
+    Transpose / Reshape / Slice chain read by float ops is what onnxruntime's QDQ propagation
     (default optimizations, 1.31) turns into a QuantizeLinear it then rejects at session
     creation ("output_dtype INT8 does not match y_zero_point type UINT8"). Not Pad: a pad
-    value need not lie on the grid."""
+    value need not lie on the grid. In graph order, so a grid runs down a chain."""
     overrides = dict(config.tensor_formats)
     for node in ix.graph.node:
         sem = semantics(node)
-        if id(node) not in req.float_ids or sem is None or not sem.passthrough or node.op_type == "Pad" \
-                or not node.input or node.input[0] not in tensors:
+        if sem is None or not sem.passthrough or node.op_type == "Pad" or not node.input \
+                or node.input[0] not in tensors:
             continue
+        left = req.float_ids.get(id(node))
         src = tensors[node.input[0]]
         fmt = src.consumer_formats.get(node.name, src.format)
         if src.role != "activation" or fmt is None or fmt != src.format or get_format(fmt).kind != "int":
@@ -334,14 +337,15 @@ def _carry_grids_through_float_passthrough(ix: GraphIndex, config: QuantConfig,
             # island without a layer, dropped before this grid reached it) takes it, exactly
             had = tensors.get(o)
             if not o or o in overrides or ix.elem_type(o) != onnx.TensorProto.FLOAT \
-                    or (had is not None and had.format is not None and had.format != fmt):
+                    or (had is not None and had.format is not None and (had.format != fmt or left is None)):
                 continue
             cformats = had.consumer_formats if had is not None else {}
             tensors[o] = TensorPrecision(
                 tensor=o, role="activation", format=fmt, block_axis=src.block_axis,
                 calibrate=any(get_format(f).needs_qparams for f in cformats.values()), consumer_formats=cformats,
-                reason=f"output of {node.op_type} {node.name!r}, left float ({req.float_ids[id(node)]}): "
-                       f"carries {node.input[0]}'s {fmt} values unchanged, so it is re-quantized with "
+                reason=f"output of {node.op_type} {node.name!r}"
+                       + (f", left float ({left})" if left is not None else "")
+                       + f": carries {node.input[0]}'s {fmt} values unchanged, so it is re-quantized with "
                        "that tensor's parameters (exact; onnxruntime rejects the QuantizeLinear its "
                        "optimizer forms after an int8 DequantizeLinear -> Transpose/Reshape otherwise)")
             req.groups.union(req.groups.find(node.input[0]), o)
