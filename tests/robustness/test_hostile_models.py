@@ -94,6 +94,30 @@ def test_a_model_without_outputs_is_a_clear_error(preset, tmp_path):
             to_bf16(p, "with_cast")
 
 
+@pytest.mark.parametrize("where", ["input", "output", "initializer"])
+def test_an_element_type_onnx_does_not_define_is_a_clear_error(where, tmp_path):
+    """The fuzz target set the input's elem_type to 33: the checker lets the code through, and
+    calibration's message naming the type raised protobuf's raw "Enum DataType has no name
+    defined for value 33"."""
+    m = onnx.ModelProto()
+    m.CopyFrom(VALID)
+    if where == "initializer":
+        m.graph.initializer[0].data_type = 33
+    else:
+        getattr(m.graph, where)[0].type.tensor_type.elem_type = 33
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    name = m.graph.initializer[0].name if where == "initializer" else getattr(m.graph, where)[0].name
+    with pytest.raises(ModelError, match=f"graph {where} '{name}' has element type 33, which onnx .* does "
+                                         "not define.*quantize again"):
+        mixq.quantize(p, "A8W8", FEEDS, output_path=tmp_path / "o.onnx")
+    assert not (tmp_path / "o.onnx").exists()
+    from mixq.convert import to_bf16
+
+    with pytest.raises(ModelError, match="has element type 33.*convert again"):
+        to_bf16(p, "with_cast")
+
+
 @pytest.mark.parametrize("seed", range(25))
 def test_bit_flipped_model(seed, tmp_path):
     rng = np.random.default_rng(seed)

@@ -132,13 +132,13 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
     _check_choice(fmt, formats, "conversion format", FormatError)
     t0 = time.perf_counter()
     original = load_model(model)
-    from ..passes.prepare import _damaged_string, check_float_model, check_has_outputs  # the quantizer's checks
+    from ..passes.prepare import _damaged_string, check_declared, check_float_model  # the quantizer's checks
 
     bad = _damaged_string(original)
     if bad:
         raise ModelError(f"{bad} is not valid UTF-8: the file is damaged; re-export it and convert again.")
     check_float_model(original, verb="convert")
-    check_has_outputs(original, verb="convert")
+    check_declared(original, verb="convert")
     src = _resolve_source(original, source, target)
     if target == TensorProto.FLOAT16 and src != "fp32":
         raise ModelError("to_fp16 converts float32 models; this one is already float16 (source='fp16').")

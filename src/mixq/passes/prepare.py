@@ -675,14 +675,38 @@ def _raise_if_damaged(model: onnx.ModelProto) -> None:
                          "it and quantize again.")
 
 
-def check_has_outputs(model: onnx.ModelProto, verb: str = "quantize") -> None:
-    """Raise ModelError when the graph declares no outputs (the ONNX checker and onnxruntime
-    both accept such a model; its runs return nothing, so no result can be checked)."""
+def _unknown_element_type(model: onnx.ModelProto) -> tuple[str, str, int] | None:
+    """(what, name, code) of the first main-graph input, output, value_info or initializer whose
+    element type this onnx does not define (a newer exporter's type, or a damaged file: the
+    checker lets such a code through, and every message that names a type would fail on it)."""
+    known = set(onnx.TensorProto.DataType.values())
+    g = model.graph
+    for what, values in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
+        for v in values:
+            et = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0
+            if et and et not in known:
+                return what, v.name, et
+    for t in g.initializer:
+        if t.data_type and t.data_type not in known:
+            return "initializer", t.name, t.data_type
+    return None
+
+
+def check_declared(model: onnx.ModelProto, verb: str = "quantize") -> None:
+    """Raise ModelError where the graph declares what the ONNX checker and onnxruntime let
+    through but no result can come of: no outputs (its runs return nothing, nothing can be
+    checked), or an element type this onnx does not define. `verb`: what the caller does."""
     if not model.graph.output:
         raise ModelError(f"the model declares no graph outputs: it computes nothing a caller can read, "
                          f"so there is nothing to {verb} or to check against float. Declare the tensors "
                          f"it returns (model.graph.output, e.g. onnx.helper.make_tensor_value_info(name, "
                          f"elem_type, dims)) and {verb} again.")
+    unknown = _unknown_element_type(model)
+    if unknown is not None:
+        what, name, code = unknown
+        raise ModelError(f"graph {what} {name!r} has element type {code}, which onnx {onnx.__version__} does "
+                         f"not define: the file comes from a newer ONNX than this one, or is damaged. "
+                         f"Re-export it with standard types, or upgrade onnx and onnxruntime, and {verb} again.")
 
 
 def check_input_model(model: onnx.ModelProto) -> None:
@@ -690,7 +714,7 @@ def check_input_model(model: onnx.ModelProto) -> None:
     for big models); raises ModelError naming the problem instead of failing later, deep
     inside a pass."""
     _raise_if_damaged(model)
-    check_has_outputs(model)
+    check_declared(model)
     undeclared = undeclared_shapes(model)
     probe = model
     if undeclared:  # the checker's other problems first: a stand-in shape lets it reach them
