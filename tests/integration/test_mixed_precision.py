@@ -274,3 +274,49 @@ def test_mixq_plan_prints_the_table(cls_case, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| tensor | role | format | reason |" in text and "layer rule 0 (Conv)" in text
     assert mixq.PrecisionPlan.from_json(out.read_text()).tensors
+
+
+@pytest.mark.parametrize("op", ["Slice", "Transpose", "Reshape", "MaxPool", "Squeeze", "Unsqueeze"])
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "mxint8"])
+def test_a_pass_through_output_overridden_to_another_format_loads_in_onnxruntime(op, fmt):
+    """An int8 tensor read by a pass-through op whose output a tensor_formats override puts in
+    another format: DequantizeLinear (int8) -> op -> a Cast or a block function, which
+    onnxruntime 1.31's QDQ propagation (default optimizations) turns into a QuantizeLinear it
+    then refuses at session creation (random overrides on a Llama-style block: 7 of 60). The
+    rewrite's last step re-quantizes the op's output on its input's grid (no value changes)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mixq.evaluate import make_session
+
+    rng = np.random.default_rng(0)
+    x = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8, 8])]
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (4, 4, 1, 1)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (4, 4, 1, 1)).astype(np.float32), "w2"),
+             numpy_helper.from_array(np.array([0], np.int64), "b"), numpy_helper.from_array(np.array([8], np.int64), "e"),
+             numpy_helper.from_array(np.array([3], np.int64), "ax"), numpy_helper.from_array(np.array([2, 4, 8, 8], np.int64), "shp"),
+             numpy_helper.from_array(np.array([0], np.int64), "ax0")]
+    move = {"Slice": helper.make_node("Slice", ["c", "b", "e", "ax"], ["m"]),
+            "Transpose": helper.make_node("Transpose", ["c"], ["m"], perm=[0, 1, 3, 2]),
+            "Reshape": helper.make_node("Reshape", ["c", "shp"], ["m"]),
+            "MaxPool": helper.make_node("MaxPool", ["c"], ["m"], kernel_shape=[1, 1]),
+            "Squeeze": helper.make_node("Squeeze", ["u", "ax0"], ["m"]),
+            "Unsqueeze": helper.make_node("Unsqueeze", ["c", "ax0"], ["m"])}[op]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), move]
+    if op == "Squeeze":
+        nodes.insert(1, helper.make_node("Unsqueeze", ["c", "ax0"], ["u"]))
+    last = "m"
+    if op == "Unsqueeze":
+        nodes.append(helper.make_node("Squeeze", ["m", "ax0"], ["ms"]))
+        last = "ms"
+    nodes.append(helper.make_node("Conv", [last, "w2"], ["y"]))
+    g = helper.make_graph(nodes, "g", x, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8, 8])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = [{"x": rng.normal(size=(2, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    res = mixq.quantize(m, mixq.get_default_config("A8W8").with_options(tensor_formats=(("m", fmt),)), feeds,
+                        check_kernels=False)
+    assert res.plan.tensors["m"].format == fmt and res.plan.tensors["c"].format == "int8"
+    make_session(res.model, optimize=True)  # default optimizations: the session loads
+    room = next(p for p in res.rewrite.passes if p.name == "propagation_room")
+    assert room.changed == 1 and "re-quantized on their input's int8 grid" in res.summary()
+    got = make_session(res.model, optimize="basic").run(None, feeds[0])[0]
+    assert compare(m, res.model, feeds).outputs[0].cosine > 0.99 and np.all(np.isfinite(got))

@@ -18,7 +18,8 @@ from onnx import helper, numpy_helper
 from .._io import tensor_array
 from ..formats import Emission, QParams, get_format
 from ..formats._block_onnx import MIN_BLOCK_OPSET
-from ..graph import GraphIndex, NameAllocator, PassResult, int_attr, outer_scope_reads, static_shape, subgraphs
+from ..graph import (GraphIndex, NameAllocator, PassResult, int_attr, model_opset, outer_scope_reads, static_shape,
+                     subgraphs)
 from ..plan.plan import PrecisionPlan, TensorPrecision
 from ..plan.qparams import consumer_key
 from .function_ops import stranded_ops
@@ -516,6 +517,67 @@ def _assemble(rw: _Rewrite) -> None:
             vi.type.CopyFrom(t)
 
 
+#: Ops onnxruntime's QDQ propagation (1.31, default optimizations) moves a DequantizeLinear
+#: through. Where the op's output reaches no QuantizeLinear, at opset 21 and above with an int8
+#: zero point, it forms a QuantizeLinear whose output type (int8) and zero point (uint8, after
+#: its s8 -> u8 rewrite on x86) disagree, and the session fails to load.
+ORT_PROPAGATED_OPS = frozenset({"MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice"})
+
+
+def _pass_propagation_room(model: onnx.ModelProto) -> PassResult:
+    """The last rewrite step, on the assembled graph: after an int8 DequantizeLinear read by an
+    ORT_PROPAGATED_OPS op whose output reaches no QuantizeLinear, put a quantize-dequantize with
+    the DequantizeLinear's own parameters (per-tensor; down a chain of such ops). The op moves
+    or picks values already on that grid, so no value changes; the plan's rules give such
+    outputs their input's grid already (`plan.rules._carry_grids_through_float_passthrough`),
+    this catches what they do not see (an override that puts the output in another format)."""
+    res = PassResult("propagation_room")
+    if model_opset(model) < 21:
+        res.decline("model", "below opset 21 onnxruntime's propagation forms valid nodes")
+        return res
+    g = model.graph
+    int8_zp = {t.name for t in g.initializer if t.data_type == onnx.TensorProto.INT8 and not t.dims}
+    scalar = {t.name for t in g.initializer if not t.dims}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    names = NameAllocator.for_model(model)
+    inserted: dict[int, list[onnx.NodeProto]] = {}  # id(op) -> the pair after it
+    todo = [n for n in g.node if n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx")
+            and len(n.input) == 3 and n.input[2] in int8_zp and n.input[1] in scalar]
+    while todo:
+        dq = todo.pop(0)
+        for op in consumers.get(dq.output[0], []):
+            if op.op_type not in ORT_PROPAGATED_OPS or op.domain not in ("", "ai.onnx") or \
+                    not op.input or op.input[0] != dq.output[0] or id(op) in inserted:
+                continue
+            out = op.output[0]
+            if any(c.op_type == "QuantizeLinear" for c in consumers.get(out, [])):
+                continue
+            pre, q = names.value(out, "pre"), names.value(out, "q")
+            op.output[0] = pre
+            pair = [helper.make_node("QuantizeLinear", [pre, dq.input[1], dq.input[2]], [q],
+                                     name=names.value(out, "QuantizeLinear")),
+                    helper.make_node("DequantizeLinear", [q, dq.input[1], dq.input[2]], [out],
+                                     name=names.value(out, "DequantizeLinear"))]
+            inserted[id(op)] = pair
+            consumers[pre] = [pair[0]]
+            consumers[q] = [pair[1]]
+            todo.append(pair[1])
+            res.changed += 1
+            res.notes.append(f"{out}: re-quantized after {op.op_type} {op.name!r} with its input's int8 "
+                             "parameters (exact): onnxruntime's QDQ propagation refuses the model otherwise")
+    if inserted:
+        ordered = []
+        for n in g.node:
+            ordered.append(n)
+            ordered += inserted.get(id(n), [])
+        del g.node[:]
+        g.node.extend(ordered)
+    return res
+
+
 #: The rewrite, in order; each pass declares whether it worked in place and what it changed.
 REWRITE_PASSES = (_pass_bias_room, _pass_softmax_room, _pass_constants, _pass_biases, _pass_activations)
 
@@ -543,6 +605,13 @@ def apply_plan(model: onnx.ModelProto, plan: PrecisionPlan, qparams: dict[str, Q
     for p in REWRITE_PASSES:
         rw.report.passes.append(p(rw))
     _assemble(rw)
+    room = _pass_propagation_room(rw.model)
+    rw.report.passes.append(room)
+    if room.changed:
+        rw.report.notes.append(f"{room.changed} pass-through output(s) re-quantized on their input's int8 grid "
+                               "(exact), where onnxruntime's QDQ propagation would form a QuantizeLinear it "
+                               "refuses: " + ", ".join(n.split(":")[0] for n in room.notes[:4])
+                               + (f" and {room.changed - 4} more" if room.changed > 4 else ""))
     shapes = declare_shapes(rw.model)
     rw.report.passes.append(shapes)
     rw.report.notes += shapes.notes
