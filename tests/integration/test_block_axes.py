@@ -133,3 +133,27 @@ def test_a_convs_runtime_weight_is_quantized_along_its_input_channels(op, preset
                     "w": rng.standard_normal(wshape).astype(np.float32)}
     res = _check_runtime_operand(m, preset, feed, op, "w", 1 if op == "Conv" else 0)
     assert res.fidelity.outputs[0].sqnr_db > 25.0
+
+
+@pytest.mark.parametrize("preset", ["A16W8", "A8W8", "BF16"])
+@pytest.mark.parametrize("shape,axis", [(["N", 64, 8], 1), (["N", 64], 1)])
+def test_a_block_override_no_reader_reduces_takes_the_default_axis(preset, shape, axis):
+    """A tensor_formats override of a block format on a pass-through op's output that no op
+    reads in a block format (a Slice read by a Neg, which mixq leaves float, in a rotary
+    embedding): no reader named an axis, and the rewrite stopped with "mxint8 needs `axis`". It
+    takes the producers' default (the channels of a rank-3..5 tensor, else the last axis), and
+    the plan says so."""
+    rank = len(shape)
+    w = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["c"]) if rank == 2 else
+             helper.make_node("Conv", ["x", "W4"], ["c"]), helper.make_node("Identity", ["c"], ["h"]),
+             helper.make_node("Neg", ["h"], ["y"])]
+    inits = {"W": w} if rank == 2 else {"W4": w.reshape(64, 64, 1)}
+    m = _model(nodes, [_vi("x", shape)], [_vi("y", shape)], inits)
+    rng = np.random.default_rng(0)
+    feed = lambda: {"x": rng.standard_normal([2, *shape[1:]]).astype(np.float32)}  # noqa: E731
+    cfg = mixq.get_default_config(preset).with_options(tensor_formats=(("h", "mxint8"),))
+    res = mixq.quantize(m, cfg, [feed() for _ in range(2)], check_kernels=False)
+    tp = res.plan.tensors["h"]
+    assert tp.format == "mxint8" and tp.block_axis == axis and "the default" in tp.reason
+    assert_in_format(operand(res.model, "Neg", 0, feed()), "mxint8", axis=axis)

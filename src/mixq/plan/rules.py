@@ -535,6 +535,11 @@ def _resolve(ix: GraphIndex, config: QuantConfig, req: _Requests) -> dict[str, T
             axis = block_reads[0][1]
         elif axis is None:
             axis = next((a for _, _, _, a in reqs if a is not None), None)
+        if axis is None and fmt is not None and get_format(fmt).kind == "block":
+            # an override on a tensor no op reads in a block format (a Slice read by a Neg):
+            # the producers' default, channels of a rank-3..5 tensor, else the last axis
+            axis = _default_block_axis(ix.rank(name))
+            why += f"; blocks along axis {axis} (no reader reduces it in a block format: the default)"
         others = [f"{n!r} along axis {a}" for n, a in block_reads if a != axis]
         if others and get_format(fmt).kind == "block":
             why += (f"; blocks along axis {axis} for every reader (one block axis per tensor), "
