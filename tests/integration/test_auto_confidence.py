@@ -199,6 +199,23 @@ def _mlp(seed: int, d: int = 32, h: int = 64, classes: int = 10):
     return m
 
 
+def test_too_little_data_names_the_plan_that_met_the_target_as_measured():
+    """8 held-out samples cannot show a 2 % agreement drop at 90 % confidence. Where the all-wide
+    plan flips one of them and only every candidate layer in a 16-bit float meets the target as
+    measured, the message said "the widest plans meet it as measured (0.875 all wide)": the
+    all-wide plan's number, which does not meet it."""
+    model = _mlp(0)
+    x = np.random.default_rng(100).standard_normal((400, 32)).astype(np.float32)
+    calib = [{"x": x[i:i + 32]} for i in range(0, 128, 32)]
+    auto = AutoConfig(base=base_from_candidate(Candidate("int8", "int4")), candidates=(Candidate("int4", "int4"),),
+                      metric="agreement", target=0.02, cache_dir=None)
+    with pytest.warns(TargetNotMetWarning, match="too small or too noisy"):
+        res = auto_quantize(model, auto, calib, [{"x": x[200:208]}])
+    assert res.wide_metric == 0.875 and not res.target_met
+    assert ("Only with every candidate layer in a 16-bit float does the model meet it as measured "
+            "(1; all wide: 0.875)") in res.message
+
+
 def test_the_agreement_bound_reads_how_close_samples_are_to_a_flip(monkeypatch):
     """A classifier whose 50 held-out samples show no flip for a narrow plan: Student's t over
     the observed flips took it, and it flips 1.7 % of 19,700 other samples, over the 1 % target.

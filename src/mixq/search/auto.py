@@ -1178,9 +1178,13 @@ def _message(r: AutoResult, auto: AutoConfig, unreachable: bool,
            f"{r.size_bytes / 1e6:.4g} MB of weights")
     evals = f"{r.full_evaluations} full-model evaluation{'s' if r.full_evaluations != 1 else ''}"
     if unreachable and noise_only:
-        return (f"target NOT met at {r.confidence:.0%} confidence: {r.objective}. The widest "
-                f"plans meet it as measured ({wide_metric:.6g} all wide), but the held-out data "
-                "is too small or too noisy to tell that they meet it on other data: the margin "
+        # name the plan that met it as measured: the all-wide one, or only the widened one
+        which = (f"The all-wide plan ({r.wide_label} everywhere) meets it as measured ({wide_metric:.6g})"
+                 if wide_bound_only or wider_metric is None or wide_metric is None else
+                 f"Only with every candidate layer {r.widened_how or 'left float'} does the model meet it "
+                 f"as measured ({wider_metric:.6g}; all wide: {wide_metric:.6g})")
+        return (f"target NOT met at {r.confidence:.0%} confidence: {r.objective}. {which}, but the held-out data "
+                "is too small or too noisy to tell that it meets it on other data: the margin "
                 f"for sampling noise exceeds what is left of the target. Stopped after {evals}; "
                 f"returned the best plan found ({got}). Give more held-out data (--eval), or "
                 "accept the measured drop alone (--confidence 0.5).")
