@@ -17,6 +17,7 @@ content hash, so a rerun is instant.
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import os
 import time
@@ -448,7 +449,8 @@ def _err(table: SensitivityTable, layer: str, c: Candidate) -> float:
 def build_path(layers: list[str], base: Candidate, candidates: list[Candidate],
                table: SensitivityTable, start: dict[str, Candidate] | None = None,
                weightless: frozenset[str] = frozenset()) -> list[tuple[str, Candidate]]:
-    """Moves (layer, candidate) in ascending estimated error; each narrows a layer further.
+    """Moves (layer, candidate) in ascending estimated error, those that narrow a weight first;
+    each narrows a layer further.
     `start`: layers that begin wider than `base` (left float by the widening); they may move to
     `base` and then to the candidates. `weightless`: layers without a weight, for which only
     the activation format counts (a move that changes only the weight format changes nothing)."""
@@ -461,16 +463,22 @@ def build_path(layers: list[str], base: Candidate, candidates: list[Candidate],
             return get_format(c.activation).avg_bits
         return _narrowness(c)
 
+    def weight_bits(layer: str, c: Candidate) -> float:
+        return math.inf if c.is_float else 0.0 if layer in weightless else get_format(c.weight).avg_bits
+
     moves = []
     for layer in layers:
         if layer not in table.err:
             continue
         for c in options:
             if width(layer, c) < width(layer, current[layer]):
-                moves.append((_err(table, layer, c), -_narrowness(c), layer, c))
-    moves.sort(key=lambda m: (m[0], m[1], m[2]))
+                # a move that narrows no weight (an activation only) saves no byte: after every
+                # move that does, so that the first plan of each size is the widest of it
+                same_size = weight_bits(layer, c) >= weight_bits(layer, current[layer])
+                moves.append((same_size, _err(table, layer, c), -_narrowness(c), layer, c))
+    moves.sort(key=lambda m: (m[0], m[1], m[2], m[3]))
     path = []
-    for _, _, layer, c in moves:
+    for _, _, _, layer, c in moves:
         if width(layer, c) < width(layer, current[layer]):
             current[layer] = c
             path.append((layer, c))
