@@ -558,6 +558,9 @@ def _keep_better_rounding(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cf
     near = pipe.rewrite(plan, qparams, cfg, model=twin, copy=False)
     (g, g_runs), (n, n_runs) = score_models(float_ref, [gptq[0], near[0]], feeds)
     k = count_samples(feeds)
+    if g.sqnr_db is None and g.agreement is None:  # no numeric output: nothing tells them apart
+        rep.not_compared = "the model has no numeric output to score either rounding by"
+        return gptq[0], gptq[1], g_runs
     if _nearest_wins(g, n):
         rep.nearest_because = (f"measured worse on the guard's {k} samples: {g.text()} with GPTQ's codes, "
                                f"{n.text()} with nearest rounding (nearest is kept when its decisions agree "

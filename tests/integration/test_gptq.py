@@ -487,6 +487,22 @@ def test_auto_judges_decision_outputs_by_their_equal_elements(monkeypatch):
             "decisions equal to float's: 93.8%") in res.summary()
 
 
+def test_auto_says_when_no_output_can_tell_the_roundings_apart():
+    """A model whose only output is a sequence: no numeric output scores either rounding, and
+    the summary read "GPTQ kept: no numeric output on the guard's 8 samples; nearest rounding:
+    no numeric output"."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (8, 8)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"]),
+                           helper.make_node("SequenceConstruct", ["y"], ["s"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                          [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, ["N", 8])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    res = mixq.quantize(m, "A8W8", [{"x": rng.normal(size=(2, 8)).astype(np.float32)} for _ in range(4)])
+    assert res.weight_rounding.rounded and res.weight_rounding.compared is None
+    assert "GPTQ kept, not compared with nearest rounding: the model has no numeric output" in res.summary()
+
+
 def test_auto_search_measures_and_writes_gptq_rounded_plans():
     """`auto_quantize` rounds the integer weights of every plan it builds with GPTQ (each weight
     on each grid once, from the layer inputs measured in its calibration pass), measures those

@@ -87,6 +87,8 @@ class WeightRoundingReport:
     #: weight_rounding='auto': the whole model's scores (`fidelity.ModelScore`) with GPTQ and with
     #: nearest rounding, and on how many of the guard's samples (None: not compared)
     compared: tuple[ModelScore, ModelScore, int] | None = None
+    #: weight_rounding='auto' kept GPTQ without a comparison: why
+    not_compared: str | None = None
     #: weights whose layer's H came from its first samples only (GRAM_BUDGET): how many
     capped: dict[str, int] = field(default_factory=dict)
 
@@ -107,6 +109,8 @@ class WeightRoundingReport:
             out.append(f"GPTQ: {len(names)} wide layer(s) measured on their first {min(self.capped.values())} "
                        f"samples (H's rows x width^2 within {GRAM_BUDGET:.1e} multiply-adds): "
                        + ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else ""))
+        if self.not_compared is not None:
+            out.append(f"GPTQ kept, not compared with nearest rounding: {self.not_compared}")
         if self.compared is not None:
             g, n, k = self.compared
             out.append(f"GPTQ kept: {g.text()} on the guard's {k} samples; nearest rounding: {n.text()}")
