@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -544,10 +545,10 @@ def _pass_propagation_room(model: onnx.ModelProto) -> PassResult:
             consumers.setdefault(i, []).append(n)
     names = NameAllocator.for_model(model)
     inserted: dict[int, list[onnx.NodeProto]] = {}  # id(op) -> the pair after it
-    todo = [n for n in g.node if n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx")
-            and len(n.input) == 3 and n.input[2] in int8_zp and n.input[1] in scalar]
+    todo = deque(n for n in g.node if n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx")
+                 and len(n.input) == 3 and n.input[2] in int8_zp and n.input[1] in scalar)
     while todo:
-        dq = todo.pop(0)
+        dq = todo.popleft()
         for op in consumers.get(dq.output[0], []):
             if op.op_type not in ORT_PROPAGATED_OPS or op.domain not in ("", "ai.onnx") or \
                     not op.input or op.input[0] != dq.output[0] or id(op) in inserted:

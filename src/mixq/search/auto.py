@@ -17,8 +17,8 @@ content hash, so a rerun is instant.
 from __future__ import annotations
 
 import hashlib
-import math
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -1187,10 +1187,14 @@ def _message(r: AutoResult, auto: AutoConfig, unreachable: bool,
     evals = f"{r.full_evaluations} full-model evaluation{'s' if r.full_evaluations != 1 else ''}"
     if unreachable and noise_only:
         # name the plan that met it as measured: the all-wide one, or only the widened one
-        which = (f"The all-wide plan ({r.wide_label} everywhere) meets it as measured ({wide_metric:.6g})"
-                 if wide_bound_only or wider_metric is None or wide_metric is None else
-                 f"Only with every candidate layer {r.widened_how or 'left float'} does the model meet it "
-                 f"as measured ({wider_metric:.6g}; all wide: {wide_metric:.6g})")
+        if wide_metric is not None and (wide_bound_only or wider_metric is None):
+            which = f"The all-wide plan ({r.wide_label} everywhere) meets it as measured ({wide_metric:.6g})"
+        elif wider_metric is not None:
+            which = (f"Only with every candidate layer {r.widened_how or 'left float'} does the model meet "
+                     f"it as measured ({wider_metric:.6g}"
+                     + (f"; all wide: {wide_metric:.6g})" if wide_metric is not None else ")"))
+        else:
+            which = "The widest plan meets it as measured"
         return (f"target NOT met at {r.confidence:.0%} confidence: {r.objective}. {which}, but the held-out data "
                 "is too small or too noisy to tell that it meets it on other data: the margin "
                 f"for sampling noise exceeds what is left of the target. Stopped after {evals}; "
