@@ -121,6 +121,18 @@ def test_summary_opset_is_the_written_models():
     assert f"-> {opset} |" in res.summary() and opset == mixq.get_format("mxfp8_e4m3").onnx_opset > 21
 
 
+def test_the_upgrade_note_names_no_opset_the_user_never_had():
+    """Preparation raises an opset-20 model to 21 before the block formats raise it to 26: the
+    note said "upgraded from opset 21 to 26" under a table that says 20 -> 26."""
+    m = model("""<ir_version: 9, opset_import: ["": 20]>
+        g (float[N,64] x, float[64,64] W) => (float[N,64] y) { y = MatMul(x, W) }""", W=(64, 64))
+    res = mixq.quantize(m, "BFP16", [{"x": np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)}],
+                        check_kernels=False)
+    lines = [line for line in res.summary().splitlines() if "opset" in line]
+    assert "| opset | 20 -> 26 |" in lines and "from opset 21" not in res.summary(), lines
+    assert any("upgraded to opset 26" in line for line in lines), lines
+
+
 def test_every_command_reads_an_npz_keyed_by_sample(calib, tmp_path, capsys):
     """`mixq auto` documents SAMPLE/INPUT keys (00000/image); `quantize` and `eval` read the same
     file, and quantize from it writes the same bytes as from the input-keyed file."""

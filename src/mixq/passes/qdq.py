@@ -162,7 +162,9 @@ def _pass_opset(rw: _Rewrite) -> PassResult:
         if need <= have:
             res.decline("model", f"opset {have} runs every planned format (block formats without BitCast)")
             return res
-    rw.report.notes.append(f"model upgraded from opset {have} to {need}, which its formats' ONNX needs")
+    # the table gives the user's opset; `have` is the prepared model's, which preparation may
+    # already have raised
+    rw.report.notes.append(f"model upgraded to opset {need}, which its formats' ONNX needs")
     rw.model = upgrade_opset(rw.model, need, result=res)
     rw.report.notes += res.notes
     res.in_place, res.changed = False, res.changed + 1
