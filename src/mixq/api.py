@@ -57,6 +57,11 @@ class QuantizeResult:
     #: activations whose range MinMSE would choose but never clips: their extremes are the
     #: answer (`plan.ops.output_defining_tensors`, docs/ACCURACY.md section 13)
     unclipped: tuple[str, ...] = ()
+    #: the samples the calibration pass read (0: none ran), and the output-defining 8-bit
+    #: (narrower) activations whose ranges end at those samples' extremes where they are few
+    #: (`EXPOSED_BELOW`): unseen inputs go past them, and the guard cannot see it
+    calibration_rows: int = 0
+    exposed: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """A short Markdown report."""
@@ -104,6 +109,15 @@ class QuantizeResult:
             shown = ", ".join(self.unclipped[:3]) + (f" and {more} more" if more > 0 else "")
             lines.append(f"- range never clipped by MinMSE (MinMax instead) for {len(self.unclipped)} tensor(s) that "
                          f"define the output, whose extremes are the answer: {shown}")
+        if self.exposed:
+            n, more = self.calibration_rows, len(self.exposed) - 3
+            shown = ", ".join(self.exposed[:3]) + (f" and {more} more" if more > 0 else "")
+            lines.append(f"- the {_grid_bits(self)}-bit ranges of {shown}, which define the output, end at the "
+                         f"extremes of {n} calibration sample(s): about 1 in {n + 1} unseen inputs like them "
+                         "goes past and is clipped there, which the fidelity check, scoring those samples, "
+                         "cannot see. Calibrate on more samples (hundreds), or widen these ranges with "
+                         "output_headroom=1.5 (`--output-headroom 1.5`; their step grows with them: "
+                         "docs/ACCURACY.md section 8)")
         lines += [f"- {ln}" for ln in (self.weight_rounding.lines() if self.weight_rounding is not None else [])]
         lines += [f"- {ln}" for ln in (self.bias_correction.lines() if self.bias_correction is not None else [])]
         if self.rewrite.bias_grids:
@@ -118,6 +132,46 @@ class QuantizeResult:
                   *(f"not calibrated: {k}: {v}" for k, v in self.skipped.items())]:
             lines.append(f"- {w}")
         return "\n".join(lines)
+
+
+#: Fewer calibration samples than this, and the summary says how exposed the output's 8-bit
+#: ranges are: an unseen sample goes past the maximum of N exchangeable ones with
+#: probability 1/(N + 1), one in 64 or more here.
+EXPOSED_BELOW = 64
+
+
+def _grid_bits(res: QuantizeResult) -> str:
+    """The bit widths of `res.exposed`'s grids, e.g. '8' or '4/8'."""
+    bits = {get_format(tp.format).bits for t, tp in res.plan.tensors.items() if t in res.exposed and tp.format}
+    return "/".join(str(b) for b in sorted(bits))
+
+
+def _exposed(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig) -> tuple[str, ...]:
+    """The output-defining integer activations (`plan.ops.output_defining_tensors`) whose
+    ranges end at the calibrated extremes (MinMax, or MinMSE, which never clips them; no
+    headroom on their grid; short of the bound of the op that makes them by more than a step)
+    when fewer than
+    `EXPOSED_BELOW` samples were calibrated, and `output_headroom` was left to 'auto'."""
+    n = pipe.calibration_rows
+    if not 0 < n < EXPOSED_BELOW or cfg.output_headroom != "auto" or cfg.power_of_two is not None \
+            or cfg.calibration not in ("minmax", "minmse"):
+        return ()
+    keep, bounds = pipe.output_defining, pipe.bounds
+    out = []
+    for t, tp in plan.tensors.items():
+        st = pipe.stats.get(t)
+        if t not in keep or st is None or tp.role != "activation" or tp.format is None or not tp.calibrate:
+            continue
+        fmt = get_format(tp.format)
+        if fmt.kind != "int" or not fmt.needs_qparams or cfg.headroom_for(fmt, output=True) != 1.0:
+            continue
+        lo, hi = min(st.min, 0.0), max(st.max, 0.0)
+        step = (hi - lo) / (2 ** fmt.bits - 1)
+        b = bounds.get(t)
+        if b is not None and hi + step >= b[1] and lo - step <= b[0]:
+            continue  # the data reached the bound of the op that makes it (within a step): no clip
+        out.append(t)
+    return tuple(sorted(out))
 
 
 def _unclipped(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig) -> tuple[str, ...]:
@@ -215,6 +269,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     t = time.perf_counter()
     qparams = pipe.qparams(the_plan, cfg)
     unclipped = _unclipped(pipe, the_plan, cfg)  # of the float model: the rewrite changes it in place
+    exposed = _exposed(pipe, the_plan, cfg)
     float_ref = float_reference(model, pipe.model, pipe.base_dir)  # before the rewrite changes it
     round_rep = _round_weights(pipe, the_plan, qparams, cfg, tap, nearest_why)
     del tap
@@ -325,7 +380,8 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
                             model=qmodel, plan=the_plan, config=cfg, prepare=pipe.prepare_report,
                             rewrite=rew, calibrated=len(pipe.stats), skipped=dict(pipe.calib_skipped),
                             timings=timings, float_bytes=float_bytes, quant_bytes=quant_bytes,
-                            kernels_disagree=disagree, unclipped=unclipped)
+                            kernels_disagree=disagree, unclipped=unclipped,
+                            calibration_rows=pipe.calibration_rows, exposed=exposed)
     if saved is not None:
         result.output_path = saved
         timings["save"] = save_s

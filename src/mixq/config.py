@@ -68,17 +68,17 @@ WIDE_GRID_BITS = 16
 WIDE_GRID_HEADROOM = 2.0
 
 
-def _headroom(value: Any, power_of_two: str | None) -> float | str:
+def _headroom(value: Any, power_of_two: str | None, option: str = "range_headroom") -> float | str:
     if isinstance(value, str) and value.lower() == "auto":
         return "auto"
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not 1.0 <= float(value) <= 1024.0:
-        raise ConfigError(f"range_headroom={value!r} must be 'auto' or a number in [1, 1024], "
+        raise ConfigError(f"{option}={value!r} must be 'auto' or a number in [1, 1024], "
                           "e.g. 2 (1: ranges end at the calibration data's extremes).")
     if power_of_two is not None and float(value) != 1.0:
-        raise ConfigError(f"range_headroom={value!r} cannot be used with power_of_two="
+        raise ConfigError(f"{option}={value!r} cannot be used with power_of_two="
                           f"{power_of_two!r}: power-of-two scales follow the NPU's rule. Drop "
-                          "range_headroom (or set it to 'auto').")
+                          f"{option} (or set it to 'auto').")
     return float(value)
 
 
@@ -112,6 +112,15 @@ class QuantConfig:
         to every integer activation range; 1 turns it off. Not with power_of_two. The widening
         stops at the interval the producing op bounds its output to (Softmax, Sigmoid, Tanh,
         a Clip's constants: mixq.plan.ops.bounded_tensors).
+    output_headroom: the same widening for the tensors that define the output
+        (mixq.plan.ops.output_defining_tensors: the graph outputs and the logits a float
+        Softmax reads), where it is more than range_headroom's: their largest values are the
+        answer (the class, the box at the image's edge), and unseen inputs clipped there are a
+        silent loss the guard, scoring samples the ranges were calibrated on, cannot see; but on
+        an 8-bit grid the wider step flips close calls (docs/ACCURACY.md section 8 measures
+        both). 'auto' (the default): as range_headroom; a number H widens those tensors H
+        times on every integer grid, where range_headroom widens less (1.5: the 8-bit
+        measurements' choice for small calibration sets). Not with power_of_two.
     weight_calibration: range method for integer weights and constants: minmax | minmse; None
         follows `calibration` (minmse when it is minmse, else minmax).
     power_of_two: None, or 'nonoverflow' | 'minmse' to use power-of-two scales (NPU presets).
@@ -174,6 +183,7 @@ class QuantConfig:
     calibration: str = "minmax"
     minmse_min_gain: float = 1.0
     range_headroom: float | str = "auto"
+    output_headroom: float | str = "auto"
     weight_calibration: str | None = None
     percentile: float = 99.999
     power_of_two: str | None = None
@@ -222,6 +232,8 @@ class QuantConfig:
                               "calibration='minmax').")
         object.__setattr__(self, "minmse_min_gain", float(g))
         object.__setattr__(self, "range_headroom", _headroom(self.range_headroom, self.power_of_two))
+        object.__setattr__(self, "output_headroom",
+                           _headroom(self.output_headroom, self.power_of_two, "output_headroom"))
         d = self.gptq_damp
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 < float(d) <= 1.0:
             raise ConfigError(f"gptq_damp={d!r} must be a number in (0, 1], e.g. 0.01.")
@@ -292,17 +304,22 @@ class QuantConfig:
         rules'): preparation keeps such nodes as written (no fold or fusion removes them)."""
         return tuple(sorted({*self.exclude_nodes, *(n for r in self.layer_rules for n in r.nodes)}))
 
-    def headroom_for(self, fmt: Any) -> float:
-        """The factor an unclipped activation range in format `fmt` (a Format) is widened by."""
+    def headroom_for(self, fmt: Any, output: bool = False) -> float:
+        """The factor an unclipped activation range in format `fmt` (a Format) is widened by;
+        `output`: of a tensor that defines the model's output (`output_headroom`)."""
         if self.power_of_two or fmt.kind != "int":
             return 1.0
         if self.range_headroom == "auto":
-            return WIDE_GRID_HEADROOM if fmt.bits >= WIDE_GRID_BITS else 1.0
-        return float(self.range_headroom)
+            h = WIDE_GRID_HEADROOM if fmt.bits >= WIDE_GRID_BITS else 1.0
+        else:
+            h = float(self.range_headroom)
+        if not output:
+            return h
+        return h if self.output_headroom == "auto" else max(h, float(self.output_headroom))
 
     #: Options `why_inert` knows: each changes an output only under some formats.
-    SCOPED_OPTIONS = ("calibration", "percentile", "minmse_min_gain", "range_headroom", "weight_calibration",
-                      "power_of_two", "granularity", "activation_symmetric", "weight_symmetric",
+    SCOPED_OPTIONS = ("calibration", "percentile", "minmse_min_gain", "range_headroom", "output_headroom",
+                      "weight_calibration", "power_of_two", "granularity", "activation_symmetric", "weight_symmetric",
                       "reduce_range", "share_concat_scales", "bias_correction", "gptq_damp",
                       "gptq_act_order", "quantize_tail")
 
@@ -335,7 +352,7 @@ class QuantConfig:
             if not ranged:
                 return no_range
             return None if self.calibration == method else f"it applies to calibration='{method}', not '{self.calibration}'"
-        if option == "range_headroom":
+        if option in ("range_headroom", "output_headroom"):
             wide = any(f.kind == "int" and f.needs_qparams for f in acts) and not self.power_of_two
             return None if wide else f"it widens integer activation ranges, and there are none ({names})"
         if option in ("activation_symmetric", "share_concat_scales"):

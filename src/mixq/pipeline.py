@@ -69,8 +69,9 @@ def config_of_plan(plan: PrecisionPlan, config: QuantConfig | None) -> QuantConf
             raise ConfigError("this plan does not carry the config that made it (an old plan "
                               "file): pass the preset or config it was made with.")
         return config
-    # a plan written before range_headroom existed was made without any: replay it so
-    carried = QuantConfig.from_dict({"range_headroom": 1.0, **plan.config})
+    # a plan written before range_headroom (output_headroom) existed was made without any:
+    # replay it so
+    carried = QuantConfig.from_dict({"range_headroom": 1.0, "output_headroom": 1.0, **plan.config})
     if config is not None and config.to_dict() != carried.to_dict():
         theirs, ours = carried.to_dict(), config.to_dict()
         diff = [k for k in ours if ours[k] != theirs.get(k)]
@@ -99,6 +100,7 @@ class Pipeline:
     calib_skipped: dict[str, str] = field(default_factory=dict)
     #: the data inputs' extremes over the last calibration pass (mixq.calibration.variety)
     input_extremes: dict[str, Extremes] = field(default_factory=dict)
+    calibration_rows: int = 0  # the samples the last calibration pass read (0: none ran)
     _index: GraphIndex | None = field(default=None, repr=False)
     _elems: dict[str, int] | None = field(default=None, repr=False)
     _bounds: dict[str, tuple[float, float]] | None = field(default=None, repr=False)
@@ -300,7 +302,7 @@ class Pipeline:
         except DataError as exc:
             self.raise_if_source_fails(exc, RUN_FAILED)
             raise
-        self.input_extremes = extremes.extremes
+        self.input_extremes, self.calibration_rows = extremes.extremes, extremes.rows
         self.stats.update(res.stats)
         self.calib_skipped.update(res.skipped)
         self._observe(data, (tap, kept), progress)  # those the shards' read did not feed

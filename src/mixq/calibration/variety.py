@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from ..graph import static_shape
+from .data import feed_rows
 
 __all__ = ["ConstantDataWarning", "InputExtremes", "Extremes", "data_inputs", "constant_data", "feed_extremes"]
 
@@ -83,15 +84,17 @@ class InputExtremes:
     def __init__(self, model: onnx.ModelProto) -> None:
         self.names = data_inputs(model)
         self.extremes: dict[str, Extremes] = {}
+        self.rows = 0  # the samples the pass read (`feed_rows`), whatever it watched of them
         self.complete = False
 
     def update(self, values: Mapping[str, np.ndarray], rows: int = 0) -> None:
+        self.rows += rows
         for n in self.names:
             if n in values:
                 self.extremes.setdefault(n, Extremes()).add(values[n])
 
     def add(self, feed: Mapping[str, np.ndarray]) -> None:
-        self.update(feed)
+        self.update(feed, feed_rows(feed))
 
     def finish(self) -> None:
         self.complete = True

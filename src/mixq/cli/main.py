@@ -36,6 +36,10 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--range-headroom", default=None, metavar="H",
                    help="widen unclipped integer activation ranges H times (auto: 2 on 16-bit "
                         "grids, none on narrower ones; 1: off)")
+    p.add_argument("--output-headroom", default=None, metavar="H",
+                   help="widen the ranges of the tensors that define the output (graph outputs, "
+                        "the logits of a float Softmax) H times, where --range-headroom widens less "
+                        "(auto: as --range-headroom; 1.5 for few calibration samples)")
     p.add_argument("--weight-calib-method", choices=["minmax", "minmse"],
                    help="integer weight range method (the integer presets: minmax)")
     p.add_argument("--per-channel", dest="per_channel", action="store_true", default=None)
@@ -76,6 +80,7 @@ def _config_given(args: argparse.Namespace) -> bool:
     """Whether any config flag was given (a replayed plan carries its own config)."""
     return bool(args.config or args.preset or args.activation or args.weight or args.calib_method
                 or args.minmse_min_gain is not None or args.range_headroom is not None
+                or args.output_headroom is not None
                 or args.weight_calib_method or args.bias_correction
                 or args.weight_rounding or args.gptq_damp is not None
                 or args.per_channel is not None or args.reduce_range or args.exclude_op_types
@@ -134,14 +139,15 @@ def _finetune_from_args(args: argparse.Namespace):
     return finetune_from_cli(args.finetune, args.ft_iters, args.ft_lr)
 
 
-def _headroom_arg(text: str) -> float | str:
-    """--range-headroom's value: 'auto' or a number (QuantConfig checks its range)."""
+def _headroom_arg(text: str, flag: str = "--range-headroom") -> float | str:
+    """--range-headroom's (--output-headroom's) value: 'auto' or a number (QuantConfig checks
+    its range)."""
     if text.strip().lower() == "auto":
         return "auto"
     try:
         return float(text)
     except ValueError:
-        raise ConfigError(f"--range-headroom {text!r} must be 'auto' or a number >= 1, e.g. 2.") from None
+        raise ConfigError(f"{flag} {text!r} must be 'auto' or a number >= 1, e.g. 2.") from None
 
 
 def _config_from_args(args: argparse.Namespace):
@@ -179,6 +185,8 @@ def _config_from_args(args: argparse.Namespace):
         changes["minmse_min_gain"] = args.minmse_min_gain
     if args.range_headroom is not None:
         changes["range_headroom"] = _headroom_arg(args.range_headroom)
+    if args.output_headroom is not None:
+        changes["output_headroom"] = _headroom_arg(args.output_headroom, "--output-headroom")
     if args.weight_calib_method:
         changes["weight_calibration"] = args.weight_calib_method
     if args.per_channel is not None:
@@ -220,7 +228,8 @@ def _config_from_args(args: argparse.Namespace):
 #: The config options the quantize/plan flags set, by option (argparse dest), which
 #: `QuantConfig.why_inert` can find inert.
 _SCOPED_FLAGS = {"calibration": "calib_method", "minmse_min_gain": "minmse_min_gain",
-                 "range_headroom": "range_headroom", "weight_calibration": "weight_calib_method",
+                 "range_headroom": "range_headroom", "output_headroom": "output_headroom",
+                 "weight_calibration": "weight_calib_method",
                  "granularity": "per_channel", "reduce_range": "reduce_range",
                  "bias_correction": "bias_correction", "gptq_damp": "gptq_damp",
                  "quantize_tail": "quantize_tail"}

@@ -100,7 +100,7 @@ def _chosen(fmt: Any, st: TensorStats, read: tuple[TensorStats, ...], config: Qu
     if memo is None:
         return _choose(fmt, st, config, bound, unclipped)
     what = ("range", fmt.name, config.power_of_two, config.activation_symmetric, config.calibration,
-            config.percentile, config.minmse_min_gain, config.headroom_for(fmt), bound, unclipped)
+            config.percentile, config.minmse_min_gain, config.headroom_for(fmt, unclipped), bound, unclipped)
     return memo.get(read, what, lambda: _choose(fmt, st, config, bound, unclipped))
 
 
@@ -122,7 +122,7 @@ def _choose(fmt, st: TensorStats, config: QuantConfig,
     method = "minmax" if unclipped and config.calibration == "minmse" else config.calibration
     lo, hi = compute_range(st, method, fmt, symmetric=config.activation_symmetric,
                            percentile=config.percentile, min_gain=config.minmse_min_gain)
-    h = config.headroom_for(fmt)
+    h = config.headroom_for(fmt, unclipped)  # an answer's extremes: output_headroom where asked
     if h != 1.0 and lo <= min(st.min, 0.0) and hi >= max(st.max, 0.0):
         # unclipped: the calibration extremes are a sample's, unseen inputs go past them, but
         # not past the bound of the op that makes the tensor (a Softmax's 1, a ReLU6's 6)
