@@ -180,21 +180,22 @@ _OP = st.one_of(st.tuples(st.sampled_from(["Conv", "ConvTBiasBN"]), st.integers(
        c=st.integers(1, 5), hw=st.integers(2, 6), seed=st.integers(0, 1000),
        tail=st.lists(st.sampled_from(_TAIL), max_size=3),
        excluded=st.tuples(st.integers(0, 40), st.integers(0, 3)),
-       dropped=st.sets(st.sampled_from(_DROPPABLE), max_size=4))
+       dropped=st.sets(st.sampled_from(_DROPPABLE), max_size=4),
+       headroom=st.sampled_from(["auto", 1.5]))
 # a Transpose and the Sigmoid after it excluded: DequantizeLinear (int8) -> Transpose -> float
 @example(ops=[("Conv", 4), ("Transpose", 0), ("Sigmoid", 0)], names=["t"], c=2, hw=4, seed=3, tail=[],
-         excluded=(1, 2), dropped=set())
+         excluded=(1, 2), dropped=set(), headroom="auto")
 # rotate-half with every op but Mul excluded by type: the Muls' island has no layer and is
 # dropped, then the Conv's grid reaches the excluded Transpose, whose output (dropped) was left
 # float: DequantizeLinear (int8) -> Transpose -> Slice, which onnxruntime refused
 @example(ops=[("Conv", 4), ("Transpose", 0), ("RotHalf", 0)], names=["t"], c=2, hw=4, seed=3, tail=[],
-         excluded=(0, 0), dropped={"Transpose", "Slice", "Concat", "Add"})
+         excluded=(0, 0), dropped={"Transpose", "Slice", "Concat", "Add"}, headroom="auto")
 # the same with the Slices quantized: the grid the excluded Transpose carries reaches them after
 # the island drop had left their outputs float
 @example(ops=[("Conv", 4), ("Transpose", 0), ("RotHalf", 0)], names=["t"], c=2, hw=4, seed=3, tail=[],
-         excluded=(0, 0), dropped={"Transpose", "Concat", "Add"})
+         excluded=(0, 0), dropped={"Transpose", "Concat", "Add"}, headroom="auto")
 @pytest.mark.parametrize("preset", list(mixq.PRESETS))
-def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed, tail, excluded, dropped):
+def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed, tail, excluded, dropped, headroom):
     m = _build(ops, names, c, hw, seed, tail)
     rng = np.random.default_rng(seed)
     fs = [{"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32)} for _ in range(3)]
@@ -205,6 +206,8 @@ def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed, tail, e
     skip = frozenset(n.name for n in m.graph.node[start:start + excluded[1]])
     # and op types a user excludes (exclude_op_types / op_types)
     cfg = mixq.get_default_config(preset).with_options(exclude_nodes=skip, exclude_op_types=frozenset(dropped))
+    if headroom != "auto" and cfg.power_of_two is None and cfg.why_inert("output_headroom") is None:
+        cfg = cfg.with_options(output_headroom=headroom)  # the output's ranges widened (opt-in)
     res = mixq.quantize(m, cfg, fs, check_kernels=False)
     onnx.checker.check_model(res.model, full_check=True)
     got = run(res.model, fs[0])[0]  # default optimizations: the session loads

@@ -329,14 +329,21 @@ def postprocess_tail(nodes: Iterable[onnx.NodeProto],
     return tail
 
 
-#: Ops an output's extremes pass through unmixed (element-wise monotone, or moving data): a
-#: clipped input of one of them is a saturated output. Binary ones count with a constant operand.
+#: Ops an output's extremes pass through unmixed (element-wise monotone, moving data, taking a
+#: maximum, or deciding by one: an ArgMax or TopK reads the logits' largest values): a clipped
+#: input of one of them is a saturated output, or a tie. Binary ones count with a constant operand.
 EXTREMES_PRESERVING = frozenset({
     "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Slice", "Split",
     "Expand", "Tile", "Cast", "Softmax", "LogSoftmax", "Sigmoid", "HardSigmoid", "Tanh", "Exp", "Relu",
-    "LeakyRelu", "Clip", "Softplus", "Mul", "Add", "Sub", "Div"})
+    "LeakyRelu", "Clip", "Softplus", "Mul", "Add", "Sub", "Div", "Neg",
+    "Resize", "Upsample", "DepthToSpace", "SpaceToDepth", "Pad", "Gather", "GatherElements", "GatherND",
+    "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin", "Max", "Min",
+    "ArgMax", "ArgMin", "TopK"})
 _BINARY_OPS = frozenset({"Mul", "Add", "Sub", "Div"})
-_SHAPED = frozenset({"Slice", "Reshape", "Expand", "Tile", "Split", "Squeeze", "Unsqueeze"})  # data: input 0
+#: data: input 0 (the others are shapes, indices, pads, scales or a count)
+_SHAPED = frozenset({"Slice", "Reshape", "Expand", "Tile", "Split", "Squeeze", "Unsqueeze", "Resize",
+                     "Upsample", "Pad", "Gather", "GatherElements", "GatherND", "ReduceMax", "ReduceMin",
+                     "TopK"})
 
 
 def output_defining_tensors(graph: onnx.GraphProto) -> set[str]:
