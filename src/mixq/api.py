@@ -19,7 +19,7 @@ from .calibration.variety import InputExtremes
 from .calibration.variety import constant_data as constant_data_why
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
-from .formats import get_format
+from .formats import QParams, get_format
 from .graph import with_weights
 from .fidelity import FLOAT_LOAD_FAILED, HeldBack, ModelScore, Runs, float_reference
 from .fidelity import guard as fidelity_guard
@@ -174,6 +174,30 @@ def _exposed(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig) -> tuple[str
     return tuple(sorted(out))
 
 
+def _check_output_headroom(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig,
+                           qparams: Mapping[str, QParams]) -> None:
+    """A ConfigError where an `output_headroom` asked for moves no range of this model: its
+    output-defining tensors are not on integer grids, already as wide (range_headroom), or at
+    the bound of the op that makes them. Which of them it is depends on the model, so it is
+    checked here, against the parameters 'auto' gives."""
+    if cfg.output_headroom == "auto" or float(cfg.output_headroom) == 1.0:
+        return  # 1: no floor over range_headroom's (what a plan made before the option carries)
+    auto = pipe.activation_qparams(plan, cfg.with_options(output_headroom="auto"))
+    moved = [t for t, q in auto.items() if t in qparams and not (
+        np.array_equal(q.scale, qparams[t].scale) and np.array_equal(q.zero_point, qparams[t].zero_point))]
+    if moved:
+        return
+    ints = []
+    for t in pipe.output_defining:
+        tp = plan.tensors.get(t)
+        if tp is not None and tp.format is not None and tp.role == "activation" and get_format(tp.format).kind == "int":
+            ints.append(t)
+    why = ("every tensor that defines the output (" + ", ".join(sorted(ints)[:3])
+           + ") is already as wide (range_headroom) or at the bound of the op that makes it") if ints else \
+        "no tensor that defines the output is on an integer grid (they are float or in other formats)"
+    raise ConfigError(f"output_headroom={cfg.output_headroom!r} changes nothing in this model: {why}. Drop it.")
+
+
 def _unclipped(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig) -> tuple[str, ...]:
     """The calibrated activations `activation_qparams` keeps unclipped where MinMSE chooses the
     range (integer grids under calibration='minmse' or power_of_two='minmse')."""
@@ -268,6 +292,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
 
     t = time.perf_counter()
     qparams = pipe.qparams(the_plan, cfg)
+    _check_output_headroom(pipe, the_plan, cfg, qparams)
     unclipped = _unclipped(pipe, the_plan, cfg)  # of the float model: the rewrite changes it in place
     exposed = _exposed(pipe, the_plan, cfg)
     float_ref = float_reference(model, pipe.model, pipe.base_dir)  # before the rewrite changes it

@@ -331,10 +331,13 @@ class Pipeline:
     def qparams(self, plan: PrecisionPlan, config: QuantConfig) -> dict[str, QParams]:
         """Activation parameters from the statistics, constant parameters from the weights
         (deferred weights read one at a time)."""
-        out = activation_qparams(plan, self.stats, config, self._ranges, self.bounds,
-                                 self.output_defining)
+        out = self.activation_qparams(plan, config)
         out.update(self.constant_qparams(plan, config))
         return out
+
+    def activation_qparams(self, plan: PrecisionPlan, config: QuantConfig) -> dict[str, QParams]:
+        """The activations' parameters of `qparams` alone (the statistics only: no weight read)."""
+        return activation_qparams(plan, self.stats, config, self._ranges, self.bounds, self.output_defining)
 
     def constant_qparams(self, plan: PrecisionPlan, config: QuantConfig) -> dict[str, QParams]:
         """The parameters of `qparams` that weights and constants get (no statistics read):

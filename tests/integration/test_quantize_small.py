@@ -520,6 +520,38 @@ def test_the_summary_says_when_few_samples_leave_the_output_range_exposed(preset
     assert quiet[0].calibration_rows == 64
 
 
+def test_an_output_headroom_that_moves_no_range_of_the_model_is_an_error():
+    """Every option changes the output or is an error, and whether output_headroom does
+    depends on the model: A16W8's outputs are already widened twice (1.5 moves nothing), a
+    float last layer leaves no output-defining tensor on an integer grid, and a Clip the data
+    saturate bounds its output. Each is a ConfigError that says which and to drop it; where it
+    widens something, the same value is accepted."""
+    from onnx import helper
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    few = [{"x": rng.standard_normal((4, 8)).astype(np.float32)} for _ in range(4)]
+    oh = get_default_config("A8W8").with_options(output_headroom=1.5)
+    assert mixq.quantize(_matmul_model(w), oh, few, check_kernels=False).model is not None
+    with pytest.raises(ConfigError, match=r"output_headroom=1.5 changes nothing in this model: every tensor "
+                                          r"that defines the output \(y\) is already as wide.*Drop it"):
+        mixq.quantize(_matmul_model(w), get_default_config("A16W8").with_options(output_headroom=1.5), few,
+                      check_kernels=False)
+    two = _matmul_model(w)  # MatMul -> Relu -> MatMul (excluded: float) -> y
+    two.graph.node[0].output[0] = "h"
+    two.graph.node.extend([helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"], name="last")])
+    two.graph.initializer.append(onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w2"))
+    with pytest.raises(ConfigError, match="no tensor that defines the output is on an integer grid"):
+        mixq.quantize(two, oh.with_options(exclude_nodes=frozenset({"last"})), few, check_kernels=False)
+    clip = _matmul_model(w)
+    clip.graph.node[0].output[0] = "z"
+    clip.graph.node.append(helper.make_node("Clip", ["z", "lo", "hi"], ["y"]))
+    clip.graph.initializer.extend([onnx.numpy_helper.from_array(np.float32(-0.5), "lo"),
+                                   onnx.numpy_helper.from_array(np.float32(0.5), "hi")])
+    with pytest.raises(ConfigError, match="at the bound of the op that makes it"):
+        mixq.quantize(clip, oh, few, check_kernels=False)
+
+
 def _dq_of(model: onnx.ModelProto, tensor: str) -> str:
     """The output of the DequantizeLinear that reads `tensor`'s QuantizeLinear."""
     q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
