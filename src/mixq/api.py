@@ -150,8 +150,7 @@ def _exposed(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig) -> tuple[str
     """The output-defining integer activations (`plan.ops.output_defining_tensors`) whose
     ranges end at the calibrated extremes (MinMax, or MinMSE, which never clips them; no
     headroom on their grid; short of the bound of the op that makes them by more than a step)
-    when fewer than
-    `EXPOSED_BELOW` samples were calibrated, and `output_headroom` was left to 'auto'."""
+    when fewer than `EXPOSED_BELOW` samples were calibrated and `output_headroom` is 'auto'."""
     n = pipe.calibration_rows
     if not 0 < n < EXPOSED_BELOW or cfg.output_headroom != "auto" or cfg.power_of_two is not None \
             or cfg.calibration not in ("minmax", "minmse"):

@@ -113,8 +113,9 @@ class QuantConfig:
         stops at the interval the producing op bounds its output to (Softmax, Sigmoid, Tanh,
         a Clip's constants: mixq.plan.ops.bounded_tensors).
     output_headroom: the same widening for the tensors that define the output
-        (mixq.plan.ops.output_defining_tensors: the graph outputs and the logits a float
-        Softmax reads), where it is more than range_headroom's: their largest values are the
+        (mixq.plan.ops.output_defining_tensors: the graph outputs and what they are computed
+        from through ops that pass extremes on, e.g. the logits a Softmax or an ArgMax reads),
+        where it is more than range_headroom's: their largest values are the
         answer (the class, the box at the image's edge), and unseen inputs clipped there are a
         silent loss the guard, scoring samples the ranges were calibrated on, cannot see; but on
         an 8-bit grid the wider step flips close calls (docs/ACCURACY.md section 8 measures

@@ -38,7 +38,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                         "grids, none on narrower ones; 1: off)")
     p.add_argument("--output-headroom", default=None, metavar="H",
                    help="widen the ranges of the tensors that define the output (graph outputs, "
-                        "the logits of a float Softmax) H times, where --range-headroom widens less "
+                        "the logits a Softmax or ArgMax reads) H times, where --range-headroom widens less "
                         "(auto: as --range-headroom; 1.5 for few calibration samples)")
     p.add_argument("--weight-calib-method", choices=["minmax", "minmse"],
                    help="integer weight range method (the integer presets: minmax)")
