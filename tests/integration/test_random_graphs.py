@@ -208,7 +208,13 @@ def test_random_graphs_quantize_and_run(preset, ops, names, c, hw, seed, tail, e
     cfg = mixq.get_default_config(preset).with_options(exclude_nodes=skip, exclude_op_types=frozenset(dropped))
     if headroom != "auto" and cfg.power_of_two is None and cfg.why_inert("output_headroom") is None:
         cfg = cfg.with_options(output_headroom=headroom)  # the output's ranges widened (opt-in)
-    res = mixq.quantize(m, cfg, fs, check_kernels=False)
+    try:
+        res = mixq.quantize(m, cfg, fs, check_kernels=False)
+    except mixq.ConfigError as exc:  # a headroom that moves no range of this graph is refused
+        if headroom == "auto" or "output_headroom=1.5 changes nothing in this model" not in str(exc):
+            raise
+        cfg = cfg.with_options(output_headroom="auto")
+        res = mixq.quantize(m, cfg, fs, check_kernels=False)
     onnx.checker.check_model(res.model, full_check=True)
     got = run(res.model, fs[0])[0]  # default optimizations: the session loads
     assert got.shape == (1, 5) and np.all(np.isfinite(got))
