@@ -146,6 +146,15 @@ def _grid_bits(res: QuantizeResult) -> str:
     return "/".join(str(b) for b in sorted(bits))
 
 
+def _output_int_activations(pipe: Pipeline, plan: PrecisionPlan, calibrated: bool = True) -> tuple[str, ...]:
+    """The output-defining activations (`plan.ops.output_defining_tensors`) the plan puts on
+    integer grids, sorted; `calibrated`: only those whose range the statistics set."""
+    keep = pipe.output_defining
+    return tuple(sorted(t for t, tp in plan.tensors.items()
+                        if t in keep and tp.role == "activation" and tp.format is not None
+                        and (tp.calibrate or not calibrated) and get_format(tp.format).kind == "int"))
+
+
 def _exposed(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig) -> tuple[str, ...]:
     """The output-defining integer activations (`plan.ops.output_defining_tensors`) whose
     ranges end at the calibrated extremes (MinMax, or MinMSE, which never clips them; no
@@ -155,22 +164,18 @@ def _exposed(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig) -> tuple[str
     if not 0 < n < EXPOSED_BELOW or cfg.output_headroom != "auto" or cfg.power_of_two is not None \
             or cfg.calibration not in ("minmax", "minmse"):
         return ()
-    keep, bounds = pipe.output_defining, pipe.bounds
     out = []
-    for t, tp in plan.tensors.items():
-        st = pipe.stats.get(t)
-        if t not in keep or st is None or tp.role != "activation" or tp.format is None or not tp.calibrate:
-            continue
-        fmt = get_format(tp.format)
-        if fmt.kind != "int" or not fmt.needs_qparams or cfg.headroom_for(fmt, output=True) != 1.0:
+    for t in _output_int_activations(pipe, plan):
+        st, fmt = pipe.stats.get(t), get_format(plan.tensors[t].format)  # type: ignore[arg-type]
+        if st is None or not fmt.needs_qparams or cfg.headroom_for(fmt, output=True) != 1.0:
             continue
         lo, hi = min(st.min, 0.0), max(st.max, 0.0)
         step = (hi - lo) / (2 ** fmt.bits - 1)
-        b = bounds.get(t)
+        b = pipe.bounds.get(t)
         if b is not None and hi + step >= b[1] and lo - step <= b[0]:
             continue  # the data reached the bound of the op that makes it (within a step): no clip
         out.append(t)
-    return tuple(sorted(out))
+    return tuple(out)
 
 
 def _check_output_headroom(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig,
@@ -186,12 +191,8 @@ def _check_output_headroom(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig
         np.array_equal(q.scale, qparams[t].scale) and np.array_equal(q.zero_point, qparams[t].zero_point))]
     if moved:
         return
-    ints = []
-    for t in pipe.output_defining:
-        tp = plan.tensors.get(t)
-        if tp is not None and tp.format is not None and tp.role == "activation" and get_format(tp.format).kind == "int":
-            ints.append(t)
-    why = ("every tensor that defines the output (" + ", ".join(sorted(ints)[:3])
+    ints = _output_int_activations(pipe, plan, calibrated=False)
+    why = ("every tensor that defines the output (" + ", ".join(ints[:3])
            + ") is already as wide (range_headroom) or at the bound of the op that makes it") if ints else \
         "no tensor that defines the output is on an integer grid (they are float or in other formats)"
     raise ConfigError(f"output_headroom={cfg.output_headroom!r} changes nothing in this model: {why}. Drop it.")
@@ -202,10 +203,7 @@ def _unclipped(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig) -> tuple[s
     range (integer grids under calibration='minmse' or power_of_two='minmse')."""
     if cfg.calibration != "minmse" and cfg.power_of_two != "minmse":
         return ()
-    keep = pipe.output_defining
-    return tuple(sorted(t for t, tp in plan.tensors.items()
-                        if t in keep and tp.role == "activation" and tp.format is not None and tp.calibrate
-                        and get_format(tp.format).kind == "int"))
+    return _output_int_activations(pipe, plan)
 
 
 def _resolve_config(config: Any) -> QuantConfig:
