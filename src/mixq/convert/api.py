@@ -125,18 +125,19 @@ def _native_note(fmt: str, provider: str, target: int, res: R.RewriteResult) -> 
 
 def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, formats: Sequence[str], *,
              source: str, provider: str, evaluate: bool, feeds: Mapping[str, np.ndarray] | None,
-             shapes: Mapping[str, Sequence[int]] | None, seed: int, validate: bool,
+             shapes: Mapping[str, Sequence[int]] | None, seed: int, validate: bool, strict: bool = False,
              ) -> tuple[onnx.ModelProto, ConversionReport]:
     from ..kernels import check_provider, resolve_provider
 
     _check_choice(fmt, formats, "conversion format", FormatError)
+    if strict and not evaluate:  # strict judges the fidelity check: without it, it would vouch for nothing
+        raise ConfigError("strict=True needs the fidelity check, and evaluate=False (--no-eval) skips it; "
+                          "drop one of them.")
     t0 = time.perf_counter()
     original = load_model(model)
-    from ..passes.prepare import _damaged_string, check_declared, check_float_model  # the quantizer's checks
+    from ..passes.prepare import check_declared, check_float_model, raise_if_damaged  # the quantizer's checks
 
-    bad = _damaged_string(original)
-    if bad:
-        raise ModelError(f"{bad} is not valid UTF-8: the file is damaged; re-export it and convert again.")
+    raise_if_damaged(original, verb="convert")
     check_float_model(original, verb="convert")
     check_declared(original, verb="convert")
     src = _resolve_source(original, source, target)
@@ -189,13 +190,15 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
         t1 = time.perf_counter()
         report.fidelity = fidelity(original, out, provider, feeds=feeds, shapes=shapes, seed=seed)
         report.eval_time_s = time.perf_counter() - t1
+        if strict and report.warnings:
+            raise ModelError("the converted model fails its fidelity check (strict): " + " ".join(report.warnings))
     return out, report
 
 
 def to_bf16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "bf16", *, source: str = "auto",
             provider: str = "auto", evaluate: bool = True,
             feeds: Mapping[str, np.ndarray] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
-            seed: int = 0, validate: bool = True) -> tuple[onnx.ModelProto, ConversionReport]:
+            seed: int = 0, validate: bool = True, strict: bool = False) -> tuple[onnx.ModelProto, ConversionReport]:
     """Convert a float32 or float16 model to bfloat16 in one of four formats.
 
     fmt:
@@ -215,16 +218,18 @@ def to_bf16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "bf16", *, so
     source: ``auto`` (float16 if any weight or input is float16), ``fp32`` or ``fp16``: only tensors
     of that type are converted. `evaluate` compares both models on `feeds` (default: random inputs,
     dynamic dims 1 or `shapes`). `validate` loads the result in onnxruntime before returning.
+    `strict` raises a ModelError instead of returning a model its report warns about (an output
+    below 10 dB SQNR, or no output compared: see ConversionReport.warnings).
     The input model is never modified. Returns (converted model, ConversionReport).
     """
     return _convert(model, fmt, TensorProto.BFLOAT16, BF16_FORMATS, source=source, provider=provider,
-                    evaluate=evaluate, feeds=feeds, shapes=shapes, seed=seed, validate=validate)
+                    evaluate=evaluate, feeds=feeds, shapes=shapes, seed=seed, validate=validate, strict=strict)
 
 
 def to_fp16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "fp16", *, source: str = "auto",
             provider: str = "auto", evaluate: bool = True,
             feeds: Mapping[str, np.ndarray] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
-            seed: int = 0, validate: bool = True) -> tuple[onnx.ModelProto, ConversionReport]:
+            seed: int = 0, validate: bool = True, strict: bool = False) -> tuple[onnx.ModelProto, ConversionReport]:
     """Convert a float32 model to float16: ``fp16`` (graph in float16, weights stored FLOAT16,
     float32 model inputs/outputs; nodes without a float16 kernel on `provider` stay float32 with
     Casts), ``with_cast`` (Cast pairs, rounded weights) or ``simulate_fp16`` (rounded weights).
@@ -234,4 +239,4 @@ def to_fp16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "fp16", *, so
         _check_choice(source, ("auto", "fp32"), "source precision for to_fp16", ConfigError)
     return _convert(model, fmt, TensorProto.FLOAT16, FP16_FORMATS, source="fp32" if source == "auto" else source,
                     provider=provider, evaluate=evaluate, feeds=feeds, shapes=shapes, seed=seed,
-                    validate=validate)
+                    validate=validate, strict=strict)

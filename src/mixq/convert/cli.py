@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser, target: str, *, source_default: st
                    help="input shape for the fidelity check (repeatable; NAME= may be omitted for a "
                         "single-input model); dynamic dimensions default to 1")
     p.add_argument("--no-eval", action="store_true", help="skip the fidelity check on random inputs")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 2 and write nothing when the fidelity check warns (an output below 10 dB "
+                        "SQNR, or no output it could compare)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random evaluation inputs")
     p.add_argument("--external-data", action="store_true",
                    help="store weights in <output>.data (automatic above ~1.8 GB)")
@@ -126,13 +129,15 @@ def run_convert(args: argparse.Namespace) -> int:
 
     with Progress("converting", 2, "steps") as prog:  # convert (+ fidelity check), save
         out, report = fn(model, args.format, source=args.source, provider=args.provider,
-                         evaluate=not args.no_eval, shapes=shapes, seed=args.seed)
+                         evaluate=not args.no_eval, shapes=shapes, seed=args.seed, strict=args.strict)
         prog.update()
         path = save_model(out, args.output, external=True if args.external_data else None,
                           protect=args.input)
         prog.update()
     print(report.to_markdown())
     print(f"saved {path}")
+    for w in report.warnings:  # also where a script reading only stderr sees it
+        print(f"warning: {w}", file=sys.stderr)
     if args.json:
         # never onto the input, its data or the model just written; inf SQNR is written as Infinity
         write_output(args.json, json.dumps(report.to_dict(), indent=2).encode(),

@@ -21,12 +21,18 @@ __all__ = ["ConversionReport", "OutputFidelity", "OpCount", "KeptFloat", "op_cou
 @dataclass
 class OutputFidelity:
     """Agreement of one model output with the original model's: SQNR (dB, inf when equal),
-    cosine similarity and the largest absolute difference."""
+    cosine similarity and the largest absolute difference. `not_compared` says why an output
+    has no score (its SQNR and cosine are then NaN): the original's values there give nothing to
+    compare with (all 0, or no finite value, on the evaluation inputs), and equal outputs would
+    otherwise read as a perfect conversion. Non-numeric outputs (strings) are compared by
+    equality: `mismatched` counts the values that differ (SQNR inf when none, else -inf)."""
 
     name: str
     sqnr_db: float
     cosine: float
     max_abs_err: float
+    not_compared: str = ""
+    mismatched: int = 0
 
 
 @dataclass
@@ -67,8 +73,39 @@ class ConversionReport:
 
     @property
     def min_sqnr_db(self) -> float:
-        """The worst output SQNR (inf when not evaluated or all outputs are exact)."""
-        return min((f.sqnr_db for f in self.fidelity), default=math.inf)
+        """The worst SQNR of the compared outputs (inf when none was compared or all are exact)."""
+        return min((f.sqnr_db for f in self.fidelity if not f.not_compared), default=math.inf)
+
+    @property
+    def warnings(self) -> list[str]:
+        """What makes the fidelity check fail: an output below BROKEN_SQNR_DB (NaN or inf where
+        the original is finite scores -inf), or outputs the check could not compare."""
+        from ..fidelity import BROKEN_SQNR_DB
+
+        out = []
+        broken = [f for f in self.fidelity if not f.not_compared and f.sqnr_db < BROKEN_SQNR_DB]
+        for f in broken:
+            why = (f"{f.mismatched} values unlike the original's" if f.mismatched
+                   else "NaN or inf where the original is finite" if f.sqnr_db == -math.inf
+                   else f"{f.sqnr_db:.1f} dB SQNR (cosine {f.cosine:.4f})")
+            out.append(f"output {f.name!r} reads {why} against the original model, below "
+                       f"{BROKEN_SQNR_DB:g} dB: the converted model is likely broken. The nodes kept in "
+                       f"{self.source} are listed below; simulate_{self.target_short} (weights only) tells whether "
+                       "the weights or the activations lose it.")
+        skipped = [f for f in self.fidelity if f.not_compared]
+        if skipped and len(skipped) == len(self.fidelity):
+            out.append("no output was compared, so nothing about this conversion was checked: "
+                       + "; ".join(f"{f.name!r}: {f.not_compared}" for f in skipped)
+                       + ". Evaluate on inputs that exercise the model (feeds=..., or --shape for "
+                         "other random shapes).")
+        elif skipped:
+            out.append("not compared: " + "; ".join(f"{f.name!r}: {f.not_compared}" for f in skipped))
+        return out
+
+    @property
+    def target_short(self) -> str:
+        """'bf16' or 'fp16', as the format names spell the target."""
+        return "bf16" if self.target == "bfloat16" else "fp16"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-serializable except for inf/nan floats)."""
@@ -107,7 +144,10 @@ class ConversionReport:
             lines += ["", "### Fidelity vs the original model", "",
                       "| output | SQNR (dB) | cosine | max abs err |", "|---|---:|---:|---:|"]
             for f in self.fidelity:
-                lines.append(f"| {f.name} | {f.sqnr_db:.2f} | {f.cosine:.6f} | {f.max_abs_err:.3g} |")
+                if f.not_compared:
+                    lines.append(f"| {f.name} | not compared | - | - |")
+                else:
+                    lines.append(f"| {f.name} | {f.sqnr_db:.2f} | {f.cosine:.6f} | {f.max_abs_err:.3g} |")
         if self.op_counts and self.format not in ("simulate_bf16", "simulate_fp16"):
             what = "computing in" if self.format in ("bf16", "fp16") else "reading rounded"
             lines += ["", "### Nodes per op type", "",
@@ -124,6 +164,8 @@ class ConversionReport:
                 lines.append(f"| {op} | {n} | {why} | {eg} |")
         if self.notes:
             lines += ["", "### Notes", ""] + [f"- {n}" for n in self.notes]
+        if self.warnings:
+            lines += [""] + [f"WARNING: {w}" for w in self.warnings]
         return "\n".join(lines) + "\n"
 
 
@@ -236,6 +278,32 @@ def fidelity(original: onnx.ModelProto, converted: onnx.ModelProto, provider: st
     out = make_session(seed_random_ops(converted), provider).run(names, feeds)
     res = []
     for n, r, o in zip(names, ref, out):
+        r, o = np.asarray(r), np.asarray(o)
+        if r.dtype.kind not in "fciub" and r.size:  # strings: equal or not
+            bad = int(np.count_nonzero(r != o)) if r.shape == o.shape else max(r.size, o.size)
+            res.append(OutputFidelity(n, -math.inf if bad else math.inf, math.nan if bad else 1.0, math.nan,
+                                      mismatched=bad))
+            continue
+        why = _nothing_to_compare(r, o)
+        if why:
+            res.append(OutputFidelity(n, math.nan, math.nan, math.nan, not_compared=why))
+            continue
         st = ErrorStats().update(np.ravel(r), np.ravel(o))
         res.append(OutputFidelity(n, st.sqnr_db, st.cosine, st.maxerr))
     return res
+
+
+def _nothing_to_compare(ref: np.ndarray, got: np.ndarray) -> str:
+    """Why `ref` gives nothing to compare `got` with ('' when it does): no finite value, or 0
+    wherever it is finite while `got` is 0 there too (a converted value where the original reads
+    0 is an error and is scored)."""
+    if ref.size == 0:
+        return "the output is empty on the evaluation inputs"
+    if ref.dtype.kind not in "fc" or ref.shape != got.shape:
+        return ""
+    finite = np.isfinite(ref)
+    if not finite.any():
+        return "the original's output holds no finite value on the evaluation inputs"
+    if not np.any(ref[finite]) and not np.any(np.where(finite, got, 0)):
+        return "the original's output is 0 everywhere on the evaluation inputs, and the converted one too"
+    return ""

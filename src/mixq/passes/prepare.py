@@ -668,11 +668,13 @@ def _damaged_string(msg: Message, path: str = "model") -> str | None:
     return None
 
 
-def _raise_if_damaged(model: onnx.ModelProto) -> None:
+def raise_if_damaged(model: onnx.ModelProto, verb: str = "quantize") -> None:
+    """Raise ModelError naming the first string field of `model` that is not valid UTF-8.
+    `verb`: what the caller does, for the message."""
     bad = _damaged_string(model)
     if bad:
         raise ModelError(f"{bad} is not valid UTF-8: the file is damaged; re-export "
-                         "it and quantize again.")
+                         f"it and {verb} again.")
 
 
 def _unknown_element_type(model: onnx.ModelProto) -> tuple[str, str, int] | None:
@@ -713,7 +715,7 @@ def check_input_model(model: onnx.ModelProto) -> None:
     """Run the ONNX checker on an input model (on a skeleton without the large tensors' data
     for big models); raises ModelError naming the problem instead of failing later, deep
     inside a pass."""
-    _raise_if_damaged(model)
+    raise_if_damaged(model)
     check_declared(model)
     undeclared = undeclared_shapes(model)
     probe = model
@@ -810,7 +812,7 @@ def prepare(model: onnx.ModelProto, *, fold_bn: bool = True, copy: bool = True,
         m.CopyFrom(model)
     else:
         m = model
-    _raise_if_damaged(m)  # before any pass copies a string field
+    raise_if_damaged(m)  # before any pass copies a string field
     held, ms_imported = admit_runtime_ops(m)  # what onnxruntime wrote, past the checker
     try:  # before the checker, which requires every output's shape
         declared = repair_output_shapes(m)
