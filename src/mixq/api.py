@@ -636,8 +636,10 @@ def _keep_better_rounding(pipe: Pipeline, plan: PrecisionPlan, qparams: dict, cf
     near = pipe.rewrite(plan, qparams, cfg, model=twin, copy=False)
     (g, g_runs), (n, n_runs) = score_models(float_ref, [gptq[0], near[0]], feeds)
     k = count_samples(feeds)
-    if g.sqnr_db is None and g.agreement is None:  # no numeric output: nothing tells them apart
-        rep.not_compared = "the model has no numeric output to score either rounding by"
+    if g.sqnr_db is None and g.agreement is None:  # nothing tells them apart
+        rep.not_compared = ("the model has no numeric output to score either rounding by" if not g.empty else
+                            f"no output holds a value to score either rounding by ({', '.join(g.empty)}: 0 or "
+                            f"non-finite on the guard's {k} samples, in float and in both roundings)")
         return gptq[0], gptq[1], g_runs
     if _nearest_wins(g, n):
         rep.nearest_because = (f"measured worse on the guard's {k} samples: {g.text()} with GPTQ's codes, "

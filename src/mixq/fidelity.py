@@ -909,6 +909,8 @@ class ModelScore:
 
     sqnr_db: float | None
     agreement: float | None
+    #: outputs left out: 0 or non-finite on every feed in float and in this model alike
+    empty: tuple[str, ...] = ()
 
     def text(self) -> str:
         """'mean output SQNR 31.20 dB', 'decisions equal to float's: 96.9%', or both."""
@@ -931,11 +933,27 @@ def score_models(float_model: onnx.ModelProto | bytes | str, qmodels: list[onnx.
         qs = make_session(q, optimize="basic")
         got = [qs.run(names, f) for f in feeds]
         ms = _score(names, refs, got, decisions=decision_outputs(q))
-        values = [min(m.sqnr_db, SQNR_CAP_DB) for m in ms if not m.decisions]
+        # an output 0 (or non-finite) on every feed in both models scores the cap for any rounding
+        empty = {j for j in range(len(names)) if _holds_nothing([r[j] for r in refs], [g[j] for g in got])}
+        values = [min(m.sqnr_db, SQNR_CAP_DB) for j, m in enumerate(ms) if not m.decisions and j not in empty]
         decided = [m.top1_agreement for m in ms if m.decisions and m.top1_agreement is not None]
         out.append((ModelScore(float(np.mean(values)) if values else None,
-                               float(np.mean(decided)) if decided else None), Runs(feeds, names, refs, got)))
+                               float(np.mean(decided)) if decided else None,
+                               tuple(names[j] for j in sorted(empty))), Runs(feeds, names, refs, got)))
     return out
+
+
+def _holds_nothing(refs: list[np.ndarray], got: list[np.ndarray]) -> bool:
+    """Whether float's output has no nonzero finite value on any feed, and the quantized
+    model's is 0 there too: nothing a score could tell apart."""
+    for r, g in zip(refs, got):
+        r, g = np.asarray(r), np.asarray(g)
+        if r.shape != g.shape:
+            return False
+        finite = np.isfinite(r)
+        if np.any(r[finite]) or np.any(g[finite]):
+            return False
+    return True
 
 
 def _fusable(q: onnx.ModelProto) -> bool:

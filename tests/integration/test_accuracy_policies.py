@@ -1041,6 +1041,21 @@ def test_an_all_zero_float_output_is_not_judged():
     assert check_fidelity(zero, other, x, probe=False).broken  # values where float has none
 
 
+def test_gptq_is_not_scored_on_an_output_that_holds_nothing():
+    """weight_rounding='auto' scores GPTQ against nearest rounding on the guard's samples; on an
+    output that is 0 in float and in both roundings, each read "mean output SQNR 200.00 dB" (the
+    cap of a perfect score) and the summary said GPTQ was kept on that comparison."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((10, 10)) * 0.3).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Abs", ["h"], ["a"]),
+             helper.make_node("Neg", ["a"], ["n"]), helper.make_node("Relu", ["n"], ["y"])]
+    m = _model(nodes, [_vi("x", [4, 10])], [_vi("y", [4, 10])], {"w": w})
+    feeds = [{"x": rng.standard_normal((4, 10)).astype(np.float32)} for _ in range(8)]
+    text = mixq.quantize(m, "A8W8", feeds, check_kernels=False).summary()
+    assert "GPTQ kept, not compared with nearest rounding: no output holds a value" in text, text
+    assert "200.00 dB" not in text
+
+
 def test_float_outputs_that_are_nan_say_nothing_and_are_not_judged():
     """Where float's own output is NaN (NaN calibration data, or the model's doing), two NaN
     rows "agreed" on class 0: all-NaN data read "SQNR inf dB, cosine 1.0000, top-1 agreement
