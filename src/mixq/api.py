@@ -110,14 +110,8 @@ class QuantizeResult:
             lines.append(f"- range never clipped by MinMSE (MinMax instead) for {len(self.unclipped)} tensor(s) that "
                          f"define the output, whose extremes are the answer: {shown}")
         if self.exposed:
-            n, more = self.calibration_rows, len(self.exposed) - 3
-            shown = ", ".join(self.exposed[:3]) + (f" and {more} more" if more > 0 else "")
-            lines.append(f"- the {_grid_bits(self)}-bit ranges of {shown}, which define the output, end at the "
-                         f"extremes of {n} calibration sample(s): about 1 in {n + 1} unseen inputs like them "
-                         "goes past and is clipped there, which the fidelity check, scoring those samples, "
-                         "cannot see. Calibrate on more samples (hundreds), or widen these ranges with "
-                         "output_headroom=1.5 (`--output-headroom 1.5`; their step grows with them: "
-                         "docs/ACCURACY.md section 8)")
+            lines.append("- " + exposure_note(self.plan, self.exposed, self.calibration_rows,
+                                              "which the fidelity check, scoring those samples, cannot see"))
         lines += [f"- {ln}" for ln in (self.weight_rounding.lines() if self.weight_rounding is not None else [])]
         lines += [f"- {ln}" for ln in (self.bias_correction.lines() if self.bias_correction is not None else [])]
         if self.rewrite.bias_grids:
@@ -140,10 +134,19 @@ class QuantizeResult:
 EXPOSED_BELOW = 64
 
 
-def _grid_bits(res: QuantizeResult) -> str:
-    """The bit widths of `res.exposed`'s grids, e.g. '8' or '4/8'."""
-    bits = {get_format(tp.format).bits for t, tp in res.plan.tensors.items() if t in res.exposed and tp.format}
-    return "/".join(str(b) for b in sorted(bits))
+def exposure_note(plan: PrecisionPlan, exposed: tuple[str, ...], rows: int, unseen_by: str) -> str:
+    """The sentence saying that the grids of `exposed` (see `_exposed`) end at the extremes of
+    `rows` calibration samples, what that costs on unseen inputs, who cannot see it
+    (`unseen_by`) and the fix: the quantize summary's and `mixq auto`'s."""
+    bits = "/".join(str(b) for b in sorted({get_format(tp.format).bits for t, tp in plan.tensors.items()
+                                            if t in exposed and tp.format}))
+    more = len(exposed) - 3
+    shown = ", ".join(exposed[:3]) + (f" and {more} more" if more > 0 else "")
+    return (f"the {bits}-bit ranges of {shown}, which define the output, end at the extremes of {rows} "
+            f"calibration sample(s): about 1 in {rows + 1} unseen inputs like them goes past and is clipped "
+            f"there, {unseen_by}. Calibrate on more samples (hundreds), or widen these ranges with "
+            "output_headroom=1.5 (`--output-headroom 1.5`; their step grows with them: docs/ACCURACY.md "
+            "section 8)")
 
 
 def _output_int_activations(pipe: Pipeline, plan: PrecisionPlan, calibrated: bool = True) -> tuple[str, ...]:

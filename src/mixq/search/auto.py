@@ -192,6 +192,8 @@ class AutoResult:
     report_paths: list[Path] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     message: str = ""  # whether the target was met, and if not why and what to try
+    #: output-defining grids ending at the extremes of few calibration samples (`mixq.api._exposed`)
+    exposed: tuple[str, ...] = ()
     widened_layers: list[str] = field(default_factory=list)  # left float after the all-wide miss
     #: how the widest plan after the all-wide one widened them ("left float", or "in a 16-bit
     #: float" where every candidate layer float is the float model itself, which proves nothing)
@@ -939,6 +941,9 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
 
     t = time.perf_counter()
     pipe.stats.update(stats)
+    from ..fidelity import count_samples
+
+    pipe.calibration_rows = count_samples(calib)  # what the statistics saw (also when cached)
     wb = Workbench(pipe, held, output_index=auto.output_index, rounder=rounder)
     objective, accuracy_target = _objective_of(auto, labels, evaluate_function)
     if isinstance(objective, Top1Objective):
@@ -1098,6 +1103,16 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
                               None if wider_path is None else wider_path.ev.done[0].metric,
                               noise_only=noise_only,
                               wide_bound_only=wide_first is not None and objective.meets(wide_first))
+    from ..api import _exposed, exposure_note
+
+    # the held-out data scored the plan; inputs past the calibrated extremes of its output grids
+    # are clipped there, which a cosine or agreement target scales away (measured: a row whose
+    # largest value was clipped from 9.1 to 5.0 kept cosine 0.9988)
+    result.exposed = _exposed(pipe, final_plan, final_config)
+    if result.exposed:
+        result.message += " Note: " + exposure_note(
+            final_plan, result.exposed, pipe.calibration_rows,
+            "which the search, scoring the held-out data, need not see") + "."
     if constant is not None:  # every measurement above was made on it: first in the message
         result.message = f"WARNING: {constant} {result.message}"
     if output_path is not None:
