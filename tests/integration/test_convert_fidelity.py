@@ -105,6 +105,14 @@ def test_a_string_output_is_compared_by_equality():
     assert by["s"].mismatched == 0 and by["s"].sqnr_db == math.inf and not rep.warnings
 
 
+def test_a_conversion_not_evaluated_says_so():
+    """With evaluate=False (--no-eval) the report had no fidelity section and said nothing."""
+    _, rep = to_bf16(zero_model(), "with_cast", evaluate=False)
+    assert not rep.fidelity and "Fidelity: not checked (evaluate=False, --no-eval)" in rep.to_markdown()
+    _, rep = to_bf16(cancel_model(), "with_cast")
+    assert "not checked" not in rep.to_markdown()
+
+
 def test_strict_needs_the_fidelity_check():
     with pytest.raises(ConfigError, match="evaluate=False"):
         to_bf16(zero_model(), "with_cast", evaluate=False, strict=True)

@@ -140,7 +140,10 @@ class ConversionReport:
         ]
         if self.eval_time_s:
             lines.append(f"| fidelity evaluation time | {self.eval_time_s:.3f} s |")
-        if self.fidelity:
+        if not self.fidelity:  # evaluate=False (--no-eval): say so, never leave it to be assumed
+            lines += ["", "Fidelity: not checked (evaluate=False, --no-eval): nothing here says that the "
+                      "converted model computes what the original does."]
+        else:
             lines += ["", "### Fidelity vs the original model", "",
                       "| output | SQNR (dB) | cosine | max abs err |", "|---|---:|---:|---:|"]
             for f in self.fidelity:
