@@ -934,7 +934,7 @@ def score_models(float_model: onnx.ModelProto | bytes | str, qmodels: list[onnx.
         got = [qs.run(names, f) for f in feeds]
         ms = _score(names, refs, got, decisions=decision_outputs(q))
         # an output 0 (or non-finite) on every feed in both models scores the cap for any rounding
-        empty = {j for j in range(len(names)) if _holds_nothing([r[j] for r in refs], [g[j] for g in got])}
+        empty = {j for j in range(len(names)) if holds_nothing([r[j] for r in refs], [g[j] for g in got])}
         values = [min(m.sqnr_db, SQNR_CAP_DB) for j, m in enumerate(ms) if not m.decisions and j not in empty]
         decided = [m.top1_agreement for m in ms if m.decisions and m.top1_agreement is not None]
         out.append((ModelScore(float(np.mean(values)) if values else None,
@@ -943,12 +943,13 @@ def score_models(float_model: onnx.ModelProto | bytes | str, qmodels: list[onnx.
     return out
 
 
-def _holds_nothing(refs: list[np.ndarray], got: list[np.ndarray]) -> bool:
-    """Whether float's output has no nonzero finite value on any feed, and the quantized
-    model's is 0 there too: nothing a score could tell apart."""
+def holds_nothing(refs: list[np.ndarray], got: list[np.ndarray]) -> bool:
+    """Whether a float output of the reference model has no nonzero finite value on any feed,
+    and the other model's is 0 there too: nothing a score could tell apart (the quantizer's
+    rounding comparison and the converters' fidelity check)."""
     for r, g in zip(refs, got):
         r, g = np.asarray(r), np.asarray(g)
-        if r.shape != g.shape:
+        if r.dtype.kind not in "fc" or r.shape != g.shape:  # integers are decisions: compared exactly
             return False
         finite = np.isfinite(r)
         if np.any(r[finite]) or np.any(g[finite]):
