@@ -105,6 +105,18 @@ def test_a_string_output_is_compared_by_equality():
     assert by["s"].mismatched == 0 and by["s"].sqnr_db == math.inf and not rep.warnings
 
 
+def test_strict_refuses_failures_not_an_output_left_out_beside_compared_ones():
+    """An output 0 on every input beside one that is compared (a mask beside the logits): the
+    report says it was not compared, and strict, which refuses what fails the check, keeps the
+    model (it refused it before, against its help text)."""
+    m = _chain([("Relu", [], {})], {"zero": np.array(0.0, np.float32)})
+    m.graph.node.append(helper.make_node("Mul", ["y", "zero"], ["z"], name="mask"))
+    m.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8]))
+    _, rep = to_bf16(m, "with_cast", strict=True)
+    assert not rep.failures and rep.warnings == ["not compared: 'z': " + rep.fidelity[1].not_compared]
+    assert "WARNING: not compared: 'z'" in rep.to_markdown()
+
+
 def test_a_conversion_not_evaluated_says_so():
     """With evaluate=False (--no-eval) the report had no fidelity section and said nothing."""
     _, rep = to_bf16(zero_model(), "with_cast", evaluate=False)

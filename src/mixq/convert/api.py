@@ -190,8 +190,8 @@ def _convert(model: onnx.ModelProto | str | os.PathLike, fmt: str, target: int, 
         t1 = time.perf_counter()
         report.fidelity = fidelity(original, out, provider, feeds=feeds, shapes=shapes, seed=seed)
         report.eval_time_s = time.perf_counter() - t1
-        if strict and report.warnings:
-            raise ModelError("the converted model fails its fidelity check (strict): " + " ".join(report.warnings))
+        if strict and report.failures:
+            raise ModelError("the converted model fails its fidelity check (strict): " + " ".join(report.failures))
     return out, report
 
 
@@ -218,8 +218,8 @@ def to_bf16(model: onnx.ModelProto | str | os.PathLike, fmt: str = "bf16", *, so
     source: ``auto`` (float16 if any weight or input is float16), ``fp32`` or ``fp16``: only tensors
     of that type are converted. `evaluate` compares both models on `feeds` (default: random inputs,
     dynamic dims 1 or `shapes`). `validate` loads the result in onnxruntime before returning.
-    `strict` raises a ModelError instead of returning a model its report warns about (an output
-    below 10 dB SQNR, or no output compared: see ConversionReport.warnings).
+    `strict` raises a ModelError instead of returning a model that fails its fidelity check (an
+    output below 10 dB SQNR or a differing label, or no output compared: ConversionReport.failures).
     The input model is never modified. Returns (converted model, ConversionReport).
     """
     return _convert(model, fmt, TensorProto.BFLOAT16, BF16_FORMATS, source=source, provider=provider,

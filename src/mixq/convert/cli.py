@@ -57,8 +57,8 @@ def add_arguments(p: argparse.ArgumentParser, target: str, *, source_default: st
                         "single-input model); dynamic dimensions default to 1")
     p.add_argument("--no-eval", action="store_true", help="skip the fidelity check on random inputs")
     p.add_argument("--strict", action="store_true",
-                   help="exit 2 and write nothing when the fidelity check warns (an output below 10 dB "
-                        "SQNR, or no output it could compare)")
+                   help="exit 2 and write nothing when the fidelity check fails (an output below 10 dB "
+                        "SQNR or a differing label, or no output it could compare)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random evaluation inputs")
     p.add_argument("--external-data", action="store_true",
                    help="store weights in <output>.data (automatic above ~1.8 GB)")

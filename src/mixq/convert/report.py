@@ -78,8 +78,17 @@ class ConversionReport:
 
     @property
     def warnings(self) -> list[str]:
-        """What makes the fidelity check fail: an output below BROKEN_SQNR_DB (NaN or inf where
-        the original is finite scores -inf), or outputs the check could not compare."""
+        """`failures`, then the outputs left out of a check that compared others."""
+        skipped = [f for f in self.fidelity if f.not_compared]
+        if not skipped or len(skipped) == len(self.fidelity):
+            return self.failures
+        return self.failures + ["not compared: " + "; ".join(f"{f.name!r}: {f.not_compared}" for f in skipped)]
+
+    @property
+    def failures(self) -> list[str]:
+        """What makes the fidelity check fail (what `strict` refuses): an output below
+        BROKEN_SQNR_DB (NaN or inf where the original is finite, or a differing label, scores
+        -inf), or no output the check could compare."""
         from ..fidelity import BROKEN_SQNR_DB
 
         out = []
@@ -92,14 +101,11 @@ class ConversionReport:
                        f"{BROKEN_SQNR_DB:g} dB: the converted model is likely broken. The nodes kept in "
                        f"{self.source} are listed below; simulate_{self.target_short} (weights only) tells whether "
                        "the weights or the activations lose it.")
-        skipped = [f for f in self.fidelity if f.not_compared]
-        if skipped and len(skipped) == len(self.fidelity):
+        if self.fidelity and all(f.not_compared for f in self.fidelity):
             out.append("no output was compared, so nothing about this conversion was checked: "
-                       + "; ".join(f"{f.name!r}: {f.not_compared}" for f in skipped)
+                       + "; ".join(f"{f.name!r}: {f.not_compared}" for f in self.fidelity)
                        + ". Evaluate on inputs that exercise the model (feeds=..., or --shape for "
                          "other random shapes).")
-        elif skipped:
-            out.append("not compared: " + "; ".join(f"{f.name!r}: {f.not_compared}" for f in skipped))
         return out
 
     @property
