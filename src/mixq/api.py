@@ -112,6 +112,7 @@ class QuantizeResult:
         if self.exposed:
             lines.append("- " + exposure_note(self.plan, self.exposed, self.calibration_rows,
                                               "which the fidelity check, scoring those samples, cannot see"))
+        lines += [f"- {ln}" for ln in (self.finetune.lines() if self.finetune is not None else [])]
         lines += [f"- {ln}" for ln in (self.weight_rounding.lines() if self.weight_rounding is not None else [])]
         lines += [f"- {ln}" for ln in (self.bias_correction.lines() if self.bias_correction is not None else [])]
         if self.rewrite.bias_grids:

@@ -78,7 +78,9 @@ def test_zero_iterations_is_the_plain_model(model):
 
 
 def test_adaround_deterministic_on_grid_and_improves(model):
-    cfg = AdaRoundConfig(num_iterations=60, batch_size=16, max_samples=32, seed=3)
+    # report_metric off: on this model's N(0, 1) inputs the output loses with the finetuned weights
+    # (21.14 -> 20.39 dB), and the model would keep its plain ones (test_finetune_held_out.py)
+    cfg = AdaRoundConfig(num_iterations=60, batch_size=16, max_samples=32, seed=3, report_metric=False)
     a = quantize_with_finetune(model, INT8_PT, CALIB, cfg, check_kernels=False)
     b = quantize_with_finetune(model, INT8_PT, CALIB, cfg, check_kernels=False)
     assert _bytes(a) == _bytes(b)  # same seed: same bytes
@@ -86,7 +88,6 @@ def test_adaround_deterministic_on_grid_and_improves(model):
     assert [r.node for r in rep.layers] == ["conv1", "conv2", "fc1", "fc2"]  # topological order
     assert all(r.loss_after <= r.loss_before for r in rep.layers)
     assert any(r.loss_after < r.loss_before for r in rep.layers)
-    assert rep.metric_before is not None and rep.metric_after is not None
     # the adjusted weights are on the int8 grid: the rewrite stores exactly the learned codes
     from mixq.finetune import finetune, with_weights
     from mixq.passes.prepare import prepare
@@ -100,7 +101,7 @@ def test_adaround_deterministic_on_grid_and_improves(model):
     stats = collect_stats(prepared, plan.calibrated_tensors(lambda f: get_format(f).needs_qparams), CALIB).stats
     qp = activation_qparams(plan, stats, INT8_PT)
     qp.update(constant_qparams(prepared, plan, INT8_PT))
-    weights, _ = finetune(prepared, plan, qp, CALIB, cfg.with_options(report_metric=False))
+    weights, _ = finetune(prepared, plan, qp, CALIB, cfg)
     assert set(weights) <= {"w1", "w2", "w3", "w4"} and weights
     stored = {t.name: numpy_helper.to_array(t) for t in a.model.graph.initializer}
     int8 = get_format("int8")

@@ -628,8 +628,10 @@ FAST_FINETUNE: list[Entry] = [
           default=1, example=2, alias="num_batches"),
     Entry(FF, "LRAdjust", "unsupported", "mixq keeps the learning rate constant (remove it)",
           default=None, accept=((),), example=(0.5, 100), alias="lr_adjust"),
-    Entry(FF, "SelectiveUpdate", "unsupported", "mixq keeps every finetuned layer (use include_layers / "
-          "exclude_layers of mixq's configs)", default=False, example=True, alias="selective_update"),
+    Entry(FF, "SelectiveUpdate", "unsupported", "mixq keeps a layer's finetuned weights only where they beat "
+          "the plain ones on cached rows held out of the fit, and none where the model's output loses (choose "
+          "layers with include_layers / exclude_layers of mixq's configs)", default=False, example=True,
+          alias="selective_update"),
     Entry(FF, "OutputQDQ", "unsupported", "mixq's layer targets are the float outputs (False is what mixq "
           "does)", default=False, example=True, alias="output_qdq"),
     Entry(FF, "DropRatio", "unsupported", "mixq feeds quantized layer inputs (1.0 is what mixq does)",

@@ -50,14 +50,27 @@ def _names(option: str, value: Any) -> frozenset[str] | None:
     return out
 
 
+#: a layer with at least this many cached rows holds a quarter of them (at most
+#: HELD_OUT_MAX_ROWS) out of the fit, to judge the finetuned weights on; below it there are
+#: too few to spare and the layer is judged on the rows it was fit on (the report says so)
+HELD_OUT_MIN_ROWS = 8
+HELD_OUT_MAX_ROWS = 64
+
+
+def held_out_rows(n: int) -> int:
+    """How many of a layer's `n` cached rows are held out of its fit (0: too few to spare)."""
+    return min(n // 4, HELD_OUT_MAX_ROWS) if n >= HELD_OUT_MIN_ROWS else 0
+
+
 @dataclass(frozen=True)
 class EarlyStop:
     """Stop a layer's optimization when its reconstruction loss stops improving.
 
     Every `interval` iterations the loss of the deployable weights (AdaRound: hard rounding,
-    AdaQuant: the fake-quantized weights) is measured on all cached samples; the best weights so
-    far are kept, and the layer stops after `patience` checks without a relative improvement
-    larger than `min_delta`.
+    AdaQuant: the fake-quantized weights) is measured on the cached rows held out of the fit (all
+    of them where the layer has fewer than HELD_OUT_MIN_ROWS); the best weights so far are kept,
+    and the layer stops after `patience` checks without a relative improvement larger than
+    `min_delta`.
     """
 
     patience: int = 3
@@ -91,7 +104,8 @@ class _FinetuneConfig:
         (samples beyond the budget are subsampled with a seeded reservoir).
     num_threads: torch CPU threads (default 1: layers are small and extra threads mostly wait on
         each other; None: torch's current setting).
-    report_metric: measure the model-level metric before and after (two extra data passes).
+    report_metric: measure the model-level metric before and after (two extra data passes), and
+        keep the plain weights where the output lost with the finetuned ones.
     verbose: per-layer progress on stderr (also printed when stderr is a terminal).
     """
 
