@@ -11,6 +11,7 @@ import functools
 from dataclasses import InitVar, asdict, dataclass, fields, replace
 from typing import Any
 
+from .calibration.observers import ENTROPY_MAX_LEVELS, entropy_too_wide
 from .errors import ConfigError, did_you_mean
 from .formats import get_format
 from .granularity import Granularity, PerChannel, PerTensor, granularity_from
@@ -255,6 +256,10 @@ class QuantConfig:
         object.__setattr__(self, "bias", _choice("bias", self.bias, BIAS_MODES))
         if not 50.0 < float(self.percentile) <= 100.0:
             raise ConfigError(f"percentile={self.percentile} must be in (50, 100], e.g. 99.999.")
+        act = get_format(self.activation)
+        if self.calibration == "entropy" and self.power_of_two is None and act.kind == "int" \
+                and 2 ** act.bits > ENTROPY_MAX_LEVELS:
+            raise ConfigError(f"activation={act.name!r}: {entropy_too_wide(2 ** act.bits)}")
         for opt in ("op_types", "exclude_op_types", "exclude_nodes"):
             v = getattr(self, opt)
             if v is not None:

@@ -219,7 +219,8 @@ class FidelityReport:
                 out.append(f"WARNING: the quantized model looks broken (SQNR < {BROKEN_SQNR_DB:g} dB, of an "
                            "output or of the channels of one on a scale of their own, or "
                            f"agreement < {100 * BROKEN_AGREEMENT:.0f}% on rows that are no near-ties; class "
-                           f"scores under {BROKEN_FLOOR_DB:g} dB whatever their agreement"
+                           f"scores under {BROKEN_FLOOR_DB:g} dB whatever their agreement, and under "
+                           f"{BROKEN_SQNR_DB:g} dB on fewer than {MIN_DECISIVE_ROWS} rows"
                            + (f", or outputs of another shape than float's on more than "
                               f"{100 * (1 - BROKEN_AGREEMENT):.0f}% of the samples" if reshaped else "") + ")")
             if self.culprits:
@@ -310,7 +311,9 @@ def is_broken(outputs: list[OutputMetrics]) -> bool:
     float's on more than 1 - BROKEN_AGREEMENT of the samples, a class-score output with top-1
     agreement (`judged_agreement`) below BROKEN_AGREEMENT, or another output below
     BROKEN_SQNR_DB, whole or in its quiet part (`OutputMetrics.judged_sqnr_db`: a detector's
-    class scores beside its box coordinates read 6 dB where the whole output read 26). Class scores are judged by agreement, down to BROKEN_FLOOR_DB: probabilities
+    class scores beside its box coordinates read 6 dB where the whole output read 26). Class
+    scores are judged by agreement, down to BROKEN_FLOOR_DB (on fewer than MIN_DECISIVE_ROWS
+    rows, whose agreement shows little, by BROKEN_SQNR_DB too): probabilities
     near 0 and 1 give a low SQNR for small, harmless errors (a CTC recognizer at A8W8: 9.5 dB,
     the same characters), but an error above the output's own power is no small error. An
     output on an offset whose variation is lost is warned of (`FidelityReport.offset_losses`),
@@ -321,7 +324,11 @@ def is_broken(outputs: list[OutputMetrics]) -> bool:
         if not o.decisions and o.sqnr_db < BROKEN_FLOOR_DB:
             return True  # whatever the agreement
         agreement = judged_agreement(o)
-        return agreement < BROKEN_AGREEMENT if agreement is not None else o.judged_sqnr_db < BROKEN_SQNR_DB
+        if agreement is None or (not o.decisions and o.rows < MIN_DECISIVE_ROWS):
+            # a few rows' agreement vouches for nothing (one calibration sample: 1 of 1 at 2.3 dB)
+            if o.judged_sqnr_db < BROKEN_SQNR_DB:
+                return True
+        return agreement is not None and agreement < BROKEN_AGREEMENT
 
     return any(o.sqnr_db == -math.inf or bad(o) for o in outputs)
 

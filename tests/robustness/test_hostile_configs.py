@@ -55,3 +55,33 @@ def test_cli_plan_output_onto_a_directory(tmp_path, capsys):
 def test_names_that_match_nothing_are_errors(cfg, match):
     with pytest.raises(ConfigError, match=match):
         mixq.pipeline.Pipeline.load(str(default_model_path())).plan(mixq.QuantConfig(**cfg))
+
+
+@pytest.mark.parametrize("preset", ["A16W8", "S16S16"])
+def test_entropy_on_16_bit_activations_says_why_before_it_calibrates(preset, tmp_path, capsys):
+    """`--calib-method entropy` on a 16-bit preset ran the calibration pass, then asked numpy for
+    120 GiB per tensor (MemoryError, a traceback); it is refused at the door now, naming the fix."""
+    import numpy as np
+
+    from mixq.data import load_default_samples
+
+    out, data = tmp_path / "q.onnx", tmp_path / "calib.npy"
+    np.save(data, load_default_samples().calib_images[:8])
+    assert main(["quantize", str(default_model_path()), str(out), "--preset", preset, "--calib-method",
+                 "entropy", "--calib", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "calibration='entropy'" in err and "'percentile' or 'minmse'" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_entropy_on_a_layer_rules_16_bit_grid_names_the_tensor():
+    import numpy as np
+    import onnx
+
+    m = onnx.load(default_model_path())
+    name = m.graph.node[0].output[0]
+    x = np.random.default_rng(0).standard_normal((4, *[d.dim_value or 1 for d in
+                                                         m.graph.input[0].type.tensor_type.shape.dim[1:]]))
+    cfg = mixq.QuantConfig(activation="int8", calibration="entropy", tensor_formats=((name, "int16"),))
+    with pytest.raises(ConfigError, match=rf"tensor '{name}' \(int16\): calibration='entropy'"):
+        mixq.quantize(m, cfg, [{m.graph.input[0].name: x.astype(np.float32)}], check_kernels=False)

@@ -9,6 +9,7 @@ import pytest
 
 from mixq.calibration import (CalibMethod, TensorStats, compute_range, compute_weight_range,
                               pof2_exponent)
+import mixq
 import mixq.calibration.observers as obs
 from mixq.calibration.observers import _kl_search, grid_model
 from mixq.errors import ConfigError, DataError
@@ -360,3 +361,23 @@ def test_weight_minmse_search_evaluates_few_candidates(monkeypatch):
     w = np.random.default_rng(0).standard_normal((16, 288)).astype(np.float32)
     compute_weight_range(w, axis=0, method="minmse")
     assert 0 < sum(seen) <= 20, seen
+
+
+@pytest.mark.parametrize("fmt", ["int16", "uint16", "int16n", "int32"])
+def test_entropy_refuses_grids_wider_than_9_bits(fmt):
+    """The KL search scores every candidate threshold against every quantization bin: at int16
+    it asked numpy for a 120 GiB array (MemoryError on every tensor); it says why now."""
+    s = TensorStats.from_array(_gauss_with_outliers(n=10_000))
+    with pytest.raises(ConfigError, match=r"calibration='entropy' .* up to 9 bits.*'percentile' or 'minmse'"):
+        compute_range(s, CalibMethod.ENTROPY, fmt, symmetric=True)
+    with pytest.raises(ConfigError, match=r"activation='%s': calibration='entropy'" % fmt):
+        mixq.QuantConfig(activation=fmt, calibration="entropy")
+    mixq.QuantConfig(activation=fmt, calibration="entropy", power_of_two="minmse")  # its own rule
+
+
+@pytest.mark.parametrize("fmt", ["int9", "uint9", "int8"])
+def test_entropy_calibrates_grids_up_to_9_bits(fmt):
+    x = _gauss_with_outliers(n=100_000)
+    for sym, data in ((True, x), (False, np.abs(x))):  # a one-sided tensor uses every level
+        lo, hi = compute_range(TensorStats.from_array(data), CalibMethod.ENTROPY, fmt, symmetric=sym)
+        assert 0 < hi < np.abs(data).max()  # the outliers are clipped

@@ -236,6 +236,20 @@ def _percentile_from_bins(lo: np.ndarray, hi: np.ndarray, cnt: np.ndarray, q: fl
     return float(lo[k] + (hi[k] - lo[k]) * frac)
 
 
+#: the widest grid Entropy calibrates (9 bits): the KL search scores every candidate threshold
+#: against every quantization bin, about 15 x bins^2 values: 4M (30 MB) at 512 bins, and 16 G
+#: (120 GiB) at int16's 32768
+ENTROPY_MAX_LEVELS = 512
+
+
+def entropy_too_wide(levels: int) -> str:
+    """Why calibration='entropy' refuses a grid of `levels` levels, and what to use instead."""
+    return (f"calibration='entropy' (a KL-divergence threshold) is defined for grids of up to 9 bits; a "
+            f"{levels}-level grid would score {16 * (levels // 2):,} candidate thresholds against {levels // 2:,} "
+            "quantization bins each (about 120 GiB at 16 bits). Use calibration='percentile' or 'minmse' "
+            "for wider grids (or power_of_two), or entropy with 8-bit activations.")
+
+
 def _entropy_threshold(stats: TensorStats, num_quant_bins: int, num_bins: int = 2048) -> float:
     """TensorRT-style KL threshold on |x| (see module docstring)."""
     amax = stats.absmax
@@ -377,6 +391,8 @@ def compute_range(stats: TensorStats, method: CalibMethod | str = CalibMethod.MI
         nq = num_quant_bins or (g.levels if (one_sided and not symmetric) else g.levels // 2)
         if nq < 2:
             raise ConfigError(f"num_quant_bins must be >= 2, got {nq}")
+        if nq > ENTROPY_MAX_LEVELS or (not num_quant_bins and g.levels > ENTROPY_MAX_LEVELS):
+            raise ConfigError(entropy_too_wide(g.levels))
         # at least 16 histogram bins per quantization bin (TensorRT's 2048 for 128): with all
         # 256 levels on a one-sided tensor and 2048 bins, data filling fewer bins than levels
         # makes every candidate look lossless and the search keeps the outliers

@@ -236,7 +236,8 @@ QC = "QuantizationConfig"
 QUANTIZATION_CONFIG: list[Entry] = [
     Entry(QC, "calibrate_method", "maps", "`calibration` (MinMax/Entropy/Percentile; PowerOfTwoMethod.X: "
           "power-of-two scales by X; ExtendedCalibrationMethod.MinMSE: minmse; Int16Method.MinMax: minmax, "
-          "float scales); Distribution and LayerWisePercentile raise", C.member(*_CALIBS), _calibrate,
+          "float scales); Distribution and LayerWisePercentile raise, and so does Entropy on grids wider than 8 bits "
+          "(its KL search would need 120 GiB at int16: use Percentile or MinMSE there)", C.member(*_CALIBS), _calibrate,
           default=CalibrationMethod.MinMax, example=CalibrationMethod.Percentile,
           effect={"config.calibration": "percentile"}),
     Entry(QC, "quant_format", "maps", "QDQ (every QDQ spelling); BFPFixNeuron/MXFixNeuron force QBFP/QMX "

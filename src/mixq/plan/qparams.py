@@ -13,6 +13,7 @@ from onnx import numpy_helper
 from ..calibration.observers import compute_range, compute_weight_range, pof2_exponent
 from ..calibration.stats import TensorStats
 from ..config import QuantConfig
+from ..errors import ConfigError
 from ..errors import DataError
 from ..formats import QParams, get_format
 from .memo import StatsMemo
@@ -64,7 +65,7 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
     whole_of = {key: any(n in whole for n in members) for key, members in names.items()}
     out: dict[str, QParams] = {}
     for key, st in merged.items():
-        qp = _chosen(get_format(fmts[key]), st, read_of[key], config, memo, bound_of[key], whole_of[key])
+        qp = _chosen(key, get_format(fmts[key]), st, read_of[key], config, memo, bound_of[key], whole_of[key])
         if qp is not None:
             out[key] = qp
     for name, tp in plan.tensors.items():
@@ -77,7 +78,7 @@ def activation_qparams(plan: PrecisionPlan, stats: dict[str, TensorStats], confi
                 st, read, bound, keep = merged[key], read_of[key], bound_of[key], whole_of[key]
             else:
                 continue
-            qp = _chosen(get_format(fmt_name), st, read, config, memo, bound, keep)
+            qp = _chosen(name, get_format(fmt_name), st, read, config, memo, bound, keep)
             if qp is not None:
                 out[consumer_key(name, fmt_name)] = qp
     return out
@@ -93,15 +94,19 @@ def _union(bounds: Iterable[tuple[float, float] | None]) -> tuple[float, float] 
     return (lo, hi) if lo <= hi else None
 
 
-def _chosen(fmt: Any, st: TensorStats, read: tuple[TensorStats, ...], config: QuantConfig,
+def _chosen(name: str, fmt: Any, st: TensorStats, read: tuple[TensorStats, ...], config: QuantConfig,
             memo: StatsMemo | None, bound: tuple[float, float] | None = None,
             unclipped: bool = False) -> QParams | None:
-    """`_choose`, through `memo` (by the statistics merged into `st`)."""
-    if memo is None:
-        return _choose(fmt, st, config, bound, unclipped)
-    what = ("range", fmt.name, config.power_of_two, config.activation_symmetric, config.calibration,
-            config.percentile, config.minmse_min_gain, config.headroom_for(fmt, unclipped), bound, unclipped)
-    return memo.get(read, what, lambda: _choose(fmt, st, config, bound, unclipped))
+    """`_choose`, through `memo` (by the statistics merged into `st`); a ConfigError names the
+    tensor `name` (a layer rule's grid the config's method cannot calibrate)."""
+    try:
+        if memo is None:
+            return _choose(fmt, st, config, bound, unclipped)
+        what = ("range", fmt.name, config.power_of_two, config.activation_symmetric, config.calibration,
+                config.percentile, config.minmse_min_gain, config.headroom_for(fmt, unclipped), bound, unclipped)
+        return memo.get(read, what, lambda: _choose(fmt, st, config, bound, unclipped))
+    except ConfigError as exc:
+        raise ConfigError(f"tensor {name!r} ({fmt.name}): {exc}") from exc
 
 
 def _choose(fmt, st: TensorStats, config: QuantConfig,
