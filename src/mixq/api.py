@@ -20,6 +20,7 @@ from .calibration.variety import constant_data as constant_data_why
 from .config import QuantConfig, get_default_config
 from .errors import ConfigError, ModelError, OutputError
 from .formats import QParams, get_format
+from .formats.integer import IntFormat
 from .graph import with_weights
 from .fidelity import FLOAT_LOAD_FAILED, HeldBack, ModelScore, Runs, float_reference
 from .fidelity import guard as fidelity_guard
@@ -111,7 +112,8 @@ class QuantizeResult:
                          f"define the output, whose extremes are the answer: {shown}")
         if self.exposed:
             lines.append("- " + exposure_note(self.plan, self.exposed, self.calibration_rows,
-                                              "which the fidelity check, scoring those samples, cannot see"))
+                                              "which the fidelity check, scoring those samples, cannot see",
+                                              self.config))
         lines += [f"- {ln}" for ln in (self.finetune.lines() if self.finetune is not None else [])]
         lines += [f"- {ln}" for ln in (self.weight_rounding.lines() if self.weight_rounding is not None else [])]
         lines += [f"- {ln}" for ln in (self.bias_correction.lines() if self.bias_correction is not None else [])]
@@ -135,19 +137,26 @@ class QuantizeResult:
 EXPOSED_BELOW = 64
 
 
-def exposure_note(plan: PrecisionPlan, exposed: tuple[str, ...], rows: int, unseen_by: str) -> str:
+def exposure_note(plan: PrecisionPlan, exposed: tuple[str, ...], rows: int, unseen_by: str,
+                  cfg: QuantConfig) -> str:
     """The sentence saying that the grids of `exposed` (see `_exposed`) end at the extremes of
     `rows` calibration samples, what that costs on unseen inputs, who cannot see it
-    (`unseen_by`) and the fix: the quantize summary's and `mixq auto`'s."""
+    (`unseen_by`) and the fix under `cfg`: the quantize summary's and `mixq auto`'s."""
     bits = "/".join(str(b) for b in sorted({get_format(tp.format).bits for t, tp in plan.tensors.items()
                                             if t in exposed and tp.format}))
     more = len(exposed) - 3
     shown = ", ".join(exposed[:3]) + (f" and {more} more" if more > 0 else "")
-    return (f"the {bits}-bit ranges of {shown}, which define the output, end at the extremes of {rows} "
-            f"calibration sample(s): about 1 in {rows + 1} unseen inputs like them goes past and is clipped "
-            f"there, {unseen_by}. Calibrate on more samples (hundreds), or widen these ranges with "
-            "output_headroom=1.5 (`--output-headroom 1.5`; their step grows with them: docs/ACCURACY.md "
-            "section 8)")
+    if cfg.power_of_two is not None:  # the NPU's rule sets the scales: no headroom to ask for
+        fix = "Calibrate on more samples (hundreds)"
+    elif cfg.calibration in ("percentile", "entropy"):  # output_headroom widens unclipped ranges only
+        fix = (f"Calibrate on more samples (hundreds), or calibrate with MinMax instead of {cfg.calibration} "
+               "and widen these ranges with output_headroom=1.5 (docs/ACCURACY.md section 8)")
+    else:
+        fix = ("Calibrate on more samples (hundreds), or widen these ranges with output_headroom=1.5 "
+               "(`--output-headroom 1.5`; their step grows with them: docs/ACCURACY.md section 8)")
+    return (f"the {bits}-bit ranges of {shown}, which define the output, end at (or just past) the extremes "
+            f"of {rows} calibration sample(s): about 1 in {rows + 1} unseen inputs like them goes past and is "
+            f"clipped there, {unseen_by}. {fix}")
 
 
 def _output_int_activations(pipe: Pipeline, plan: PrecisionPlan, calibrated: bool = True) -> tuple[str, ...]:
@@ -159,26 +168,37 @@ def _output_int_activations(pipe: Pipeline, plan: PrecisionPlan, calibrated: boo
                         and (tp.calibrate or not calibrated) and get_format(tp.format).kind == "int"))
 
 
+#: an output grid reaching less than this many times past its calibrated extreme is exposed
+#: (`_exposed`): MinMax and MinMSE ranges end at it, Percentile and Entropy ones inside it, a
+#: power-of-two scale may leave only a few percent past it
+EXPOSED_HEADROOM = 1.25
+
+
 def _exposed(pipe: Pipeline, plan: PrecisionPlan, cfg: QuantConfig) -> tuple[str, ...]:
     """The output-defining integer activations (`plan.ops.output_defining_tensors`) whose
-    ranges end at the calibrated extremes (MinMax, or MinMSE, which never clips them; no
-    headroom on their grid; short of the bound of the op that makes them by more than a step)
-    when fewer than `EXPOSED_BELOW` samples were calibrated and `output_headroom` is 'auto'."""
+    ranges, as quantized, reach less than EXPOSED_HEADROOM times past the calibrated extremes
+    (whatever chose them: a range method, power-of-two scales; headroom counts) and stop short
+    of the bound of the op that makes them by more than a step, when fewer than
+    `EXPOSED_BELOW` samples were calibrated and `output_headroom` is 'auto'."""
     n = pipe.calibration_rows
-    if not 0 < n < EXPOSED_BELOW or cfg.output_headroom != "auto" or cfg.power_of_two is not None \
-            or cfg.calibration not in ("minmax", "minmse"):
+    if not 0 < n < EXPOSED_BELOW or cfg.output_headroom != "auto":
         return ()
+    ints = _output_int_activations(pipe, plan)
+    qparams = pipe.activation_qparams(plan, cfg) if ints else {}
     out = []
-    for t in _output_int_activations(pipe, plan):
-        st, fmt = pipe.stats.get(t), get_format(plan.tensors[t].format)  # type: ignore[arg-type]
-        if st is None or not fmt.needs_qparams or cfg.headroom_for(fmt, output=True) != 1.0:
+    for t in ints:
+        st, fmt, q = pipe.stats.get(t), get_format(plan.tensors[t].format), qparams.get(t)  # type: ignore[arg-type]
+        if st is None or q is None or not isinstance(fmt, IntFormat):
             continue
         lo, hi = min(st.min, 0.0), max(st.max, 0.0)
         step = (hi - lo) / (2 ** fmt.bits - 1)
         b = pipe.bounds.get(t)
         if b is not None and hi + step >= b[1] and lo - step <= b[0]:
             continue  # the data reached the bound of the op that makes it (within a step): no clip
-        out.append(t)
+        zp, scale = q.zero_point.astype(np.float64), q.scale.astype(np.float64)
+        reach_hi, reach_lo = float(np.min((fmt.qmax - zp) * scale)), float(np.max((fmt.qmin - zp) * scale))
+        if (hi > 0 and reach_hi < EXPOSED_HEADROOM * hi) or (lo < 0 and reach_lo > EXPOSED_HEADROOM * lo):
+            out.append(t)
     return tuple(out)
 
 

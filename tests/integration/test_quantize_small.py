@@ -476,14 +476,31 @@ def test_output_headroom_leaves_room_for_unseen_inputs_on_8_bit_grids(preset):
     assert got["auto"].max() <= seen.max() * 1.01 and got[1.5].max() > 1.1 * seen.max()
 
 
+@pytest.mark.parametrize("method", ["percentile", "entropy"])
+def test_a_clipping_range_method_on_few_samples_is_named_too(method):
+    """Percentile and Entropy ranges end inside the calibrated extremes: on 16 samples the output
+    is as exposed as MinMax's (before, only MinMax and MinMSE ranges were named), and the fix
+    named is MinMax with headroom (output_headroom widens unclipped ranges only)."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    cfg = mixq.QuantConfig(activation="int8", weight="int8", calibration=method)
+    res = mixq.quantize(_matmul_model(w), cfg, [{"x": x[i:i + 4]} for i in range(0, 16, 4)], check_kernels=False)
+    assert res.exposed == ("y",)
+    assert f"calibrate with MinMax instead of {method} and widen these ranges with output_headroom=1.5" \
+        in res.summary()
+
+
+
 @pytest.mark.parametrize("preset", ["A8W8", "U8S8"])
 def test_the_summary_says_when_few_samples_leave_the_output_range_exposed(preset):
     """Calibrated on 16 samples, an 8-bit output's range ends at their extremes, and about 1
     in 17 unseen inputs is clipped there where the guard cannot see it: the summary says so
     (naming the tensor, the count and the fix); 64 samples, an output_headroom asked for, a
-    16-bit grid, a power-of-two preset (which refuses the fix) and an output whose data reach
-    the bounds of the op that makes it (a Clip) say nothing; a Sigmoid left float names the
-    logits it reads. Sharded calibration counts the same samples."""
+    16-bit grid and an output whose data reach the bounds of the op that makes it (a Clip) say
+    nothing; a Sigmoid left float names the logits it reads. A power-of-two preset, whose scale
+    reaches just past the extreme, is named with the one fix it takes (more samples: it refuses
+    output_headroom); before, it said nothing. Sharded calibration counts the same samples."""
     from onnx import helper
 
     from mixq.distributed import SerialExecutor
@@ -494,7 +511,7 @@ def test_the_summary_says_when_few_samples_leave_the_output_range_exposed(preset
     few = [{"x": x[i:i + 4]} for i in range(0, 16, 4)]
     res = mixq.quantize(_matmul_model(w), preset, few, check_kernels=False)
     assert (res.calibration_rows, res.exposed) == (16, ("y",))
-    assert "the 8-bit ranges of y, which define the output, end at the extremes of 16 calibration" \
+    assert "the 8-bit ranges of y, which define the output, end at (or just past) the extremes of 16 calibration" \
         in res.summary() and "1 in 17 unseen inputs" in res.summary() and "--output-headroom 1.5" in res.summary()
     with SerialExecutor(2) as ex:
         sharded = mixq.quantize(_matmul_model(w), preset, few, check_kernels=False, executor=ex)
@@ -502,8 +519,10 @@ def test_the_summary_says_when_few_samples_leave_the_output_range_exposed(preset
     quiet = [mixq.quantize(_matmul_model(w), preset, [{"x": x}], check_kernels=False),
              mixq.quantize(_matmul_model(w), get_default_config(preset).with_options(output_headroom=1.5), few,
                            check_kernels=False),
-             mixq.quantize(_matmul_model(w), "A16W8", few, check_kernels=False),
-             mixq.quantize(_matmul_model(w), "XINT8", few, check_kernels=False)]
+             mixq.quantize(_matmul_model(w), "A16W8", few, check_kernels=False)]
+    pof2 = mixq.quantize(_matmul_model(w), "XINT8", few, check_kernels=False)
+    assert pof2.exposed == ("y",) and "Calibrate on more samples (hundreds)" in pof2.summary()
+    assert "output-headroom" not in pof2.summary()
     sig = _matmul_model(w)
     sig.graph.node[0].output[0] = "z"
     sig.graph.node.append(helper.make_node("Sigmoid", ["z"], ["y"]))

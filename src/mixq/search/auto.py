@@ -1112,7 +1112,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
     if result.exposed:
         result.message += " Note: " + exposure_note(
             final_plan, result.exposed, pipe.calibration_rows,
-            "which the search, scoring the held-out data, need not see") + "."
+            "which the search, scoring the held-out data, need not see", final_config) + "."
     if constant is not None:  # every measurement above was made on it: first in the message
         result.message = f"WARNING: {constant} {result.message}"
     if output_path is not None:
