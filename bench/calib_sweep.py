@@ -22,12 +22,11 @@ import os
 import sys
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mixq  # noqa: E402
+from bench.feeds import fresh_sqnr  # noqa: E402
 from tests.integration.test_random_graphs import _build  # noqa: E402
 
 OPS = ["Conv", "Conv", "Relu", "Add", "MatMulT", "Sigmoid", "Mul", "BN", "Tanh", "GlobalAveragePool", "Softmax",
@@ -37,15 +36,6 @@ VARIANTS = [{"calibration": c} for c in ("minmax", "percentile", "entropy", "min
 ACTIVATIONS = ["int8", "uint8", "int16"]
 LOW_DB = 10.0
 
-
-def _sqnr(model: onnx.ModelProto, qmodel: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> float:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    a, b = (ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]) for m in (model, qmodel))
-    ref = np.concatenate([a.run(None, f)[0].ravel() for f in feeds])
-    got = np.concatenate([b.run(None, f)[0].ravel() for f in feeds])
-    err = float(np.sum((ref - got) ** 2))
-    return 10 * np.log10(float(np.sum(ref ** 2)) / err) if err > 0 else float("inf")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             crashes += 1
             print(f"{head} | CRASH {type(exc).__name__}: {str(exc)[:160]} |")
             continue
-        got = _sqnr(m, res.model, fresh)
+        got = fresh_sqnr(m, res.model, fresh)
         lines = res.fidelity.lines()
         if got < LOW_DB and not res.fidelity.broken:
             low += 1

@@ -4,7 +4,7 @@ worse than plain quantization on samples neither saw?
 Each seeded graph (the quantizer's random-graph builder, `tests/integration/test_random_graphs.py`)
 is quantized with nearest rounding (what finetuning starts from) and with AdaRound / AdaQuant at
 their defaults and AdaQuant at lr 1e-3, calibrated on `--calib` samples and scored against float
-on 64 fresh ones (output SQNR in onnxruntime, QDQ semantics). Configs cycle A8W8, XINT8,
+on 64 fresh ones (output SQNR in onnxruntime, default optimizations). Configs cycle A8W8, XINT8,
 A-MXFP8 W-MXFP4 and int8 activations with int4 weights.
 
     python bench/finetune_sweep.py [--graphs 16] [--seed 1] [--calib 16]
@@ -21,12 +21,11 @@ import os
 import sys
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mixq  # noqa: E402
+from bench.feeds import fresh_sqnr  # noqa: E402
 from mixq.finetune import AdaQuantConfig, AdaRoundConfig  # noqa: E402
 from tests.integration.test_random_graphs import _build  # noqa: E402
 
@@ -37,15 +36,6 @@ CONFIGS = [("A8W8", mixq.get_default_config("A8W8")), ("XINT8", mixq.get_default
 ALGOS = [AdaRoundConfig(), AdaQuantConfig(), AdaQuantConfig(learning_rate=1e-3)]
 WORSE_DB = 0.5
 
-
-def _sqnr(model: onnx.ModelProto, qmodel: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> float:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    a, b = (ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]) for m in (model, qmodel))
-    ref = np.concatenate([a.run(None, f)[0].ravel() for f in feeds])
-    got = np.concatenate([b.run(None, f)[0].ravel() for f in feeds])
-    err = float(np.sum((ref - got) ** 2))
-    return 10 * np.log10(float(np.sum(ref ** 2)) / err) if err > 0 else float("inf")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         calib = [{"x": r.standard_normal((1, c, hw, hw)).astype(np.float32)} for _ in range(args.calib)]
         fresh = [{"x": r.standard_normal((1, c, hw, hw)).astype(np.float32)} for _ in range(64)]
         name, cfg = CONFIGS[i % len(CONFIGS)]
-        plain = _sqnr(m, mixq.quantize(m, cfg.with_options(weight_rounding="nearest"), calib,
+        plain = fresh_sqnr(m, mixq.quantize(m, cfg.with_options(weight_rounding="nearest"), calib,
                                        check_kernels=False).model, fresh)
         for ft in ALGOS:
             try:
@@ -76,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
             except mixq.ConfigError as exc:  # AdaRound on block weights
                 print(f"| {s} | {name} | {ft.algorithm} lr {ft.learning_rate:g} | | | {exc} |")
                 continue
-            got = _sqnr(m, res.model, fresh)
+            got = fresh_sqnr(m, res.model, fresh)
             rep = res.finetune
             runs += 1
             worse += got < plain - WORSE_DB

@@ -99,7 +99,7 @@ class FinetuneReport:
                      f"{sum(r.iterations for r in self.layers)} | {before:.4g} | {after:.4g} | | "
                      f"{self.layer_seconds:.2f} |")
         lines += ["", "Losses are on the held-out rows, which the layer's weights were not fit on."
-                  + (f" {self._unheld()}" if self._unheld() else ""),
+                  + (f" {unheld}" if (unheld := self._unheld()) else ""),
                   "", f"Total wall time: {self.total_seconds:.2f} s."]
         if self.metric_before is not None and self.metric_after is not None:
             lines += ["", "| model output (on the calibration data, which the weights were fit on) | before "
@@ -137,8 +137,8 @@ class FinetuneReport:
         out = [text + " (`QuantizeResult.finetune.to_markdown()`)"]
         if self.plain_because is not None:
             out.append(f"{self.algorithm} not kept: {self.plain_because}")
-        if self._unheld():
-            out.append(self._unheld())
+        if unheld := self._unheld():
+            out.append(unheld)
         return out
 
 
