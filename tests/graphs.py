@@ -310,3 +310,27 @@ def zipmap_classifier(seed: int = 0):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)],
                           ir_version=9)
     return m, [{"x": rng.normal(0, 1, (4, 4)).astype(np.float32)} for _ in range(8)]
+
+
+def random_head(seed: int) -> tuple[onnx.ModelProto, str]:
+    """A seeded regression head, x (N, 8) -> Gemm -> Relu -> Gemm -> y (N, K), and a line
+    saying what it is: K of 2 to 8 targets on scales drawn log-uniform over 1 .. 10^spread
+    (spread 0.5, 1, 2 or 3), an offset on one target in half of them (bench/head_sweep.py)."""
+    r = np.random.default_rng(seed)
+    k = int(r.integers(2, 9))
+    spread = float(r.choice([0.5, 1.0, 2.0, 3.0]))
+    scales = 10.0 ** r.uniform(0.0, spread, size=k)
+    w1 = (r.normal(size=(8, 16)) / 3).astype(np.float32)
+    w2 = (r.normal(size=(16, k)) / 3 * scales).astype(np.float32)
+    b2 = np.zeros(k, np.float32)
+    if r.random() < 0.5:
+        j = int(r.integers(0, k))
+        b2[j] = 3.0 * scales[j]
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["hr"]),
+         helper.make_node("Gemm", ["hr", "W2", "b2"], ["y"])], "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", k])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2"), numpy_helper.from_array(b2, "b2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return m, f"K={k}, scales 1..{scales.max() / scales.min():.0f}x" + (", offset" if b2.any() else "")

@@ -246,6 +246,12 @@ class OutputMetrics:
     #: out of every metric (an output that is all such says nothing: `all_nonfinite`)
     ref_nonfinite: int = 0
     values: int = 0
+    #: the class scores are probabilities (a Softmax/LogSoftmax wrote them), not logits or
+    #: values of unknown meaning that merely have the shape of class scores
+    probabilities: bool = False
+    #: float's top-1 is one class on every row compared: an agreement over them measures
+    #: nothing (a model that always answered that class would agree on every row)
+    one_class: bool = False
 
     @property
     def all_nonfinite(self) -> bool:
@@ -284,17 +290,23 @@ class QuietPart(NamedTuple):
 
     def describe(self) -> str:
         """'channels 4..21 of 22 along axis 1'."""
-        runs: list[str] = []
-        start = prev = self.channels[0]
-        for c in [*self.channels[1:], None]:
-            if c is not None and c == prev + 1:
-                prev = c
-                continue
-            runs.append(str(start) if start == prev else f"{start}..{prev}")
-            if c is not None:
-                start = prev = c
-        shown = ", ".join(runs[:4]) + (", ..." if len(runs) > 4 else "")
-        return f"channel{'s' if len(self.channels) > 1 else ''} {shown} of {self.size} along axis {self.axis}"
+        return (f"channel{'s' if len(self.channels) > 1 else ''} {channel_runs(self.channels)} of {self.size} "
+                f"along axis {self.axis}")
+
+
+def channel_runs(channels: Iterable[int]) -> str:
+    """Sorted channel indices as runs, the first four shown: '1..3', '0, 2, 5..9, 12, ...'."""
+    idx = [int(c) for c in channels]
+    runs: list[str] = []
+    start = prev = idx[0]
+    for c in [*idx[1:], None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        runs.append(str(start) if start == prev else f"{start}..{prev}")
+        if c is not None:
+            start = prev = c
+    return ", ".join(runs[:4]) + (", ..." if len(runs) > 4 else "")
 
 
 def quiet_part(sig: np.ndarray, noise: np.ndarray, axis: int, gap: float = PART_GAP,
@@ -320,6 +332,26 @@ def quiet_part(sig: np.ndarray, noise: np.ndarray, axis: int, gap: float = PART_
     s, n = float(sig[quiet].sum()), float(noise[quiet].sum())
     db = math.inf if n == 0.0 else 10.0 * math.log10(s / n)
     return QuietPart(axis, tuple(int(c) for c in quiet), int(sig.size), float(jumps[k]), db)
+
+
+def spread_part(sig: np.ndarray, noise: np.ndarray, axis: int, gap: float = PART_GAP) -> QuietPart | None:
+    """The worst of the channels whose rms lies `gap` times or more below the loudest channel's,
+    with no jump between the scales (targets of a regression head on scales 1 to 60: the whole
+    output read 27-36 dB while its quietest target kept 1-5 dB). Read for rank-2 outputs, whose
+    channels are quantities of their own, and without the per-sample split `quiet_part` asks
+    (a zero-mean target's rms in one row is anything down to 0). None where no channel lies
+    that far below."""
+    live = np.flatnonzero(sig > 0)
+    if live.size < 2:
+        return None
+    top = float(np.max(sig[live]))
+    quiet = live[sig[live] * gap * gap <= top]
+    if not quiet.size:
+        return None
+    with np.errstate(divide="ignore"):
+        db = np.where(noise[quiet] > 0, 10.0 * np.log10(sig[quiet] / np.maximum(noise[quiet], 1e-300)), np.inf)
+    c = int(quiet[int(np.argmin(db))])
+    return QuietPart(axis, (c,), int(sig.size), math.sqrt(top / float(sig[c])), float(np.min(db)))
 
 
 @dataclass
@@ -351,6 +383,12 @@ class ErrorStats:
     #: the output holds decisions (the class indices an ArgMax or TopK wrote): its agreement is
     #: the share of elements equal to float's (each one a decision; no scores, no flip risk)
     decisions: bool = False
+    #: the output holds probabilities (a Softmax wrote it): no quiet part is read from its
+    #: classes (those near 0 are quiet by what they say, not by a scale of their own)
+    probabilities: bool = False
+    #: float's top-1 class on the first row compared, and whether another row's differs
+    first_top: int = -1
+    top_varies: bool = False
     pairs: int = 0
     #: pairs whose shapes differ (a detector's box count after NMS): no element-wise error is
     #: defined between them, so they add to no sum; a decision output compares what both hold
@@ -365,6 +403,8 @@ class ErrorStats:
     #: between samples is dropped
     chan: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     chan_dropped: set[int] = field(default_factory=set)
+    #: the rank of the samples `chan` was read from (0: none yet, -1: several)
+    rank: int = 0
     #: per axis: each channel's least and greatest signal power in one sample (row of axis 0)
     chan_range: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
@@ -414,6 +454,7 @@ class ErrorStats:
             top2 = np.partition(r, -2, axis=1)[:, -2:]
             near = ((top2[:, 1] - top2[:, 0]) <= NEAR_TIE * (np.abs(top2[:, 1]) + np.abs(top2[:, 0]))) & ok
             self.agree += int(np.sum(same))
+            self._tops(np.argmax(ref, 1)[ok])
             self.near += int(np.sum(near))
             self.agree_decisive += int(np.sum(same & ~near))
             if self.samples:
@@ -424,10 +465,19 @@ class ErrorStats:
             self.classifier = False
         return self
 
+    def _tops(self, top: np.ndarray) -> None:
+        """Note whether float's top-1 class varies over the rows seen (`top_varies`)."""
+        if self.top_varies or not top.size:
+            return
+        if self.first_top < 0:
+            self.first_top = int(top[0])
+        self.top_varies = bool(np.any(top != self.first_top))
+
     def _channels(self, r: np.ndarray, q: np.ndarray) -> None:
         """Add each axis's per-channel signal and noise powers (see `chan`)."""
         if r.ndim < 2 or r.size == 0:
             return
+        self.rank = r.ndim if self.rank in (0, r.ndim) else -1  # -1: samples of several ranks
         e2 = (r - q) ** 2
         s2 = r * r
         for axis in range(1, r.ndim):
@@ -449,9 +499,17 @@ class ErrorStats:
             self.chan_range[axis] = (lo, hi) if was is None else (np.minimum(was[0], lo), np.maximum(was[1], hi))
 
     def quiet_parts(self) -> list[QuietPart]:
-        """The quiet part (`quiet_part`) of each axis whose channels split into two scales."""
-        return [p for axis, (sg, ns) in sorted(self.chan.items())
-                if (p := quiet_part(sg, ns, axis, PART_GAP, *self.chan_range[axis])) is not None]
+        """The quiet part (`quiet_part`) of each axis whose channels split into two scales; for
+        an output of rank 2 (rows of K quantities), else the columns far below the loudest
+        (`spread_part`)."""
+        out = []
+        for axis, (sg, ns) in sorted(self.chan.items()):
+            p = quiet_part(sg, ns, axis, PART_GAP, *self.chan_range[axis])
+            if p is None and axis == 1 and self.rank == 2:
+                p = spread_part(sg, ns, axis)
+            if p is not None:
+                out.append(p)
+        return out
 
     def quiet_part(self) -> QuietPart | None:
         """The quietest part (lowest SQNR) over the axes whose channels split into two scales
@@ -520,8 +578,10 @@ class ErrorStats:
                              self.rows if self.classifier else 0,
                              1.0 - self.risk_decisive / decisive if decisive and self.samples else None,
                              self.decisions, self.shape_changed, self.pairs, self.variation_sqnr_db,
-                             None if (top1 is not None or self.decisions) else self.quiet_part(),
-                             self.ref_bad, self.values)
+                             None if self.decisions or (top1 is not None and self.probabilities)
+                             else self.quiet_part(),
+                             self.ref_bad, self.values, self.probabilities,
+                             top1 is not None and not self.decisions and not self.top_varies)
 
 
 @dataclass
@@ -564,6 +624,26 @@ def output_writers(model: onnx.ModelProto) -> dict[str, Writer]:
             n, k = producer.get(n.input[0], (None, 0))
         if n is not None:
             out[o.name] = Writer(n, k, reshaped)
+    return out
+
+
+def class_score_outputs(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph outputs written by a Softmax/LogSoftmax, and the axis their classes lie along (-1:
+    the last): over the last axis through Q/DQ nodes, casts and reshapes, whatever the rank (a
+    CTC recognizer's (B, T, C); an opset-12 Softmax(axis=2) upgraded to Reshape -> Softmax ->
+    Reshape); over another axis only where no reshape lies between, as a segmentation model's
+    per-pixel classes (N, C, H, W) over axis 1."""
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*model.graph.value_info, *model.graph.output]
+             if v.type.tensor_type.HasField("shape")}
+    out = {}
+    for o, (n, _, reshaped) in output_writers(model).items():
+        if n.op_type in ("Softmax", "LogSoftmax"):
+            axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
+            rank = ranks.get(n.output[0])
+            if axis == -1 or (rank is not None and axis == rank - 1):
+                out[o] = -1
+            elif not reshaped and rank is not None and -rank <= axis < rank:
+                out[o] = axis % rank
     return out
 
 
@@ -663,7 +743,9 @@ def compare(float_model, quant_model, feeds: Iterable[dict[str, np.ndarray]], *,
     # what each output holds, read from the quantized graph where it is at hand
     decisions = decision_outputs(quant_model) if isinstance(quant_model, onnx.ModelProto) else set()
     values = value_outputs(quant_model) if isinstance(quant_model, onnx.ModelProto) else set()
-    accs = {n: ErrorStats(decisions=n in decisions, classifier=n not in values) for n in names}
+    probs = class_score_outputs(quant_model) if isinstance(quant_model, onnx.ModelProto) else {}
+    accs = {n: ErrorStats(decisions=n in decisions, classifier=n not in values, probabilities=n in probs)
+            for n in names}
     correct_f = correct_q = seen = 0
     for feed in feeds:
         ref = fs.run(names, feed)

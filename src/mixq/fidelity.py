@@ -26,8 +26,8 @@ from onnx import helper
 
 from .config import QuantConfig
 from .errors import DataError, MixqError, ModelError
-from .evaluate import (ErrorStats, OutputMetrics, decision_outputs, make_session, output_writers, random_ops,
-                       value_outputs)
+from .evaluate import (ErrorStats, OutputMetrics, class_score_outputs, decision_outputs, make_session,
+                       random_ops, value_outputs)
 from .graph import with_outputs
 
 #: Below these the model is called broken.
@@ -218,9 +218,10 @@ class FidelityReport:
                 reshaped = any(o.shape_changed for o in self.outputs)
                 out.append(f"WARNING: the quantized model looks broken (SQNR < {BROKEN_SQNR_DB:g} dB, of an "
                            "output or of the channels of one on a scale of their own, or "
-                           f"agreement < {100 * BROKEN_AGREEMENT:.0f}% on rows that are no near-ties; class "
-                           f"scores under {BROKEN_FLOOR_DB:g} dB whatever their agreement, and under "
-                           f"{BROKEN_SQNR_DB:g} dB on fewer than {MIN_DECISIVE_ROWS} rows"
+                           f"agreement < {100 * BROKEN_AGREEMENT:.0f}% on rows that are no near-ties; a "
+                           f"Softmax's probabilities are judged by agreement alone, down to "
+                           f"{BROKEN_FLOOR_DB:g} dB, where they hold {MIN_DECISIVE_ROWS} rows or more "
+                           "and more than one top class"
                            + (f", or outputs of another shape than float's on more than "
                               f"{100 * (1 - BROKEN_AGREEMENT):.0f}% of the samples" if reshaped else "") + ")")
             if self.culprits:
@@ -309,48 +310,34 @@ def judged_agreement(o: OutputMetrics) -> float | None:
 def is_broken(outputs: list[OutputMetrics]) -> bool:
     """Any output with NaN/inf where float is finite, a value output with another shape than
     float's on more than 1 - BROKEN_AGREEMENT of the samples, a class-score output with top-1
-    agreement (`judged_agreement`) below BROKEN_AGREEMENT, or another output below
-    BROKEN_SQNR_DB, whole or in its quiet part (`OutputMetrics.judged_sqnr_db`: a detector's
-    class scores beside its box coordinates read 6 dB where the whole output read 26). Class
-    scores are judged by agreement, down to BROKEN_FLOOR_DB (on fewer than MIN_DECISIVE_ROWS
-    rows, whose agreement shows little, by BROKEN_SQNR_DB too): probabilities
-    near 0 and 1 give a low SQNR for small, harmless errors (a CTC recognizer at A8W8: 9.5 dB,
-    the same characters), but an error above the output's own power is no small error. An
-    output on an offset whose variation is lost is warned of (`FidelityReport.offset_losses`),
-    not called broken: near-identical samples (video frames) vary less than any grid's noise."""
+    agreement (`judged_agreement`) below BROKEN_AGREEMENT, or an output below BROKEN_SQNR_DB,
+    whole or in its quiet part (`OutputMetrics.judged_sqnr_db`: a detector's class scores
+    beside its box coordinates read 6 dB where the whole output read 26).
+
+    Only probabilities (a Softmax's output: `OutputMetrics.probabilities`) are judged by their
+    agreement alone, down to BROKEN_FLOOR_DB: near 0 and 1 small, harmless errors give a low
+    SQNR (a CTC recognizer at A8W8: 9.5 dB, the same characters), but an error above the
+    output's own power is no small error. Where their rows are fewer than MIN_DECISIVE_ROWS, or
+    all of one class in float (`OutputMetrics.one_class`: any model that always answered it
+    would agree), the agreement vouches for nothing and BROKEN_SQNR_DB judges them too. Other
+    outputs of the shape of class scores are logits, or values that merely have that shape (a
+    regression head's (N, 4): its argmax decides nothing); their SQNR means what it says, and a
+    random graph's (N, 5) output agreed on every row at 4 dB. An output on an offset whose
+    variation is lost is warned of (`FidelityReport.offset_losses`), not called broken:
+    near-identical samples (video frames) vary less than any grid's noise."""
     def bad(o: OutputMetrics) -> bool:
         if not o.decisions and o.shape_changed > (1.0 - BROKEN_AGREEMENT) * o.pairs:
             return True  # its SQNR is over the other samples only (decisions count them as changed)
         if not o.decisions and o.sqnr_db < BROKEN_FLOOR_DB:
             return True  # whatever the agreement
         agreement = judged_agreement(o)
-        if agreement is None or (not o.decisions and o.rows < MIN_DECISIVE_ROWS):
-            # a few rows' agreement vouches for nothing (one calibration sample: 1 of 1 at 2.3 dB)
-            if o.judged_sqnr_db < BROKEN_SQNR_DB:
-                return True
+        vouches = agreement is not None and (o.decisions or (
+            o.probabilities and o.rows >= MIN_DECISIVE_ROWS and not o.one_class))
+        if not vouches and o.judged_sqnr_db < BROKEN_SQNR_DB:
+            return True
         return agreement is not None and agreement < BROKEN_AGREEMENT
 
     return any(o.sqnr_db == -math.inf or bad(o) for o in outputs)
-
-
-def class_score_outputs(model: onnx.ModelProto) -> dict[str, int]:
-    """Graph outputs written by a Softmax/LogSoftmax, and the axis their classes lie along (-1:
-    the last): over the last axis through Q/DQ nodes, casts and reshapes, whatever the rank (a
-    CTC recognizer's (B, T, C); an opset-12 Softmax(axis=2) upgraded to Reshape -> Softmax ->
-    Reshape); over another axis only where no reshape lies between, as a segmentation model's
-    per-pixel classes (N, C, H, W) over axis 1."""
-    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*model.graph.value_info, *model.graph.output]
-             if v.type.tensor_type.HasField("shape")}
-    out = {}
-    for o, (n, _, reshaped) in output_writers(model).items():
-        if n.op_type in ("Softmax", "LogSoftmax"):
-            axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
-            rank = ranks.get(n.output[0])
-            if axis == -1 or (rank is not None and axis == rank - 1):
-                out[o] = -1
-            elif not reshaped and rank is not None and -rank <= axis < rank:
-                out[o] = axis % rank
-    return out
 
 
 def _score(names: list[str], refs: list[list[np.ndarray]], gots: list[list[np.ndarray]],
@@ -362,7 +349,8 @@ def _score(names: list[str], refs: list[list[np.ndarray]], gots: list[list[np.nd
     elements), `values` no class scores whatever their rank (no agreement read); a set of
     `classes` names outputs with classes along their last axis."""
     axes = dict(classes) if isinstance(classes, Mapping) else {n: -1 for n in classes or ()}
-    accs = {n: ErrorStats(decisions=n in decisions, classifier=n not in values) for n in names}
+    accs = {n: ErrorStats(decisions=n in decisions, classifier=n not in values, probabilities=n in axes)
+            for n in names}
     for ref, got in zip(refs, gots):
         for n, r, q in zip(names, ref, got):
             ax = axes.get(n)
@@ -403,19 +391,29 @@ def _qdq_pairs(model: onnx.ModelProto) -> dict[str, list[str]]:
 
 
 def _bypass(model: onnx.ModelProto, tensor: str, dq_outs: list[str]) -> onnx.ModelProto:
-    """A copy of `model` whose readers of `dq_outs` read `tensor` itself (`model` itself when a
-    DQ output is a graph output: that tensor is left alone)."""
+    """A copy of `model` whose readers of `dq_outs` read `tensor` itself."""
     return _bypass_many(model, {tensor: dq_outs})
 
 
 def _bypass_many(model: onnx.ModelProto, pairs: dict[str, list[str]]) -> onnx.ModelProto:
     """A copy of `model` with every tensor of `pairs` back to float (see `_bypass`), or `model`
-    itself when none can be."""
+    itself when `pairs` is empty. A DequantizeLinear (or block call) that writes a graph output
+    becomes an Identity of the tensor: the output keeps its name (a regression head's int8
+    output grid, the whole damage, was out of the probe's reach)."""
     outputs = {o.name for o in model.graph.output}
-    keep = {t: dqs for t, dqs in pairs.items() if not outputs & set(dqs)}
-    if not keep:
+    direct = {dq: t for t, dqs in pairs.items() for dq in dqs if dq in outputs}
+    back = {dq: t for t, dqs in pairs.items() for dq in dqs if dq not in outputs}
+    if not (back or direct):
         return model
-    return _rewired(model, {dq: t for t, dqs in keep.items() for dq in dqs})
+    m = _rewired(model, back)
+    for n in m.graph.node:
+        t = direct.get(n.output[0]) if len(n.output) == 1 else None
+        if t is not None and (n.op_type == "DequantizeLinear" or _block_call(n)):
+            n.op_type, n.domain = "Identity", ""
+            del n.input[:]
+            del n.attribute[:]
+            n.input.append(t)
+    return m
 
 
 def _rewired(model: onnx.ModelProto, back: dict[str, str],
@@ -538,6 +536,9 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
     noisy = sorted(pairs, key=lambda t: (noise.get(t, math.inf), t))  # every activation, noisiest first
     order = [t for t in noisy if t in noise][:max_probed]
     producer = {o: n.op_type for n in qmodel.graph.node for o in n.output}
+    # a graph output's grid is named by the output (its float tensor has a name of mixq's)
+    outputs = {o.name for o in qmodel.graph.output}
+    shown = {t: f"{dq} (graph output)" for t, dqs in pairs.items() for dq in dqs if dq in outputs}
 
     def worst_sqnr(model: onnx.ModelProto) -> float:
         return _worst_sqnr(model, names, refs, feeds)
@@ -561,9 +562,10 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
             gain = path_db - base
             if len(path) > 1 and gain >= MIN_GAIN_DB and (finished or len(path) < len(noisy)):
                 # spread (or out of time after narrowing at least once): name the group
-                return ProbeResult([], 0, together, len(noisy), DamageGroup("activation", path, gain, finished))
+                return ProbeResult([], 0, together, len(noisy),
+                                   DamageGroup("activation", [shown.get(t, t) for t in path], gain, finished))
             if len(path) == 1 and gain >= MIN_GAIN_DB:
-                found.append(Culprit(path[0], producer.get(path[0], "graph input"), gain,
+                found.append(Culprit(shown.get(path[0], path[0]), producer.get(path[0], "graph input"), gain,
                                      noise.get(path[0], math.nan)))
                 order = [t for t in order if t != path[0]]
     probed = len(found)
@@ -577,7 +579,7 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
         gain = worst_sqnr(variant) - base
         if math.isnan(gain):
             continue
-        found.append(Culprit(t, producer.get(t, "graph input"), gain, noise[t]))
+        found.append(Culprit(shown.get(t, t), producer.get(t, "graph input"), gain, noise[t]))
     found.sort(key=lambda c: -c.sqnr_gain_db if math.isfinite(c.sqnr_gain_db) else -math.inf)
     named = [c for c in found if c.sqnr_gain_db >= MIN_GAIN_DB][:top]
     return ProbeResult(named, probed, together, size if together is not None else 0)
@@ -855,7 +857,8 @@ def check_fidelity(float_model: onnx.ModelProto | bytes | str, qmodel: onnx.Mode
             rep.damage_groups += [wgroup] if wgroup else []
         rep.fix_command = fix_command(rep.culprits, preset=preset, model_path=model_path,
                                       calib_path=calib_path, formats=formats,
-                                      classifier=any(o.expected_agreement is not None for o in rep.outputs))
+                                      classifier=any(o.expected_agreement is not None and not o.one_class
+                                                     for o in rep.outputs))
     if runtime is not None:
         rf, rrefs, rgots = runtime
         sessions.clear()  # one session in memory at a time: the optimized one holds prepacked weights

@@ -285,16 +285,20 @@ class Pipeline:
                               ".npz/.npy file or a folder).")
         from .calibration.collect import LOAD_FAILED, RUN_FAILED, collect_stats
 
-        # the inputs' extremes, watched by the same pass (see constant_calibration)
+        from .plan.numerics import channel_axes
+
+        # the inputs' extremes, watched by the same pass (see constant_calibration); the graph
+        # outputs' per-channel ranges, for numerics policy (j)
         extremes = InputExtremes(self.model)
+        axes = {n: a for n, a in channel_axes(self.model).items() if n in missing}
         try:
             if executor is not None:
                 from .calibration.sharded import calibrate_sharded
 
                 res = calibrate_sharded(self.model, missing, data, executor, progress=progress,
-                                        base_dir=self.base_dir, kept=(kept, extremes), tap=tap)
+                                        base_dir=self.base_dir, kept=(kept, extremes), tap=tap, axes=axes)
             else:
-                res = collect_stats(self.model, missing, data, progress=progress,
+                res = collect_stats(self.model, missing, data, progress=progress, axes=axes,
                                     base_dir=self.base_dir, tap=(tap, kept, extremes))
         except ModelError as exc:
             self.raise_if_source_fails(exc, LOAD_FAILED)

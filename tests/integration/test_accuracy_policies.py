@@ -1101,19 +1101,20 @@ def test_class_scores_of_any_rank_are_judged_by_agreement():
     from mixq.evaluate import OutputMetrics
     from mixq.fidelity import check_fidelity, class_score_outputs, is_broken
 
-    # CTC probabilities over 64 rows: low SQNR, same labels
-    assert not is_broken([OutputMetrics("p", 9.0, 0.95, 0.5, 0.98, rows=64)])
+    # CTC probabilities over 64 rows: low SQNR, same labels (logits: test_guard_value_heads.py)
+    assert not is_broken([OutputMetrics("p", 9.0, 0.95, 0.5, 0.98, rows=64, probabilities=True)])
     assert is_broken([OutputMetrics("p", 30.0, 0.99, 0.1, 0.85, rows=64)])
     assert is_broken([OutputMetrics("y", 9.0, 0.95, 0.5, None)])
     # an error above the output's power is broken whatever the agreement: a 2-value regression
     # read as class scores agreed on 94% of rows at -0.2 dB (features standardized in the graph)
-    assert is_broken([OutputMetrics("p", -0.2, 0.5, 2.0, 0.94, rows=64)])
-    assert not is_broken([OutputMetrics("p", 0.5, 0.5, 2.0, 0.94, rows=64)])
+    # (probabilities: logits and other rank-2 values are held to 10 dB, test_guard_value_heads.py)
+    assert is_broken([OutputMetrics("p", -0.2, 0.5, 2.0, 0.94, rows=64, probabilities=True)])
+    assert not is_broken([OutputMetrics("p", 0.5, 0.5, 2.0, 0.94, rows=64, probabilities=True)])
     # on fewer than 8 rows agreement shows little: the SQNR judges too (one calibration sample,
     # a random graph's Tanh output: top-1 agreement 1 of 1 at 2.3 dB was called fine)
-    assert is_broken([OutputMetrics("p", 2.3, 0.64, 0.5, 1.0, rows=1)])
-    assert is_broken([OutputMetrics("p", 9.0, 0.95, 0.5, 1.0, rows=7)])
-    assert not is_broken([OutputMetrics("p", 12.0, 0.95, 0.5, 1.0, rows=7)])
+    assert is_broken([OutputMetrics("p", 2.3, 0.64, 0.5, 1.0, rows=1, probabilities=True)])
+    assert is_broken([OutputMetrics("p", 9.0, 0.95, 0.5, 1.0, rows=7, probabilities=True)])
+    assert not is_broken([OutputMetrics("p", 12.0, 0.95, 0.5, 1.0, rows=7, probabilities=True)])
     nodes = [helper.make_node("Mul", ["x", "k"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=-1)]
     m = _model(nodes, [_vi("x", [2, 5, 7])], [_vi("p", [2, 5, 7])], {"k": np.float32(4.0)})
     assert class_score_outputs(m) == {"p": -1}

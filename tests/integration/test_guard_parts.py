@@ -138,7 +138,9 @@ def test_the_searchs_relative_l2_reads_the_quiet_part_too():
     assert parts == [(1, tuple(range(4, 22)))]
     whole = relative_l2([(got, ref)])
     assert whole < 0.01 < 0.5 < relative_l2([(got, ref)], parts)
-    assert quiet_parts(m, 0, [ref[:, :, 0]]) == []  # rank 2: class scores, judged by agreement
+    # rank 2 too: no Softmax wrote it, so the guard reads its parts beside its agreement
+    # (test_guard_value_heads.py); a Softmax's probabilities are read by agreement alone
+    assert quiet_parts(m, 0, [ref[:, :, 0]]) == [(1, tuple(range(4, 22)))]
 
 
 def test_auto_with_an_l2_target_keeps_the_scores():

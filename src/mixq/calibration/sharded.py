@@ -16,7 +16,8 @@ from .._shards import Executor, shard_bounds
 __all__ = ["calibrate_sharded"]
 
 
-def _calib_shard(shared: tuple[bytes, list[str], list[dict[str, np.ndarray]], str | None, Any, int],
+def _calib_shard(shared: tuple[bytes, list[str], list[dict[str, np.ndarray]], str | None, Any, int,
+                              dict[str, int]],
                  bounds: tuple[int, int, int, int]
                  ) -> tuple[dict[str, dict[str, Any]], dict[str, str], int, dict[str, Any] | None]:
     """Task: statistics of one shard of the feeds (feeds ``[lo, hi)``, samples ``[first,
@@ -24,11 +25,11 @@ def _calib_shard(shared: tuple[bytes, list[str], list[dict[str, np.ndarray]], st
     run, and the GPTQ grams' part of the shard when a GramTap came along)."""
     from .collect import collect_stats
 
-    model_bytes, names, feeds, base_dir, tap, total = shared
+    model_bytes, names, feeds, base_dir, tap, total, axes = shared
     lo, hi, first, last = bounds
     part = tap.shard(first, last, total) if tap is not None else None
     res = collect_stats(onnx.load_from_string(model_bytes), names, feeds[lo:hi],
-                        base_dir=base_dir, tap=part)
+                        base_dir=base_dir, tap=part, axes=axes)
     return ({n: s.to_dict() for n, s in res.items()}, dict(res.skipped), res.num_batches,
             part.partial() if part is not None else None)
 
@@ -37,7 +38,7 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
                       executor: Executor, *, shards: int | None = None,
                       base_dir: str | os.PathLike | None = None,
                       progress: Callable[[int], Any] | None = None, kept: Any = None,
-                      tap: Any = None) -> Any:
+                      tap: Any = None, axes: dict[str, int] | None = None) -> Any:
     """:func:`mixq.calibration.collect.collect_stats` of `data` split into `shards` (default
     ``executor.workers``) contiguous shards run on `executor`, merged in shard order: the same
     statistics as one pass. Initializers are read once here, not per shard. The data is read
@@ -45,7 +46,8 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
     every batch index once its shard's results are back; `kept` (mixq.fidelity.HeldBack, or a
     tuple of such observers with `add(feed)` and `finish()`) sees the feeds as they are read;
     `tap` (mixq.passes.gptq.GramTap, empty) is fed on the workers too, each shard's GPTQ
-    statistics merged here into the same bytes as one pass. Returns a CollectResult."""
+    statistics merged here into the same bytes as one pass; `axes` as collect_stats'. Returns a
+    CollectResult."""
     from .collect import CollectResult, collect_stats
     from .data import FeedSource, feed_rows
     from .stats import TensorStats
@@ -53,7 +55,7 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
     names = list(dict.fromkeys(tensor_names))
     inits = {t.name for t in model.graph.initializer}
     # initializers (and unknown names) need no data: once, here
-    local = collect_stats(model, [n for n in names if n in inits], None, base_dir=base_dir)
+    local = collect_stats(model, [n for n in names if n in inits], None, base_dir=base_dir, axes=axes)
     run_names = [n for n in names if n not in inits]
     feeds = [{k: np.asarray(v) for k, v in f.items()}
              for f in FeedSource(data, model)] if run_names else []
@@ -70,7 +72,7 @@ def calibrate_sharded(model: onnx.ModelProto, tensor_names: Sequence[str], data:
         bounds = shard_bounds(len(feeds), shards if shards is not None else executor.workers)
         starts = np.concatenate([[0], np.cumsum([feed_rows(f) for f in feeds])]).astype(int)
         shared = (model.SerializeToString(), run_names, feeds,
-                  None if base_dir is None else str(base_dir), tap, int(starts[-1]))
+                  None if base_dir is None else str(base_dir), tap, int(starts[-1]), dict(axes or {}))
         items = [(lo, hi, int(starts[lo]), int(starts[hi])) for lo, hi in bounds]
         partials = []
         set_total = getattr(progress, "set_total", None)  # a mixq._progress.Progress

@@ -35,9 +35,13 @@ Each detector is a pure function returning {tensor: reason}:
 - `rescaled_inputs` (i): inputs of a Mul / Div by a constant whose largest factor blows the
   input's grid spacing up past a quarter of the output rms (channels of unlike units on one
   grid, each given its own scale right after).
+- `channel_scale_outputs` (j): graph outputs with channels (axis 1) far below the loudest one
+  in the calibration data (a regression head's first target 80x its others, or targets on
+  scales 1 to 64): one grid leaves the quiet channels a few codes, and a rank-2 output's
+  argmax, which one loud channel always wins, hides it. Read from per-channel ranges collected for the outputs `channel_axes` names.
 - `op_scope_notes` (e): quantized nodes that no integer kernel executes (informational).
 
-`apply_numerics` applies (a)-(d) and (f)-(i) to a plan.
+`apply_numerics` applies (a)-(d) and (f)-(j) to a plan.
 """
 from __future__ import annotations
 
@@ -122,7 +126,13 @@ _PHASE_WALK_OPS = _MOVES | {"Cast", "Neg", "Mul", "Div", "Add", "Sub", "MatMul",
 #: of 1e-9 nothing (an SI-unit input: farads, metres)
 CAST_MIN_DB = 40.0
 
-POLICIES = ("sentinel", "small_values", "cancellation", "concat", "outliers", "overflow", "phase", "rescaled")
+#: (j) the fewest codes of a graph output's grid that each of its channels' absmax must get
+CHANNEL_MIN_CODES = 8.0
+#: (j) outputs with more channels than this along axis 1 get no per-channel ranges (positions)
+CHANNEL_MAX = 4096
+
+POLICIES = ("sentinel", "small_values", "cancellation", "concat", "outliers", "overflow", "phase", "rescaled",
+            "channels")
 
 
 def cast_limit(fmt: str) -> float | None:
@@ -680,6 +690,61 @@ def concat_range_outputs(model: onnx.ModelProto, stats: dict[str, TensorStats], 
     return out
 
 
+def channel_axes(model: onnx.ModelProto) -> dict[str, int]:
+    """The graph outputs (j) reads per channel, {name: 1}: rank 2 or more, a fixed axis-1 length
+    of 2 to CHANNEL_MAX (per-channel ranges need the same channels in every batch), and no
+    Softmax's probabilities (the guard reads those by agreement, not by parts)."""
+    from ..evaluate import class_score_outputs
+    from ..graph import static_shape
+
+    probs = class_score_outputs(model)
+    out: dict[str, int] = {}
+    for o in model.graph.output:
+        shape = static_shape(o.type) if o.type.HasField("tensor_type") else None
+        if o.name in probs or shape is None or len(shape) < 2 or not is_float_type(o.type.tensor_type.elem_type):
+            continue
+        n = shape[1]
+        if n is not None and 2 <= n <= CHANNEL_MAX:
+            out[o.name] = 1
+    return out
+
+
+def channel_scale_outputs(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats], *,
+                          min_codes: float = CHANNEL_MIN_CODES) -> dict[str, str]:
+    """(j) Graph outputs planned on an integer grid with channels (along `channel_axes`) whose
+    calibrated absmax gets fewer than `min_codes` codes of the grid the loudest channel sets
+    (on int8 a channel 16x below it, on int16 one 4096x below), whether the scales jump (one
+    target 80x the others) or spread (targets on scales 1 to 64)."""
+    from ..evaluate import channel_runs
+
+    out: dict[str, str] = {}
+    for name, axis in channel_axes(model).items():
+        st, tp = stats.get(name), plan.tensors.get(name)
+        if tp is None or st is None or st.empty or st.channel_min is None or st.channel_max is None \
+                or st.axis != axis:
+            continue
+        ints = [f for f in map(get_format, sorted(set(tp.formats()))) if isinstance(f, IntFormat)]
+        if not ints:
+            continue
+        grid = min(ints, key=lambda f: f.symmetric_limit)  # the coarsest grid it is read on
+        amax = np.maximum(np.abs(st.channel_min), np.abs(st.channel_max))
+        live = np.isfinite(amax) & (amax > 0)
+        if np.count_nonzero(live) < 2:
+            continue
+        top = float(amax[live].max())
+        codes = amax / top * grid.symmetric_limit
+        quiet = np.flatnonzero(live & (codes < min_codes))
+        if not quiet.size:
+            continue
+        many = quiet.size > 1
+        out[name] = (f"channels: graph output channel{'s' if many else ''} {channel_runs(quiet)} of {amax.size} "
+                     f"along axis {axis} reach{'' if many else 'es'} {float(amax[quiet].max()):.3g} at most, "
+                     f"{float(codes[quiet].max()):.1f} of the {grid.symmetric_limit:.0f} codes of the {grid.name} "
+                     f"grid that channel {int(np.argmax(np.where(live, amax, -1.0)))}'s {top:.3g} sets "
+                     f"(needs {min_codes:g})")
+    return out
+
+
 def _quantile_abs(st: TensorStats, q: float) -> float:
     """The q-quantile of the non-zero magnitudes (upper edge of its histogram bin)."""
     lo, hi, cnt = st.abs_bins()
@@ -894,7 +959,7 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
                   policies: tuple[str, ...] = POLICIES, *,
                   nonfinite: dict[str, tuple[int, int]] | None = None,
                   memo: StatsMemo | None = None) -> list[Finding]:
-    """The activation tensors of `plan` that policies (a)-(d) and (f) keep float, first reason wins
+    """The activation tensors of `plan` that policies (a)-(d) and (f)-(j) keep float, first reason wins
     (tensors the user set with tensor_formats are left as set); `nonfinite` as in
     `nonfinite_constants`; `memo` (kept by the caller across the plans of one set of statistics)
     remembers what each tensor's statistics alone decide."""
@@ -928,6 +993,7 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
         "outliers": lambda: outlier_tensors(plan, cal, memo=memo),
         "overflow": lambda: overflow_tensors(plan, every),
         "phase": lambda: phase_tensors(plan, model, stats),
+        "channels": lambda: channel_scale_outputs(plan, model, cal),
     }
     for pol in POLICIES:
         if pol not in policies:
@@ -935,7 +1001,8 @@ def find_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, 
         for t, why in detectors[pol]().items():
             # (b), (c) and (h) flag constants too (a layer's weight, the constants on the way)
             tp = plan.tensors.get(t) if pol in ("phase", "cancellation", "small_values") else acts.get(t)
-            if tp is None or t in found or not _gridded(tp, int_only=pol == "outliers", blocks=pol == "small_values") \
+            if tp is None or t in found or not _gridded(tp, int_only=pol in ("outliers", "channels"),
+                                                        blocks=pol == "small_values") \
                     or tp.reason == "tensor override":  # the user's word wins
                 continue
             found[t] = Finding(t, pol, why)

@@ -78,14 +78,15 @@ def quiet_parts(model: onnx.ModelProto, index: int, outputs: Sequence[np.ndarray
                 ) -> list[tuple[int, tuple[int, ...]]]:
     """The quiet parts (`mixq.evaluate.quiet_part`) of output `index`'s float values: channels
     along an axis whose rms lies PART_GAP times below the rest (a detector's scores beside its
-    boxes), which a relative L2 of the whole output does not see. None for class scores (rank
-    2, or written by a Softmax), which the guard judges by agreement, not by parts."""
-    from ..evaluate import ErrorStats
-    from ..fidelity import class_score_outputs
+    boxes; a regression head's (N, 4) whose first column is 80x the others), which a relative
+    L2 of the whole output does not see. None for probabilities (written by a Softmax), which
+    the guard judges by agreement, not by parts; logits and other rank-2 outputs are read as
+    the guard reads them (`mixq.fidelity.is_broken`)."""
+    from ..evaluate import ErrorStats, class_score_outputs
 
     name = model.graph.output[index].name if index < len(model.graph.output) else None
     if not outputs or name is None or name in class_score_outputs(model) or \
-            any(np.asarray(o).ndim <= 2 for o in outputs):
+            any(np.asarray(o).ndim < 2 for o in outputs):
         return []
     acc = ErrorStats(classifier=False)
     for f in outputs:
