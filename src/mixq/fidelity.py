@@ -321,8 +321,8 @@ def is_broken(outputs: list[OutputMetrics]) -> bool:
     all of one class in float (`OutputMetrics.one_class`: any model that always answered it
     would agree), the agreement vouches for nothing and BROKEN_SQNR_DB judges them too. Other
     outputs of the shape of class scores are logits, or values that merely have that shape (a
-    regression head's (N, 4): its argmax decides nothing); their SQNR means what it says, and a
-    random graph's (N, 5) output agreed on every row at 4 dB. An output on an offset whose
+    regression head's (N, 4): its argmax decides nothing); their SQNR means what it says (such
+    a head agreed on every row with three of its four columns at 4 dB). An output on an offset whose
     variation is lost is warned of (`FidelityReport.offset_losses`), not called broken:
     near-identical samples (video frames) vary less than any grid's noise."""
     def bad(o: OutputMetrics) -> bool:
@@ -536,9 +536,9 @@ def probe_culprits(qmodel: onnx.ModelProto, names: list[str], refs: list[list[np
     noisy = sorted(pairs, key=lambda t: (noise.get(t, math.inf), t))  # every activation, noisiest first
     order = [t for t in noisy if t in noise][:max_probed]
     producer = {o: n.op_type for n in qmodel.graph.node for o in n.output}
-    # a graph output's grid is named by the output (its float tensor has a name of mixq's)
+    # a graph output's grid is named by the output, not by its float tensor's name of mixq's
     outputs = {o.name for o in qmodel.graph.output}
-    shown = {t: f"{dq} (graph output)" for t, dqs in pairs.items() for dq in dqs if dq in outputs}
+    shown = {t: dq for t, dqs in pairs.items() for dq in dqs if dq in outputs}
 
     def worst_sqnr(model: onnx.ModelProto) -> float:
         return _worst_sqnr(model, names, refs, feeds)

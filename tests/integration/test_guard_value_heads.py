@@ -154,7 +154,7 @@ def test_a_regression_head_whose_argmax_never_moves_is_called_broken_and_the_out
     fid = res.fidelity
     assert fid.outputs[0].top1_agreement == 1.0 and fid.outputs[0].sqnr_db > 30  # what hid it
     assert fid.broken and "looks broken" in res.summary()
-    assert fid.culprits and fid.culprits[0].tensor == "y (graph output)"
+    assert fid.culprits and fid.culprits[0].tensor == "y"
     assert fid.culprits[0].sqnr_gain_db > 20
     # not a classifier (float's top-1 never moves): the fix reads the relative L2, with its parts
     assert fid.fix_command is not None and "--l2-target 0.1" in fid.fix_command
