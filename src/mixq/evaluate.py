@@ -449,12 +449,13 @@ class ErrorStats:
             # a row where float's own scores hold NaN/inf has no top-1 to agree with: left out
             # (two NaN rows "agreed" on class 0, and an all-NaN output read 100 %)
             ok = np.all(ref_ok, axis=1)
-            same = np.argmax(ref, 1) == np.argmax(got, 1)
+            top = np.argmax(ref, 1)
+            same = top == np.argmax(got, 1)
             same &= ~np.any(broken.reshape(ref.shape), axis=1) & ok
             top2 = np.partition(r, -2, axis=1)[:, -2:]
             near = ((top2[:, 1] - top2[:, 0]) <= NEAR_TIE * (np.abs(top2[:, 1]) + np.abs(top2[:, 0]))) & ok
             self.agree += int(np.sum(same))
-            self._tops(np.argmax(ref, 1)[ok])
+            self._tops(top[ok])
             self.near += int(np.sum(near))
             self.agree_decisive += int(np.sum(same & ~near))
             if self.samples:

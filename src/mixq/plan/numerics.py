@@ -38,7 +38,8 @@ Each detector is a pure function returning {tensor: reason}:
 - `channel_scale_outputs` (j): graph outputs with channels (axis 1) far below the loudest one
   in the calibration data (a regression head's first target 80x its others, or targets on
   scales 1 to 64): one grid leaves the quiet channels a few codes, and a rank-2 output's
-  argmax, which one loud channel always wins, hides it. Read from per-channel ranges collected for the outputs `channel_axes` names.
+  argmax, which one loud channel always wins, hides it. Read from the per-channel ranges the
+  calibration pass collects for the outputs `channel_axes` names.
 - `op_scope_notes` (e): quantized nodes that no integer kernel executes (informational).
 
 `apply_numerics` applies (a)-(d) and (f)-(j) to a plan.
