@@ -16,7 +16,15 @@ import onnx.parser
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from mixq.api import cpu_has_vnni
 from mixq.formats import get_format
+
+#: how a test that judges a quantized model's numbers runs it: with onnxruntime's default
+#: optimizations, as users do, except on an x86 CPU without VNNI, where its fused 8-bit kernels
+#: saturate on full-range weights (README's int8 note: mixq warns there, which
+#: tests/integration/test_quantize_small.py checks): there with the QDQ semantics (basic
+#: optimizations), so that such a test judges the plan and not this CPU's kernels
+RUNTIME: bool | str = True if cpu_has_vnni() is not False else "basic"
 
 
 def model(text: str, *, seed: int = 0, scale: float = 0.3, **weights: tuple[int, ...]) -> onnx.ModelProto:
@@ -48,12 +56,24 @@ def feeds(m: onnx.ModelProto, n: int = 3, seed: int = 1, batch: int = 2) -> list
     return out
 
 
-def session(m: onnx.ModelProto, optimize: bool = True) -> ort.InferenceSession:
+def session(m: onnx.ModelProto, optimize: bool | str = True) -> ort.InferenceSession:
+    """A CPU session of `m`: default optimizations (True), none (False) or "basic"."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    elif optimize == "basic":
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def compare(float_model, quant_model, feeds, **kw):
+    """`mixq.evaluate.compare`, the quantized model run as `RUNTIME` says unless `optimize` is
+    given."""
+    from mixq.evaluate import compare as _compare
+
+    kw.setdefault("optimize", RUNTIME)
+    return _compare(float_model, quant_model, feeds, **kw)
 
 
 def run(m: onnx.ModelProto, feed: dict[str, np.ndarray], optimize: bool = True) -> list[np.ndarray]:
@@ -334,3 +354,4 @@ def random_head(seed: int) -> tuple[onnx.ModelProto, str]:
         [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2"), numpy_helper.from_array(b2, "b2")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     return m, f"K={k}, scales 1..{scales.max() / scales.min():.0f}x" + (", offset" if b2.any() else "")
+

@@ -18,10 +18,9 @@ import mixq.api
 import mixq.passes.prepare
 import mixq.plan.numerics
 import mixq.plan.rules
-from mixq.evaluate import compare
 from mixq.passes.recognize import RecognizeReport
 
-from ..graphs import (bucketized_feature, image_output, nms_detector, offset_head, rotary_at_run_time,
+from ..graphs import (RUNTIME, compare, bucketized_feature, image_output, nms_detector, offset_head, rotary_at_run_time,
                       standardized_features, timestep_embedding, vae_decoder, zipmap_classifier)
 
 
@@ -1160,7 +1159,11 @@ def test_an_image_output_is_judged_on_its_content():
     assert "WARNING: y keeps" in res.summary() and "on its variation across the guard's samples" in res.summary()
     for preset in ("MXFP8_E4M3", "A8W8"):
         ok = mixq.quantize(m, preset, feeds, check_kernels=False)
-        assert not ok.fidelity.offset_losses and "WARNING" not in ok.summary(), preset
+        # (on an x86 CPU without VNNI the summary also warns that onnxruntime's fused int8
+        # kernels compute something else: README's int8 note, not this test's question)
+        warned = [ln for ln in ok.summary().splitlines() if "WARNING" in ln
+                  and not (RUNTIME == "basic" and "with onnxruntime's default optimizations" in ln)]
+        assert not ok.fidelity.offset_losses and not warned, (preset, warned)
 
 
 def test_rows_a_selection_picks_are_no_class_scores():

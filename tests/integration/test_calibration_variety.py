@@ -172,7 +172,7 @@ def test_missing_values_the_graph_imputes_are_no_data_error():
     sklearn-onnx's Imputer). No calibrated tensor past the input holds a NaN: the summary says
     so in a note where it used to call the data an error (found by `python -m bench.class_sweep
     --models nan_impute,ml_imputer,inf_clamp`), and the quantized model imputes as float does."""
-    from mixq.evaluate import compare
+    from tests.graphs import compare
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(a, n) for n, a in (

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixq
 import mixq.passes.prepare
-from mixq.evaluate import compare
+from tests.graphs import compare
 from mixq.graph import PassResult
 from mixq.passes.equalize import (EQUALIZE_BELOW_DB, pair_weights, balance_scales, channel_pairs, equalize,
                                   equalize_imbalanced, pair_sqnr_db, scale_pair)

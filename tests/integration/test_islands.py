@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixq
-from mixq.evaluate import compare
+from tests.graphs import compare
 from mixq.plan import rules
 
 F, H, O = 8, 16, 6

@@ -13,7 +13,7 @@ import pytest
 
 import mixq
 from mixq.errors import ConfigError
-from mixq.evaluate import compare
+from tests.graphs import compare
 from tests import realmodels
 
 # --- the import lines of the snippets, changed -------------------------------------------------

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixq
 from mixq.passes.prepare import fold_pad_into_conv
+from tests.graphs import RUNTIME, session
 
 RNG = np.random.default_rng(0)
 
@@ -421,5 +422,5 @@ def test_a_deprecated_group_normalization_is_expanded_and_fused_back(opset):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert any("deprecated" in n for n in pipe.prepare_report.notes)
     res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
-    q = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
+    q = session(res.model, RUNTIME).run(None, feeds[0])[0]
     assert 10 * np.log10(np.sum(want ** 2) / np.sum((want - q) ** 2)) > 25

@@ -10,7 +10,7 @@ import pytest
 import mixq
 from mixq.config import get_default_config
 from mixq.errors import ConfigError, DataError, ModelError
-from mixq.evaluate import compare
+from tests.graphs import RUNTIME, compare, session
 from tests.conftest import feeds, small_cnn
 
 
@@ -466,8 +466,7 @@ def test_output_headroom_leaves_room_for_unseen_inputs_on_8_bit_grids(preset):
     for oh in ("auto", 1.5):
         q = mixq.quantize(_matmul_model(w), get_default_config(preset).with_options(output_headroom=oh),
                           data, check_kernels=False).model
-        got[oh] = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"]
-                                       ).run(None, {"x": unseen})[0]
+        got[oh] = session(q, RUNTIME).run(None, {"x": unseen})[0]
         scale[oh], x_scale[oh] = _output_scale(q), _output_scale(q, _dq_of(q, "x"))
     assert scale[1.5] == pytest.approx(1.5 * scale["auto"], rel=0.02)
     assert x_scale[1.5] == x_scale["auto"]  # the input defines no output: as calibrated
