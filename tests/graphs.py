@@ -355,3 +355,37 @@ def random_head(seed: int) -> tuple[onnx.ModelProto, str]:
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     return m, f"K={k}, scales 1..{scales.max() / scales.min():.0f}x" + (", offset" if b2.any() else "")
 
+
+def random_mlp(seed: int) -> tuple[onnx.ModelProto, list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+    """A seeded MLP, x (N, d) -> 3 to 6 x (MatMul, Add, one of Relu/Tanh/Sigmoid/none) -> y,
+    widths 8 to 64, a few outlier weights in 40 % of the layers (int4 then costs that layer
+    much more than the others); with 8 calibration and 8 held-out batches of 8 rows
+    (tests/integration/test_auto_refine.py)."""
+    r = np.random.default_rng(seed)
+    depth, d = int(r.integers(3, 7)), int(r.choice([8, 16, 32]))
+    nodes, inits = [], []
+    src, width = "x", d
+    acts = ["Relu", "Tanh", "Sigmoid", None]
+    for i in range(depth):
+        out_w = int(r.choice([8, 16, 32, 64])) if i < depth - 1 else int(r.integers(2, 11))
+        w = r.normal(0, 1 / np.sqrt(width), (width, out_w)).astype(np.float32)
+        if r.random() < 0.4:
+            idx = r.integers(0, w.size, size=max(1, w.size // 50))
+            w.flat[idx] *= float(r.choice([5, 20]))
+        inits += [numpy_helper.from_array(w, f"W{i}"),
+                  numpy_helper.from_array(r.normal(0, 0.1, out_w).astype(np.float32), f"B{i}")]
+        nodes += [helper.make_node("MatMul", [src, f"W{i}"], [f"m{i}"], name=f"mm{i}"),
+                  helper.make_node("Add", [f"m{i}", f"B{i}"], [f"a{i}"], name=f"add{i}")]
+        src = f"a{i}"
+        a = acts[int(r.integers(0, 4))] if i < depth - 1 else None
+        if a:
+            nodes.append(helper.make_node(a, [src], [f"h{i}"], name=f"act{i}"))
+            src = f"h{i}"
+        width = out_w
+    nodes.append(helper.make_node("Identity", [src], ["y"], name="out"))
+    g = helper.make_graph(nodes, "mlp", [_vi("x", ["N", d])], [_vi("y", ["N", width])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    scale = float(r.choice([0.5, 1, 4]))
+    calib = [{"x": r.normal(0, scale, (8, d)).astype(np.float32)} for _ in range(8)]
+    held = [{"x": r.normal(0, scale, (8, d)).astype(np.float32)} for _ in range(8)]
+    return m, calib, held

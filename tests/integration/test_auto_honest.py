@@ -81,7 +81,8 @@ def test_target_the_all_wide_plan_misses_is_met_by_widening(tmp_path):
     kept = set(res.assignment.values()) - {"int8", "int8/int4"}
     assert kept and kept <= {"fp16", "bf16", "float"} and "missed" in res.message, res.assignment
     assert "stay wide" in res.message
-    assert res.full_evaluations <= 3 + int(np.ceil(np.log2(len(res.path_labels) + 1)))
+    # the strategy's bisection, then at most `refine` single moves past its point
+    assert res.full_evaluations <= 3 + int(np.ceil(np.log2(len(res.path_labels) + 1))) + res.refine_tried
     # measured again from the written file on the held-out data
     assert _rel_l2(tmp_path / "w.onnx", model, ev) <= target
 
@@ -407,10 +408,14 @@ def test_activation_only_candidates_narrow_as_far_as_the_target_allows():
     narrow_l2 = ends.metric
     assert ends.chosen_k == n and narrow_l2 > 0
     res = auto_quantize(model, AutoConfig(base=base_from_candidate(wide), candidates=(Candidate("int8", "int8"),),
-                                          l2_target=narrow_l2 * 0.9), calib, ev)
+                                          l2_target=narrow_l2 * 0.9, refine=0), calib, ev)
     met = {e.k: e.ok for e in res.evaluations if e.k >= 0}
     assert res.target_met and 0 < res.chosen_k < n, (res.chosen_k, met)
     assert met.get(res.chosen_k + 1) is False  # the next point along the path misses
+    # the refinement past that point narrows further or keeps it, never wider
+    refined = auto_quantize(model, AutoConfig(base=base_from_candidate(wide), candidates=(Candidate("int8", "int8"),),
+                                              l2_target=narrow_l2 * 0.9), calib, ev)
+    assert refined.target_met and refined.chosen_k >= res.chosen_k
 
 
 def test_a_node_reading_one_tensor_twice_is_measured():

@@ -585,7 +585,8 @@ def cmd_auto(args: argparse.Namespace) -> int:
                       max_avg_bits=args.max_avg_bits, output_index=args.output_index,
                       strategy=args.strategy, time_budget_s=args.time_budget,
                       cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
-                      metric=metric, target=args.target, confidence=args.confidence)
+                      metric=metric, target=args.target, confidence=args.confidence,
+                      refine=args.refine)
     from .._io import check_output_path
     from .._progress import StageProgress
 
@@ -709,6 +710,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "bounds for pass/fail scores), so that it holds on other data from the same "
                    "source too (default 0.9; 0.5: the measured drop alone). Applies to cosine, "
                    "agreement, top1 and functions that return per-sample scores")
+    a.add_argument("--refine", type=int, default=3, metavar="N",
+                   help="after the strategy's point, at most N more evaluations try the "
+                   "weight-narrowing moves past the one that broke the target, one at a time, "
+                   "each kept when the plan still meets it (default 3; 0: none)")
     a.add_argument("--l2-target", type=float, help="max relative L2 of the output to float "
                    "(= --metric l2 --target X)")
     a.add_argument("--top1-drop", type=float, help="max top-1 drop (needs --labels; "
