@@ -21,7 +21,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -493,27 +493,26 @@ def build_path(layers: list[str], base: Candidate, candidates: list[Candidate],
     start = start or {}
     current = {layer: start.get(layer, base) for layer in layers}
     options = [base] + [c for c in candidates if c != base]
-
-    def width(layer: str, c: Candidate) -> float:
-        return _width(layer, c, weightless)
-
-    def weight_bits(layer: str, c: Candidate) -> float:
-        return _weight_bits(layer, c, weightless)
-
     moves = []
     for layer in layers:
         if layer not in table.err:
             continue
         for c in options:
-            if width(layer, c) < width(layer, current[layer]):
+            if _width(layer, c, weightless) < _width(layer, current[layer], weightless):
                 # a move that narrows no weight (an activation only) saves no byte: after every
                 # move that does, so that the first plan of each size is the widest of it
-                same_size = weight_bits(layer, c) >= weight_bits(layer, current[layer])
+                same_size = _weight_bits(layer, c, weightless) >= _weight_bits(layer, current[layer], weightless)
                 moves.append((same_size, _err(table, layer, c), -_narrowness(c), layer, c))
     moves.sort(key=lambda m: (m[0], m[1], m[2], m[3]))
+    return _narrowing(((layer, c) for *_, layer, c in moves), current, weightless)
+
+
+def _narrowing(moves: Iterable[tuple[str, Candidate]], current: dict[str, Candidate],
+              weightless: frozenset[str]) -> list[tuple[str, Candidate]]:
+    """The moves, in order, that narrow their layer further from `current` (updated as they do)."""
     path = []
-    for _, _, _, layer, c in moves:
-        if width(layer, c) < width(layer, current[layer]):
+    for layer, c in moves:
+        if _width(layer, c, weightless) < _width(layer, current[layer], weightless):
             current[layer] = c
             path.append((layer, c))
     return path
@@ -792,12 +791,10 @@ class _Search:
         candidates differ in their weights (activation-only candidates: int16/int8, int8/int8)
         every point is a level: narrower activations are all such a search can buy, and the
         widest plan would be its answer for any target the all-wide plan meets."""
-        if len({c.weight for c in self.cands}) == 1:
-            return list(range(p.n + 1))
         current = {layer: p.start.get(layer, self.cands[0]) for layer in self.layers}
         pts = [0]
         for k, (layer, c) in enumerate(p.moves, 1):
-            if layer not in self.weightless and c.weight != current[layer].weight:
+            if self._saves(layer, c, current[layer]):
                 pts.append(k)
             current[layer] = c
         if pts[-1] != p.n:
@@ -856,13 +853,14 @@ class _Search:
                       accuracy_target=True)
 
     def _saves(self, layer: str, c: Candidate, now: Candidate) -> bool:
-        """Whether moving `layer` from `now` to `c` narrows it and changes the model size (any
-        narrowing, where no two candidates differ in their weights: see `levels`)."""
+        """Whether moving `layer` from `now` to `c` narrows it and changes the model size: it
+        changes a weighted layer's weight format, or (where no two candidates differ in their
+        weights, see `levels`) narrows it at all."""
         if _width(layer, c, self.weightless) >= _width(layer, now, self.weightless):
             return False
         if len({x.weight for x in self.cands}) == 1:
             return True
-        return _weight_bits(layer, c, self.weightless) < _weight_bits(layer, now, self.weightless)
+        return layer not in self.weightless and c.weight != now.weight
 
     def refine(self, p: _Path, k: int) -> tuple[_Path, int, int]:
         """Past the strategy's point P[k]: try, one at a time in the path's order, the moves
@@ -881,7 +879,8 @@ class _Search:
             return p, k, 0
         # (when the strategy never measured the point that move leads to, it is tried first)
         skipped = {p.moves[nxt][0]} if nxt + 1 in p.ev.done else set()
-        step = self._noise_step(p, k, nxt, current)
+        model = self.metric_model()
+        step = self._noise_step(model, p, k, nxt, current)
         kept = 0
         for i in range(nxt, p.n):
             if budget <= 0:
@@ -889,11 +888,11 @@ class _Search:
             layer, c = p.moves[i]
             known = p.ev.done.get(k)
             if layer in skipped or not self._saves(layer, c, current[layer]) or (
-                    known is not None and self._hopeless(step, known.metric, layer, c, current[layer])):
+                    known is not None and self._hopeless(model, step, known.metric, layer, c, current[layer])):
                 continue
             rest = [(x, cx) for j, (x, cx) in enumerate(p.moves) if j >= k and j != i]
-            trial = self._new_path(p.start, list(p.moves[:k]) + [(layer, c)] + self._valid(rest, {**current, layer: c}),
-                                   "refined")
+            trial = self._new_path(p.start, list(p.moves[:k]) + [(layer, c)]
+                                   + _narrowing(rest, {**current, layer: c}, self.weightless), "refined")
             for j in range(k + 1):  # the same plans as on `p`: known, not counted again
                 if j in p.ev.done:
                     trial.ev.seed(j, p.ev.done[j])
@@ -909,11 +908,11 @@ class _Search:
                 skipped.add(layer)  # its further moves narrow it more
         return p, k, kept
 
-    def _noise_step(self, p: _Path, k: int, nxt: int, current: dict[str, Candidate]) -> float | None:
+    def _noise_step(self, model: MetricModel | None, p: _Path, k: int, nxt: int,
+                    current: dict[str, Candidate]) -> float | None:
         """The metric's noise power (`MetricModel.power`) per unit of the sensitivities'
         estimated error power, read off the measured break: P[k] and P[nxt + 1], which adds
         move `nxt` (None: no metric model, the break not measured, or no increase to read)."""
-        model = self.metric_model()
         broke = p.ev.done.get(nxt + 1)
         if model is None or broke is None or k not in p.ev.done:
             return None
@@ -923,26 +922,16 @@ class _Search:
         step = rise / est if est > 0.0 else math.nan
         return step if math.isfinite(step) and step > 0.0 else None
 
-    def _hopeless(self, step: float | None, metric: float, layer: str, c: Candidate, now: Candidate) -> bool:
+    def _hopeless(self, model: MetricModel | None, step: float | None, metric: float, layer: str,
+                  c: Candidate, now: Candidate) -> bool:
         """Whether moving `layer` from `now` to `c`, on a plan measuring `metric`, misses the
         target even were its estimated error REFINE_SLACK times too large in noise power, on the
         scale `step` the break set (False where that scale is unknown: the move is tried)."""
-        model = self.metric_model()
         if step is None or model is None:
             return False
         est = max(_err(self.table, layer, c) ** 2 - _err(self.table, layer, now) ** 2, 0.0)
         return model.power(model.degradation(metric)) + step * est / REFINE_SLACK > model.target_power()
 
-    def _valid(self, moves: list[tuple[str, Candidate]], current: dict[str, Candidate]
-               ) -> list[tuple[str, Candidate]]:
-        """`moves` less those that no longer narrow their layer from `current` (the rest of a
-        refined path, for the record)."""
-        now, out = dict(current), []
-        for layer, c in moves:
-            if _width(layer, c, self.weightless) < _width(layer, now[layer], self.weightless):
-                now[layer] = c
-                out.append((layer, c))
-        return out
 
 
 def _objective_of(auto: AutoConfig, labels: np.ndarray | None,
