@@ -147,6 +147,86 @@ def _vi(name, shape, t=TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, t, shape)
 
 
+def stft_frontend():
+    """A speech front end as onnx-asr's kaldi / NeMo exports write it: pre-emphasis (edge Pad,
+    Slice, Mul by 0.97, Sub), the STFT as a Conv, the power (ReduceSumSquare), a Transpose to
+    (B, T, F), the mel filterbank as a MatMul, the Log; loud, medium and quiet recordings."""
+    N, nfft, hop, F, M = 4096, 256, 128, 129, 24
+    t, k = np.arange(nfft), np.arange(F)[:, None]
+    win = np.hanning(nfft)
+    kern = np.concatenate([(np.cos(2 * np.pi * k * t / nfft) * win)[:, None],
+                           (-np.sin(2 * np.pi * k * t / nfft) * win)[:, None]]).astype(np.float32)
+    fb = np.zeros((F, M), np.float32)
+    for j in range(M):
+        c = int(2 + j * (F - 6) / M)
+        fb[c:c + 5, j] = [0.25, 0.75, 1, 0.75, 0.25]
+    inits = {"ax": np.array([1], np.int64), "pads": np.array([0, 0, 1, 0, 0, 0], np.int64),
+             "s0": np.array([0], np.int64), "sN": np.array([N], np.int64), "a2": np.array([2], np.int64),
+             "coef": np.float32(0.97), "kern": kern, "shp": np.array([0, 2, F, -1], np.int64), "fb": fb,
+             "eps": np.float32(1e-10)}
+    nodes = [helper.make_node("Unsqueeze", ["wave", "ax"], ["w3"]),
+             helper.make_node("Pad", ["w3", "pads"], ["padded"], mode="edge"),
+             helper.make_node("Slice", ["padded", "s0", "sN", "a2"], ["prev"]),
+             helper.make_node("Mul", ["prev", "coef"], ["prev_s"]), helper.make_node("Sub", ["w3", "prev_s"], ["emph"]),
+             helper.make_node("Conv", ["emph", "kern"], ["stft"], strides=[hop]),
+             helper.make_node("Reshape", ["stft", "shp"], ["ri"]),
+             helper.make_node("ReduceSumSquare", ["ri", "ax"], ["power"], keepdims=0),
+             helper.make_node("Transpose", ["power"], ["power_t"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["power_t", "fb"], ["mel"]), helper.make_node("Add", ["mel", "eps"], ["mel_e"]),
+             helper.make_node("Log", ["mel_e"], ["feats"])]
+    m = _model(nodes, [_vi("wave", ["B", N])], [_vi("feats", ["B", None, M])], inits)
+    m.opset_import[0].version = 18  # ReduceSumSquare's axes as an input
+
+    def feeds(seed: int, n: int) -> list[dict[str, np.ndarray]]:
+        rng = np.random.default_rng(seed)
+        tt = np.arange(N) / 16000
+        return [{"wave": ([0.5, 0.05, 0.002][i % 3] * (np.sin(2 * np.pi * rng.uniform(100, 3000, (4, 1)) * tt)
+                                                       + 0.3 * rng.standard_normal((4, N)))).astype(np.float32)}
+                for i in range(n)]
+    return m, feeds(1, 12), feeds(2, 9)
+
+
+def constant_q(octaves: int = 10, bins: int = 12, taps: int = 128, hop: int = 32, length: int = 1024):
+    """A constant-Q transform as nnAudio's exports write it: each octave's windowed complex
+    filters as a Conv on the waveform, the octaves stacked by a chain of Concats, the magnitude
+    (square, sum of the real and imaginary parts, Sqrt), its Log, then a layer. Three tones per
+    recording: most bins of most octaves are a filter's stopband, far below the loud bins."""
+    rng = np.random.default_rng(5)
+    freqs = np.linspace(0.02, 0.46, octaves * bins)
+    n = np.arange(taps)
+    win = 0.5 - 0.5 * np.cos(2 * np.pi * (n + 0.5) / taps)
+    inits: dict = {}
+    nodes = []
+    for k in range(octaves):
+        f = freqs[k * bins:(k + 1) * bins, None]
+        w = np.concatenate([win * np.cos(2 * np.pi * f * n), win * np.sin(2 * np.pi * f * n)]) * 4 / taps
+        inits[f"fb{k}"] = w[:, None, :].astype(np.float32)
+        nodes.append(helper.make_node("Conv", ["x", f"fb{k}"], [f"c{k}"], strides=[hop]))
+    prev = "c0"
+    for k in range(1, octaves):
+        nodes.append(helper.make_node("Concat", [prev, f"c{k}"], [f"s{k}"], axis=1))
+        prev = f"s{k}"
+    frames = (length - taps) // hop + 1
+    inits.update(shape5=np.array([0, octaves, 2, bins, frames], np.int64),
+                 shape3=np.array([0, octaves * bins, frames], np.int64), axis=np.array([2], np.int64),
+                 eps=np.float32(1e-9), w2=rng.normal(0, 0.1, (8, octaves * bins, 1)).astype(np.float32))
+    nodes += [helper.make_node("Reshape", [prev, "shape5"], ["r5"]), helper.make_node("Mul", ["r5", "r5"], ["sq"]),
+              helper.make_node("ReduceSum", ["sq", "axis"], ["pw"], keepdims=0),
+              helper.make_node("Sqrt", ["pw"], ["mag"]), helper.make_node("Add", ["mag", "eps"], ["mag_e"]),
+              helper.make_node("Log", ["mag_e"], ["logm"]), helper.make_node("Reshape", ["logm", "shape3"], ["feat"]),
+              helper.make_node("Conv", ["feat", "w2"], ["y"])]
+    m = _model(nodes, [_vi("x", ["B", 1, length])], [_vi("y", ["B", 8, frames])], inits)
+    t = np.arange(length)
+    feeds = []
+    for _ in range(10):
+        x = np.zeros((2, 1, length))
+        for b in range(2):
+            for f in rng.uniform(freqs[0], freqs[-1], 3):
+                x[b, 0] += rng.uniform(0.2, 1.0) * np.sin(2 * np.pi * f * t + rng.uniform(0, 6.3))
+        feeds.append({"x": x.astype(np.float32)})
+    return m, feeds
+
+
 def rotary_at_run_time(start_max: int = 2000):
     """A rotary position embedding computed from position_ids at run time (int64 -> Cast ->
     Unsqueeze -> MatMul by the inverse-frequency row -> Concat -> Cos / Sin), rotating a

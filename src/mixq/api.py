@@ -104,7 +104,7 @@ class QuantizeResult:
         lines += [f"- Einsum (a matrix product) rewritten as MatMul: {n}" if k == "MatMul" else
                   f"- written-out {k} fused into the native op: {n}"
                   for k, n in self.prepare.recognized.counts().items()]
-        lines += [f"- kept float ({f.policy}): {f.tensor}: {f.reason}" for f in self.numerics]
+        lines += [f"- kept {f.kept} ({f.policy}): {f.tensor}: {f.reason}" for f in self.numerics]
         if self.unclipped:
             more = len(self.unclipped) - 3
             shown = ", ".join(self.unclipped[:3]) + (f" and {more} more" if more > 0 else "")
@@ -306,7 +306,7 @@ def quantize(model: onnx.ModelProto | str | os.PathLike, config: QuantConfig | s
     # wrong stay float, each with its reason in the plan (tensor overrides are left as set);
     # applied to replayed plans too, so that a plan replays to the bytes its config gives
     the_plan, numerics = apply_numerics(the_plan, pipe.model, pipe.stats,
-                                        enabled=cfg.numerics_policies)
+                                        enabled=cfg.numerics_policies, kept_weights=cfg.kept_weights)
     constant_data = pipe.constant_calibration()  # np.zeros as calibration data: say so, loudly
     bad_data = _nonfinite_warning(pipe.nonfinite_inputs(), numerics, pipe.stats)
     timings["calibrate"] = time.perf_counter() - t

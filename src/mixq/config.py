@@ -22,6 +22,9 @@ WEIGHT_CALIB_METHODS = ("minmax", "minmse")
 POF2_METHODS = ("nonoverflow", "minmse")
 BIAS_MODES = ("auto", "int32", "float")
 WEIGHT_ROUNDINGS = ("auto", "nearest", "gptq")
+#: where a numerics policy keeps a weight off its integer or block grid: 'float' stores it as
+#: it came (float32), 'half' in a 16-bit float (`mixq.plan.numerics.half_float_for`)
+KEPT_WEIGHTS = ("float", "half")
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,13 @@ class QuantConfig:
         subtractions, Concats of very different ranges, ranges set by outlier features),
         each with its reason in the plan
         (docs/ACCURACY.md); False quantizes them as asked.
+    kept_weights: how the weights those policies keep off their grid are stored: 'float' (the
+        default: as they came, float32) or 'half': in float16, or bfloat16 where float16's
+        range or precision would not hold them (`mixq.plan.numerics.half_float_for`), half
+        the bytes; a float format keeps each value's own exponent, so the small values a
+        uniform grid rounds to 0 survive. Applies to the weights whose small values matter
+        (policy b) and to those whose layer input a policy keeps float; `mixq auto` uses
+        'half' by default (AutoConfig.kept_weights).
     equalize: before planning, balance the layer pairs (Conv, MatMul, Gemm, with Relu-like
         ops between) whose channels' ranges are too far apart for one activation grid
         (cross-layer equalization, exact in float; chosen from the weights,
@@ -204,6 +214,7 @@ class QuantConfig:
     tensor_formats: tuple[tuple[str, str], ...] = ()
     dual_quant_nodes: bool = False
     numerics_policies: bool = True
+    kept_weights: str = "float"
     equalize: bool = True
     quantize_tail: bool = False
     bias_correction: bool = False
@@ -242,6 +253,7 @@ class QuantConfig:
         object.__setattr__(self, "gptq_damp", float(d))
         object.__setattr__(self, "weight_rounding",
                            _choice("weight_rounding", self.weight_rounding, WEIGHT_ROUNDINGS))
+        object.__setattr__(self, "kept_weights", _choice("kept_weights", self.kept_weights, KEPT_WEIGHTS))
         # canonicalize names so that equal configs compare equal
         object.__setattr__(self, "activation", get_format(self.activation).name)
         object.__setattr__(self, "weight", get_format(self.weight).name)
@@ -327,7 +339,7 @@ class QuantConfig:
     SCOPED_OPTIONS = ("calibration", "percentile", "minmse_min_gain", "range_headroom", "output_headroom",
                       "weight_calibration", "power_of_two", "granularity", "activation_symmetric", "weight_symmetric",
                       "reduce_range", "share_concat_scales", "bias_correction", "gptq_damp",
-                      "gptq_act_order", "quantize_tail")
+                      "gptq_act_order", "quantize_tail", "kept_weights")
 
     def why_inert(self, option: str, *, activations_only: bool = False) -> str | None:
         """Why `option` can change no output under this config's formats (its activation and
@@ -373,6 +385,11 @@ class QuantConfig:
             if not int_w:
                 return f"GPTQ rounds integer weights, and no weight format is an integer grid ({names})"
             return "weight_rounding='nearest' runs no GPTQ" if self.weight_rounding == "nearest" else None
+        if option == "kept_weights":
+            if not self.numerics_policies:
+                return "numerics_policies=False keeps no weight off its grid"
+            gridded = any(f.kind in ("int", "block") for f in weights)
+            return None if gridded else f"no weight format is an integer or block grid ({names})"
         if option == "quantize_tail":
             from .plan.ops import COMPUTE_OPS
 

@@ -20,8 +20,9 @@ import mixq.plan.numerics
 import mixq.plan.rules
 from mixq.passes.recognize import RecognizeReport
 
-from ..graphs import (RUNTIME, compare, bucketized_feature, image_output, nms_detector, offset_head, rotary_at_run_time,
-                      standardized_features, timestep_embedding, vae_decoder, zipmap_classifier)
+from ..graphs import (RUNTIME, bucketized_feature, compare, constant_q, image_output, nms_detector, offset_head,
+                      rotary_at_run_time, standardized_features, stft_frontend, timestep_embedding, vae_decoder,
+                      zipmap_classifier)
 
 
 def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
@@ -493,45 +494,6 @@ def test_log_of_quiet_bins(preset, policies_off):
     assert cos_off < (0.9 if preset == "A8W8" else 0.97), cos_off
 
 
-def _stft_frontend():
-    """A speech front end as onnx-asr's kaldi / NeMo exports write it: pre-emphasis (edge Pad,
-    Slice, Mul by 0.97, Sub), the STFT as a Conv, the power (ReduceSumSquare), a Transpose to
-    (B, T, F), the mel filterbank as a MatMul, the Log; loud, medium and quiet recordings."""
-    N, nfft, hop, F, M = 4096, 256, 128, 129, 24
-    t, k = np.arange(nfft), np.arange(F)[:, None]
-    win = np.hanning(nfft)
-    kern = np.concatenate([(np.cos(2 * np.pi * k * t / nfft) * win)[:, None],
-                           (-np.sin(2 * np.pi * k * t / nfft) * win)[:, None]]).astype(np.float32)
-    fb = np.zeros((F, M), np.float32)
-    for j in range(M):
-        c = int(2 + j * (F - 6) / M)
-        fb[c:c + 5, j] = [0.25, 0.75, 1, 0.75, 0.25]
-    inits = {"ax": np.array([1], np.int64), "pads": np.array([0, 0, 1, 0, 0, 0], np.int64),
-             "s0": np.array([0], np.int64), "sN": np.array([N], np.int64), "a2": np.array([2], np.int64),
-             "coef": np.float32(0.97), "kern": kern, "shp": np.array([0, 2, F, -1], np.int64), "fb": fb,
-             "eps": np.float32(1e-10)}
-    nodes = [helper.make_node("Unsqueeze", ["wave", "ax"], ["w3"]),
-             helper.make_node("Pad", ["w3", "pads"], ["padded"], mode="edge"),
-             helper.make_node("Slice", ["padded", "s0", "sN", "a2"], ["prev"]),
-             helper.make_node("Mul", ["prev", "coef"], ["prev_s"]), helper.make_node("Sub", ["w3", "prev_s"], ["emph"]),
-             helper.make_node("Conv", ["emph", "kern"], ["stft"], strides=[hop]),
-             helper.make_node("Reshape", ["stft", "shp"], ["ri"]),
-             helper.make_node("ReduceSumSquare", ["ri", "ax"], ["power"], keepdims=0),
-             helper.make_node("Transpose", ["power"], ["power_t"], perm=[0, 2, 1]),
-             helper.make_node("MatMul", ["power_t", "fb"], ["mel"]), helper.make_node("Add", ["mel", "eps"], ["mel_e"]),
-             helper.make_node("Log", ["mel_e"], ["feats"])]
-    m = _model(nodes, [_vi("wave", ["B", N])], [_vi("feats", ["B", None, M])], inits)
-    m.opset_import[0].version = 18  # ReduceSumSquare's axes as an input
-
-    def feeds(seed: int, n: int) -> list[dict[str, np.ndarray]]:
-        rng = np.random.default_rng(seed)
-        tt = np.arange(N) / 16000
-        return [{"wave": ([0.5, 0.05, 0.002][i % 3] * (np.sin(2 * np.pi * rng.uniform(100, 3000, (4, 1)) * tt)
-                                                       + 0.3 * rng.standard_normal((4, N)))).astype(np.float32)}
-                for i in range(n)]
-    return m, feeds(1, 12), feeds(2, 9)
-
-
 @pytest.mark.parametrize("preset", ["A8W8", "A16W8"])
 def test_a_filterbank_behind_a_transpose_keeps_its_weight_float(preset, monkeypatch):
     """Policy (b) keeps the STFT power float on its way to the Log; the filterbank MatMul reads it
@@ -543,7 +505,7 @@ def test_a_filterbank_behind_a_transpose_keeps_its_weight_float(preset, monkeypa
     where a MatMul reads an integer weight and a float input. (The filterbank's quiet bands
     also keep its weight float by (b)'s operand rule, `layer_noise`; switched off here, so that
     this rule is tested alone.)"""
-    m, calib, fresh = _stft_frontend()
+    m, calib, fresh = stft_frontend()
     monkeypatch.setattr(mixq.plan.numerics, "layer_noise", lambda *a: (lambda n: []))
     res = mixq.quantize(m, preset, calib, check_kernels=False)
     fb = res.plan.tensors["fb"]
@@ -561,7 +523,7 @@ def test_a_front_end_whose_layers_all_stay_float_says_so():
     filterbank MatMul exact, operands and all, and a constant stays on a grid, so "nothing was
     quantized" did not fire and the summary said nothing of a model as large and slow as float.
     It says so now; a model with a quantized layer (the log-mel graph's last MatMul) does not."""
-    m, calib, _ = _stft_frontend()
+    m, calib, _ = stft_frontend()
     res = mixq.quantize(m, "A8W8", calib, check_kernels=False)
     assert any(w.startswith("WARNING: no layer is A8W8: all 2 ") for w in res.warnings), res.warnings
     assert "no layer is A8W8" in res.summary()
@@ -576,7 +538,7 @@ def test_a_passthrough_of_a_kept_float_grid_is_not_planned_on_it():
     flagged, not at the grid it shares: the plan put the Unsqueeze on the gained waveform's
     "int8 grid", a grid kept float, and the rewrite, finding no statistics, left it float (the
     plan said one thing and the model another). No planned tensor shares a float grid now."""
-    m, calib, _ = _stft_frontend()
+    m, calib, _ = stft_frontend()
     # the pre-emphasized waveform -> Mul by a gain -> Reshape to (B, N) -> Unsqueeze -> the STFT Conv
     nodes = []
     for n in m.graph.node:
@@ -604,7 +566,7 @@ def test_the_runtime_check_reads_a_matmul_onnxruntime_would_run_as_matmulnbits(m
     default-optimized model computes something else."""
     monkeypatch.setattr(mixq.plan.numerics, "_float_input_weights", lambda *a: {})
     monkeypatch.setattr(mixq.plan.numerics, "layer_noise", lambda *a: (lambda n: []))  # the other rule for it
-    m, calib, _ = _stft_frontend()
+    m, calib, _ = stft_frontend()
     res = mixq.quantize(m, "A16W8", calib, check_kernels=False)
     assert res.plan.tensors["fb"].format == "int8"
     assert res.fidelity.runtime_sqnr_db is not None and res.fidelity.runtime_disagrees
@@ -616,7 +578,7 @@ def test_an_island_a_policy_cuts_off_stays_float(monkeypatch):
     a pre-emphasis (x - 0.97 x[t-1]) whose output feeds an STFT Conv kept float. Those stay
     float too (`numerics._drop_new_islands`: kaldi's front end at A8W8, 12 -> 36 dB on its
     features); the Conv still has its int8 weight."""
-    m, calib, _ = _stft_frontend()
+    m, calib, _ = stft_frontend()
     real = mixq.plan.numerics.find_numerics
 
     def only_emph(plan, model, stats, *a, **k):  # the policy's verdict on the Conv's input alone
@@ -926,54 +888,13 @@ def test_a_running_sum_before_a_log_keeps_its_early_steps(preset, policies_off, 
     assert compare(m, off.model, fresh).first().variation_sqnr_db < 0.0
 
 
-def _constant_q(octaves: int = 10, bins: int = 12, taps: int = 128, hop: int = 32, length: int = 1024):
-    """A constant-Q transform as nnAudio's exports write it: each octave's windowed complex
-    filters as a Conv on the waveform, the octaves stacked by a chain of Concats, the magnitude
-    (square, sum of the real and imaginary parts, Sqrt), its Log, then a layer. Three tones per
-    recording: most bins of most octaves are a filter's stopband, far below the loud bins."""
-    rng = np.random.default_rng(5)
-    freqs = np.linspace(0.02, 0.46, octaves * bins)
-    n = np.arange(taps)
-    win = 0.5 - 0.5 * np.cos(2 * np.pi * (n + 0.5) / taps)
-    inits: dict = {}
-    nodes = []
-    for k in range(octaves):
-        f = freqs[k * bins:(k + 1) * bins, None]
-        w = np.concatenate([win * np.cos(2 * np.pi * f * n), win * np.sin(2 * np.pi * f * n)]) * 4 / taps
-        inits[f"fb{k}"] = w[:, None, :].astype(np.float32)
-        nodes.append(helper.make_node("Conv", ["x", f"fb{k}"], [f"c{k}"], strides=[hop]))
-    prev = "c0"
-    for k in range(1, octaves):
-        nodes.append(helper.make_node("Concat", [prev, f"c{k}"], [f"s{k}"], axis=1))
-        prev = f"s{k}"
-    frames = (length - taps) // hop + 1
-    inits.update(shape5=np.array([0, octaves, 2, bins, frames], np.int64),
-                 shape3=np.array([0, octaves * bins, frames], np.int64), axis=np.array([2], np.int64),
-                 eps=np.float32(1e-9), w2=rng.normal(0, 0.1, (8, octaves * bins, 1)).astype(np.float32))
-    nodes += [helper.make_node("Reshape", [prev, "shape5"], ["r5"]), helper.make_node("Mul", ["r5", "r5"], ["sq"]),
-              helper.make_node("ReduceSum", ["sq", "axis"], ["pw"], keepdims=0),
-              helper.make_node("Sqrt", ["pw"], ["mag"]), helper.make_node("Add", ["mag", "eps"], ["mag_e"]),
-              helper.make_node("Log", ["mag_e"], ["logm"]), helper.make_node("Reshape", ["logm", "shape3"], ["feat"]),
-              helper.make_node("Conv", ["feat", "w2"], ["y"])]
-    m = _model(nodes, [_vi("x", ["B", 1, length])], [_vi("y", ["B", 8, frames])], inits)
-    t = np.arange(length)
-    feeds = []
-    for _ in range(10):
-        x = np.zeros((2, 1, length))
-        for b in range(2):
-            for f in rng.uniform(freqs[0], freqs[-1], 3):
-                x[b, 0] += rng.uniform(0.2, 1.0) * np.sin(2 * np.pi * f * t + rng.uniform(0, 6.3))
-        feeds.append({"x": x.astype(np.float32)})
-    return m, feeds
-
-
 def test_a_chain_of_concats_does_not_end_the_small_value_walk(monkeypatch):
     """(b)'s walk back from the Sqrt counted every op, so the first octaves, stacked one
     Concat at a time, lay past its depth: their Convs' outputs stayed on the grid of 8-bit
     activations that rounds their quiet bins to 0 (basic-pitch's constant-Q transform, 52
     Concats and Reshapes deep). Data movement does not count now. Measured, output SQNR: 4.5 dB
     before, 43.9 now (A8W8)."""
-    m, feeds = _constant_q()
+    m, feeds = constant_q()
     res = mixq.quantize(m, "A8W8", feeds, check_kernels=False)
     reasons = {f.tensor: f.reason for f in res.numerics}
     assert {f"c{k}" for k in range(10)} <= set(reasons), sorted(reasons)
@@ -993,7 +914,7 @@ def test_a_filterbank_ahead_of_a_log_keeps_its_filters_and_their_input_float(pre
     grid and the calibration statistics; where it hides 10 % of the output's non-zero values
     the operand stays float. Measured, output SQNR: 12.2 / 15.4 dB without the rule, 43.9 /
     62.9 with it (A8W8 / A16W8)."""
-    m, feeds = _constant_q()
+    m, feeds = constant_q()
     res = mixq.quantize(m, preset, feeds, check_kernels=False)
     reasons = {f.tensor: f.reason for f in res.numerics}
     assert all(f"fb{k}" in reasons and "weight of Conv" in reasons[f"fb{k}"] for k in range(10)), sorted(reasons)

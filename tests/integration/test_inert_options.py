@@ -21,7 +21,10 @@ ALL = set(QuantConfig.SCOPED_OPTIONS)
 EXPECTED_INERT = {
     # (BF16 quantizes every op, its post-processing tail included where asked; the block
     # presets quantize Conv/Gemm/MatMul inputs only, none of which lies in a tail)
-    "BF16": ALL - {"quantize_tail"}, "BFP16": ALL, "MXFP4": ALL,
+    "BF16": ALL - {"quantize_tail"},
+    # a block grid rounds a block's small values to 0 too: policy (b) keeps such weights off
+    # it, and kept_weights says how they are stored
+    "BFP16": ALL - {"kept_weights"}, "MXFP4": ALL - {"kept_weights"},
     # MinMSE activations (gain 1.5), MinMax int8 weights: percentile needs calibration='percentile'
     "A8W8": {"percentile"},
     "S16S16": {"percentile", "minmse_min_gain"},  # MinMax activations
@@ -41,7 +44,7 @@ def _changed(cfg: QuantConfig, option: str):
         "weight_calibration": "minmse" if cfg.weight_method == "minmax" else "minmax",
         "power_of_two": "nonoverflow" if v != "nonoverflow" else "minmse",
         "granularity": PerTensor() if isinstance(v, PerChannel) else PerChannel(),
-        "gptq_damp": 0.1,
+        "gptq_damp": 0.1, "kept_weights": "half" if v == "float" else "float",
     }.get(option, not v if isinstance(v, bool) else v)
 
 

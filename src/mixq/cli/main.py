@@ -50,6 +50,10 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize-tail", action="store_true", default=None,
                    help="quantize the post-processing after the last Conv/Gemm/MatMul too (box "
                    "decode, scores, final Softmax), which stays float by default; docs/ACCURACY.md")
+    p.add_argument("--kept-weights", choices=("float", "half"), default=None,
+                   help="how the weights a numerics policy keeps off their grid are stored: float "
+                        "(the default: float32, as they came) or half (float16, or bfloat16 where "
+                        "float16 would not hold them: half the bytes)")
     p.add_argument("--bias-correction", action="store_true", default=None,
                    help="Conv/Gemm biases absorb the mean error of their quantized weights (a second "
                         "float pass over the calibration data)")
@@ -84,7 +88,7 @@ def _config_given(args: argparse.Namespace) -> bool:
                 or args.weight_calib_method or args.bias_correction
                 or args.weight_rounding or args.gptq_damp is not None
                 or args.per_channel is not None or args.reduce_range or args.exclude_op_types
-                or args.quantize_tail
+                or args.quantize_tail or args.kept_weights
                 or getattr(args, "numerics_policies", None) is False
                 or getattr(args, "equalize", None) is False)
 
@@ -207,6 +211,8 @@ def _config_from_args(args: argparse.Namespace):
         changes["equalize"] = False
     if args.quantize_tail:
         changes["quantize_tail"] = True
+    if args.kept_weights:
+        changes["kept_weights"] = args.kept_weights
     if args.exclude_op_types:
         changes["exclude_op_types"] = frozenset(s for s in args.exclude_op_types.split(",") if s)
     if changes:
@@ -232,7 +238,7 @@ _SCOPED_FLAGS = {"calibration": "calib_method", "minmse_min_gain": "minmse_min_g
                  "weight_calibration": "weight_calib_method",
                  "granularity": "per_channel", "reduce_range": "reduce_range",
                  "bias_correction": "bias_correction", "gptq_damp": "gptq_damp",
-                 "quantize_tail": "quantize_tail"}
+                 "quantize_tail": "quantize_tail", "kept_weights": "kept_weights"}
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
@@ -586,7 +592,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
                       strategy=args.strategy, time_budget_s=args.time_budget,
                       cache_dir=None if args.no_cache else (args.cache_dir or default_cache_dir()),
                       metric=metric, target=args.target, confidence=args.confidence,
-                      refine=args.refine)
+                      refine=args.refine, kept_weights=args.kept_weights)
     from .._io import check_output_path
     from .._progress import StageProgress
 
@@ -714,6 +720,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the strategy's point, at most N more evaluations try the "
                    "weight-narrowing moves past the one that broke the target, one at a time, "
                    "each kept when the plan still meets it (default 3; 0: none)")
+    a.add_argument("--kept-weights", choices=("half", "float"), default="half",
+                   help="how every plan stores the weights a numerics policy keeps off their "
+                   "grid: half (the default: float16, or bfloat16 where float16 would not hold "
+                   "them) or float (float32)")
     a.add_argument("--l2-target", type=float, help="max relative L2 of the output to float "
                    "(= --metric l2 --target X)")
     a.add_argument("--top1-drop", type=float, help="max top-1 drop (needs --labels; "

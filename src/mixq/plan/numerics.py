@@ -265,6 +265,9 @@ class Finding:
     tensor: str
     policy: str
     reason: str
+    #: the format the tensor is kept in: float (as it came), or a 16-bit float for a weight
+    #: under kept_weights='half'
+    kept: str = "float"
 
 
 def _rms(st: TensorStats) -> float:
@@ -1059,15 +1062,94 @@ def _passthrough_inputs(model: onnx.ModelProto, plan: PrecisionPlan, flagged: di
     return out
 
 
+#: a tensor goes to float16 (a weight kept off its grid, a layer the search widens) only below
+#: this magnitude (its largest finite value is 65504; the margin leaves room for values
+#: calibration did not see)
+FP16_SAFE_ABSMAX = 2.0 ** 14
+
+def half_float_for(w: np.ndarray) -> str | None:
+    """The 16-bit float that stores weight `w` without harm: float16 (10 mantissa bits) when its
+    magnitudes stay under `FP16_SAFE_ABSMAX` and the cast keeps `CAST_MIN_DB` on them, else
+    bfloat16 (float32's range, 7 mantissa bits) when that keeps it; None (stay float32) when
+    neither does or `w` holds inf / NaN (a sentinel no rounding may move)."""
+    if w.dtype.kind != "f" or not w.size or not np.all(np.isfinite(w)):
+        return None
+    mag = np.abs(w[w != 0]).astype(np.float64)
+    if not mag.size:
+        return "fp16"
+    ones = np.ones_like(mag)
+    for fmt in ("fp16", "bf16"):
+        limit = cast_limit(fmt)
+        top = FP16_SAFE_ABSMAX if fmt == "fp16" else limit
+        if top is not None and float(mag.max()) < top and cast_sqnr_db(fmt, mag, ones) >= CAST_MIN_DB:
+            return fmt
+    return None
+
+
+def _half_noise_ok(plan: PrecisionPlan, model: onnx.ModelProto, stats: Mapping[str, TensorStats],
+                   weight: str, fmt: str) -> bool:
+    """Whether (b)'s operand rule passes weight `weight` in the 16-bit float `fmt`: in every
+    layer that reads it, the noise that format adds to each output (`layer_noise`, on its
+    spacing at each channel's peak) hides under `SMALL_SHARE` of the output's non-zero values.
+    A float format keeps a value's own exponent, but a filter's stopband output is a
+    cancellation: its weights' rounding error, relative to the weights, not to the output,
+    still leaks the loud bins into the quiet ones (a constant-Q transform in float16: 26 dB
+    where float32 filters keep 44). A layer without statistics for its output is not judged:
+    the weight stays float32."""
+    tp = plan.tensors[weight]
+    trial = replace(plan, tensors={**plan.tensors, weight: replace(tp, format=fmt, consumer_formats={})})
+    noise = layer_noise(trial, model, stats)
+    readers = [n for n in model.graph.node if len(n.input) > 1 and n.input[1] == weight]
+    if not readers:
+        return False
+    for n in readers:
+        out = stats.get(n.output[0]) if n.output else None
+        rms = [r for operand, kind, r in noise(n) if operand == weight and kind == "weight"]
+        if out is None or not rms or swamped_share(out, rms[0]) >= SMALL_SHARE:
+            return False
+    return True
+
+
+def _halve_kept_weights(plan: PrecisionPlan, model: onnx.ModelProto, stats: Mapping[str, TensorStats],
+                        tensors: dict[str, TensorPrecision], names: Iterable[str],
+                        judged: Collection[str]) -> dict[str, str]:
+    """`kept_weights='half'`, in place: the weights in `names` (kept float by a policy whose
+    concern is a uniform or block grid) stored in the 16-bit float `half_float_for` picks,
+    those in `judged` ((b)'s) only where its noise rule passes that format (`_half_noise_ok`):
+    {weight: format}."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out: dict[str, str] = {}
+    for name in names:
+        tp, init = tensors.get(name), inits.get(name)
+        if tp is None or tp.role != "weight" or tp.format is not None or init is None \
+                or init.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        fmt = half_float_for(onnx.numpy_helper.to_array(init))
+        if fmt is None or (name in judged and not _half_noise_ok(plan, model, stats, name, fmt)):
+            continue
+        tensors[name] = replace(tp, format=fmt, block_size=None,
+                                reason=tp.reason.replace("kept float:", f"kept in {fmt} (kept_weights='half'):", 1))
+        out[name] = fmt
+    return out
+
+
 def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str, TensorStats], *,
                    enabled: bool = True, policies: tuple[str, ...] = POLICIES,
-                   nonfinite: dict[str, tuple[int, int]] | None = None, memo: StatsMemo | None = None
-                   ) -> tuple[PrecisionPlan, list[Finding]]:
+                   nonfinite: dict[str, tuple[int, int]] | None = None, memo: StatsMemo | None = None,
+                   kept_weights: str = "float") -> tuple[PrecisionPlan, list[Finding]]:
     """A new plan with the activation tensors the policies flag left float (format None, no
     consumer formats), each with its reason ("kept float: ..."), and the findings. Tensors that
     only reuse a flagged tensor's parameters (pass-through outputs, fused pre-activations of
     its group) are left float with it. `enabled=False` returns the plan unchanged; `nonfinite`
-    as in `nonfinite_constants`, `memo` as in `find_numerics`."""
+    as in `nonfinite_constants`, `memo` as in `find_numerics`; `kept_weights` one of
+    `mixq.config.KEPT_WEIGHTS`: with 'half', a weight (b) keeps off its grid, or one whose input is kept
+    float, is stored in a 16-bit float instead of float32 (`half_float_for`)."""
+    from ..config import KEPT_WEIGHTS
+
+    if kept_weights not in KEPT_WEIGHTS:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"kept_weights={kept_weights!r}: choose one of {', '.join(KEPT_WEIGHTS)}.")
     if not enabled:
         return plan, []
     findings = find_numerics(plan, model, stats, policies, nonfinite=nonfinite, memo=memo)
@@ -1091,11 +1173,20 @@ def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str,
         tensors[name] = replace(tp, format=None, consumer_formats={},
                                 reason=f"kept float with {tp.group}: {flagged[tp.group].reason}")
     _drop_new_islands(plan, model, tensors)
+    # the weights a float format may suit: (b)'s (a grid rounds their small values to 0; judged
+    # again in that format) and those whose input is float (any grid was good enough for them
+    # but none may sit beside a float input: a 16-bit float is finer than the one planned)
+    judged = [f.tensor for f in findings if f.policy == "small_values"]
+    halvable = list(judged)
     for name, (pol, why) in _float_input_weights(model, plan, tensors, flagged).items():
         if name in flagged:  # a policy kept it float already, for its own reason
             continue
         tensors[name] = replace(tensors[name], format=None, consumer_formats={}, reason=f"kept float: {why}")
         findings.append(Finding(name, pol, why))
+        halvable.append(name)
+    if kept_weights == "half":
+        halved = _halve_kept_weights(plan, model, stats, tensors, halvable, frozenset(judged))
+        findings = [replace(f, kept=halved[f.tensor]) if f.tensor in halved else f for f in findings]
     return replace(plan, tensors=tensors), findings
 
 

@@ -37,6 +37,7 @@ from ..config import LayerRule, QuantConfig, get_default_config
 from ..errors import ConfigError, DataError
 from ..formats import get_format
 from ..pipeline import Pipeline
+from ..plan.numerics import FP16_SAFE_ABSMAX
 from ..plan.plan import PrecisionPlan
 from .objectives import (AgreementObjective, DropObjective, L2Objective, Measured, Objective,
                          SQNRObjective, Top1Objective, make_objective)
@@ -92,6 +93,10 @@ class AutoConfig:
       a time in the path's order, each kept when the plan still meets it: the sensitivities
       that order the path are estimates, and a layer further along it may narrow where the
       next one could not (0: the strategy's point as it is).
+    kept_weights: how every plan of the search stores the weights a numerics policy keeps off
+      their integer or block grid (`QuantConfig.kept_weights`): 'half' (the default: in a
+      16-bit float, measured with every plan like any other precision) or 'float' (float32,
+      as they came).
     """
 
     base: QuantConfig
@@ -112,8 +117,16 @@ class AutoConfig:
     widen: bool = True
     confidence: float = 0.9
     refine: int = 3
+    kept_weights: str = "half"
 
     def __post_init__(self) -> None:
+        from ..config import KEPT_WEIGHTS
+
+        if self.kept_weights not in KEPT_WEIGHTS:
+            from ..errors import did_you_mean
+
+            raise ConfigError(f"kept_weights={self.kept_weights!r}: choose one of {', '.join(KEPT_WEIGHTS)}."
+                              + did_you_mean(str(self.kept_weights), KEPT_WEIGHTS))
         if not self.candidates:
             raise ConfigError("auto mixed precision needs at least one candidate precision, "
                               "e.g. candidates=(Candidate('int8', 'int8'),).")
@@ -418,11 +431,6 @@ class PassThroughs:
         if not left_float:
             return frozenset()
         return frozenset(self.base - self._wanting(left_float))
-
-
-#: a layer's tensors must stay below this magnitude to be widened to float16 (its largest
-#: finite value is 65504; the margin leaves room for values calibration did not see)
-FP16_SAFE_ABSMAX = 2.0 ** 14
 
 
 def half_floats(wb: Workbench, layers: list[str]) -> dict[str, Candidate]:
@@ -1055,7 +1063,7 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         rounder = WeightRounder(prepared, tap, damp=base.gptq_damp, act_order=base.gptq_act_order)
         del tap
     # every plan of the search is measured, and replays, with the rounding it resolved to
-    base = base.with_options(weight_rounding="gptq" if rounder else "nearest")
+    base = base.with_options(weight_rounding="gptq" if rounder else "nearest", kept_weights=auto.kept_weights)
     auto = replace(auto, base=base)
     timings["calibrate"] = time.perf_counter() - t
 

@@ -146,7 +146,7 @@ class Workbench:
         point, so the search spends no evaluation finding them."""
         plan, _ = apply_numerics(self.pipeline.plan(config), self.model, self.pipeline.stats,
                                  enabled=config.numerics_policies, nonfinite=self.nonfinite,
-                                 memo=self._numerics)
+                                 memo=self._numerics, kept_weights=config.kept_weights)
         return plan
 
     def materialize(self, config: QuantConfig, plan: PrecisionPlan | None = None
