@@ -157,10 +157,10 @@ class QuantConfig:
     kept_weights: how the weights those policies keep off their grid are stored: 'float' (the
         default: as they came, float32) or 'half': in float16, or bfloat16 where float16's
         range or precision would not hold them (`mixq.plan.numerics.half_float_for`), half
-        the bytes; a float format keeps each value's own exponent, so the small values a
-        uniform grid rounds to 0 survive. Applies to the weights whose small values matter
-        (policy b) and to those whose layer input a policy keeps float; `mixq auto` uses
-        'half' by default (AutoConfig.kept_weights).
+        the bytes. Applies to the weights whose layer's small outputs matter (policy b:
+        only where that policy's noise rule, judged again in the 16-bit format, passes it; a
+        filter's stopband can need float32) and to those whose layer input a policy keeps
+        float; `mixq auto` uses 'half' by default (AutoConfig.kept_weights).
     equalize: before planning, balance the layer pairs (Conv, MatMul, Gemm, with Relu-like
         ops between) whose channels' ranges are too far apart for one activation grid
         (cross-layer equalization, exact in float; chosen from the weights,

@@ -1067,6 +1067,7 @@ def _passthrough_inputs(model: onnx.ModelProto, plan: PrecisionPlan, flagged: di
 #: calibration did not see)
 FP16_SAFE_ABSMAX = 2.0 ** 14
 
+
 def half_float_for(w: np.ndarray) -> str | None:
     """The 16-bit float that stores weight `w` without harm: float16 (10 mantissa bits) when its
     magnitudes stay under `FP16_SAFE_ABSMAX` and the cast keeps `CAST_MIN_DB` on them, else
@@ -1142,8 +1143,9 @@ def apply_numerics(plan: PrecisionPlan, model: onnx.ModelProto, stats: dict[str,
     only reuse a flagged tensor's parameters (pass-through outputs, fused pre-activations of
     its group) are left float with it. `enabled=False` returns the plan unchanged; `nonfinite`
     as in `nonfinite_constants`, `memo` as in `find_numerics`; `kept_weights` one of
-    `mixq.config.KEPT_WEIGHTS`: with 'half', a weight (b) keeps off its grid, or one whose input is kept
-    float, is stored in a 16-bit float instead of float32 (`half_float_for`)."""
+    `mixq.config.KEPT_WEIGHTS`: with 'half', a weight (b) keeps off its grid (where (b)'s
+    rule, judged again in the 16-bit format, passes it) or one whose input is kept float is
+    stored in a 16-bit float instead of float32 (`half_float_for`)."""
     from ..config import KEPT_WEIGHTS
 
     if kept_weights not in KEPT_WEIGHTS:
