@@ -120,13 +120,9 @@ class AutoConfig:
     kept_weights: str = "half"
 
     def __post_init__(self) -> None:
-        from ..config import KEPT_WEIGHTS
+        from ..config import KEPT_WEIGHTS, _choice
 
-        if self.kept_weights not in KEPT_WEIGHTS:
-            from ..errors import did_you_mean
-
-            raise ConfigError(f"kept_weights={self.kept_weights!r}: choose one of {', '.join(KEPT_WEIGHTS)}."
-                              + did_you_mean(str(self.kept_weights), KEPT_WEIGHTS))
+        object.__setattr__(self, "kept_weights", _choice("kept_weights", self.kept_weights, KEPT_WEIGHTS))
         if not self.candidates:
             raise ConfigError("auto mixed precision needs at least one candidate precision, "
                               "e.g. candidates=(Candidate('int8', 'int8'),).")
@@ -476,6 +472,8 @@ def _err(table: SensitivityTable, layer: str, c: Candidate) -> float:
 #: refine=4) 16 found every one-step narrowing that still met the target for 27 evaluations more
 #: than no refinement, 4 two thirds of those bytes for 8, no skipping the same bytes for 106
 REFINE_SLACK = 16.0
+#: the label of the refinement's trial paths: their points are tries, not widest plans
+REFINED = "refined"
 
 
 def _width(layer: str, c: Candidate, weightless: frozenset[str]) -> float:
@@ -900,7 +898,7 @@ class _Search:
                 continue
             rest = [(x, cx) for j, (x, cx) in enumerate(p.moves) if j >= k and j != i]
             trial = self._new_path(p.start, list(p.moves[:k]) + [(layer, c)]
-                                   + _narrowing(rest, {**current, layer: c}, self.weightless), "refined")
+                                   + _narrowing(rest, {**current, layer: c}, self.weightless), REFINED)
             for j in range(k + 1):  # the same plans as on `p`: known, not counted again
                 if j in p.ev.done:
                     trial.ev.seed(j, p.ev.done[j])
@@ -1215,21 +1213,21 @@ def auto_quantize(model: Any, auto: AutoConfig, calibration_data: Any, eval_data
         held_out_note=note, timings=timings, widened_layers=widened,
         float_size_bytes=float(sum(pipe.weight_elems.values()) * 4.0),
         baseline_evaluations=baseline_evals,
-        refine_tried=sum(p.ev.count for p in search.paths if p.label == "refined"), refine_kept=refined,
+        refine_tried=sum(p.ev.count for p in search.paths if p.label == REFINED), refine_kept=refined,
         strategy_size_bytes=size_chosen if strategy_point is None else search.size(*strategy_point),
         wide_label=cands[0].label, narrow_label=_narrowest_label(cands),
         metric_margin=final_margin, confidence=objective.confidence)
     if check_wb is not None:
         result.check_metric = objective.evaluate(check_wb, final_model)
         result.check_met = objective.meets(result.check_metric) if accuracy_target else None
-    first = {id(p): p.ev.done[0].metric for p in search.paths if 0 in p.ev.done and p.label != "refined"}
+    first = {id(p): p.ev.done[0].metric for p in search.paths if 0 in p.ev.done and p.label != REFINED}
     # the widest plans meet the measured target, their confidence bound does not
     noise_only = unreachable and any(objective.meets(v) for v in first.values())
     wide_first = first.get(id(wide))
     # the widest plan tried after the all-wide one: every candidate layer float, or (where that
     # is the float model itself) every candidate layer in a 16-bit float
     wider_path = next((p for p in search.paths if p is not wide and 0 in p.ev.done
-                       and p.label != "refined"), None)
+                       and p.label != REFINED), None)
     result.widened_how = ("" if wider_path is None else
                           "in a 16-bit float" if any(not c.is_float for c in wider_path.start.values())
                           else "left float")
